@@ -1,0 +1,137 @@
+"""How long one scheduling decision takes over a long queue (SPEC section 7: < 10 ms at 10,000).
+
+The state is a busy shared cluster: 4 nodes x 8 GPUs, 30 active leases (whole and fractional,
+some over quota, two granted but not yet placed, some with a declared end), 31 of 32 GPUs in
+use, 20 users with quotas (borrowing on), and `n_queued` requests of 1/2/4/8 GPUs in mixed
+priorities and placements, as the ledger hands them over (arrival order). Seeded: every run
+times the same state.
+
+    .venv/bin/python benchmarks/policy_decision.py
+"""
+from __future__ import annotations
+
+import random
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gpusession.broker import policy  # noqa: E402
+from gpusession.broker.model import (  # noqa: E402
+    ActiveLease,
+    NodeCapacity,
+    Placement,
+    Priority,
+    Quota,
+    Request,
+)
+
+SEED = 7
+NODES = 4
+GPUS_PER_NODE = 8
+USERS = 20
+
+
+def build_state(n_queued: int = 10_000, *, seed: int = SEED) -> dict:
+    """Keyword arguments for policy.decide(): the state described in the module docstring."""
+    rng = random.Random(seed)
+    nodes = [NodeCapacity(f"node{i}", float(GPUS_PER_NODE)) for i in range(NODES)]
+    users = [f"user{i:02d}" for i in range(USERS)]
+    quotas = {
+        u: Quota(max_gpus=rng.choice([2.0, 4.0, 8.0]), gpu_hours=500.0,
+                 max_priority=Priority.HIGH if i % 4 == 0 else Priority.NORMAL)
+        for i, u in enumerate(users)
+    }
+    return dict(
+        nodes=nodes,
+        leases=_leases(rng, users, quotas),
+        queue=_queue(rng, users, quotas, n_queued),
+        quotas=quotas,
+        default_quota=Quota(max_gpus=1.0),
+        used_gpu_hours={u: rng.uniform(0, 400) for u in users},
+        allow_borrowing=True,
+        now=10_000.0,
+    )
+
+
+def _leases(rng: random.Random, users: list[str], quotas: dict) -> list[ActiveLease]:
+    # 20 x 1 GPU, 4 x 2 GPUs, 6 x 0.5 GPU: 31 of 32 GPUs, 5 to 8 per node
+    shapes = [(1, 1.0)] * 20 + [(1, 2.0)] * 4 + [(1, 0.5)] * 6
+    per_node = {f"node{i}": float(GPUS_PER_NODE) for i in range(NODES)}
+    in_quota = dict.fromkeys(users, 0.0)
+    leases = []
+    for lease_id, (workers, gpw) in enumerate(shapes, start=1):
+        node = max(per_node, key=per_node.__getitem__)
+        per_node[node] -= workers * gpw
+        granted_at = 10_000.0 - rng.uniform(10, 3_000)
+        user = rng.choice(users)
+        over = in_quota[user] + workers * gpw > quotas[user].max_gpus  # borrowed
+        in_quota[user] += 0.0 if over else workers * gpw
+        leases.append(ActiveLease(
+            lease_id=lease_id, user=user, workers=workers, gpus_per_worker=gpw,
+            priority=rng.choice([Priority.LOW, Priority.NORMAL, Priority.NORMAL]),
+            over_quota=over, granted_at=granted_at,
+            ends_by=granted_at + 3_600 if lease_id % 3 == 0 else None,
+            node_workers=None if lease_id in (29, 30) else {node: workers},
+        ))
+    return leases
+
+
+def _queue(rng: random.Random, users: list[str], quotas: dict, n: int) -> list[Request]:
+    queue = []
+    for i in range(n):
+        user = rng.choice(users)
+        priority = rng.choices([Priority.LOW, Priority.NORMAL, Priority.HIGH], [1, 8, 1])[0]
+        priority = min(priority, quotas[user].max_priority)
+        gpus = rng.choices([1, 2, 4, 8], [6, 3, 2, 1])[0]
+        placement = rng.choices(list(Placement), [8, 1, 1, 1])[0]
+        if placement == Placement.STRICT_SPREAD:
+            gpus = min(gpus, NODES)
+        queue.append(Request(
+            lease_id=1_000 + i, user=user, workers=gpus, gpus_per_worker=1.0, priority=priority,
+            placement=placement, arrival=5_000.0 + i * 0.3,
+            max_hold_s=rng.choice([None, None, 600.0, 3_600.0]),
+        ))
+    return queue
+
+
+def steady_state(n_queued: int = 10_000) -> dict:
+    """build_state() a second later: the victims of the first decision are under notice."""
+    state = build_state(n_queued)
+    first = policy.decide(**state)
+    told = {p.victim_id: p.for_lease_id for p in first.preemptions}
+    state["leases"] = [replace(l, preempted_for=told.get(l.lease_id)) for l in state["leases"]]
+    state["now"] += 1.0
+    return state
+
+
+def time_decision(n_queued: int = 10_000, *, repeats: int = 31) -> float:
+    """Median seconds of one policy.decide() call over `n_queued` queued requests."""
+    state = steady_state(n_queued)
+    policy.decide(**state)  # warm: the steady state of a broker deciding every second
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        policy.decide(**state)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def time_cold_decision(n_queued: int = 10_000) -> float:
+    """Seconds of the first decide() call of a process (nothing shared from earlier calls)."""
+    state = build_state(n_queued)
+    start = time.perf_counter()
+    policy.decide(**state)
+    return time.perf_counter() - start
+
+
+if __name__ == "__main__":
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000
+    decision = policy.decide(**build_state(n))
+    print(f"queued: {n}, granted: {len(decision.grants)}, preempted: {len(decision.preemptions)}, "
+          f"rejected: {len(decision.rejections)}, waiting: {len(decision.waiting)}")
+    print(f"first decision of a process: {time_cold_decision(n) * 1e3:.2f} ms")
+    print(f"scheduling decision over {n} queued requests (median): {time_decision(n) * 1e3:.2f} ms")

@@ -1,0 +1,208 @@
+"""The broker's working state: open leases mirrored from the ledger, and the application of
+policy decisions to both. No Ray here: the service feeds it snapshots and carries out effects."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from . import policy
+from .ledger import ACTIVE_STATES, Ledger
+from .model import ActiveLease, NodeCapacity, Placement, Priority, Quota, Request, Waiting
+
+log = logging.getLogger("gpusession.broker")
+
+WEEK_S = 7 * 24 * 3600.0
+USAGE_CACHE_S = 5.0  # the GPU-hour budget is coarse; recomputing per request would cost O(history)
+
+
+@dataclass(frozen=True)
+class PolicySettings:
+    default_quota: Quota = Quota()
+    allow_borrowing: bool = True
+    preemption_grace_s: float = 30.0
+
+
+@dataclass
+class Notice:
+    lease_id: int
+    kind: str  # "preempt" | "revoke"
+    reason: str
+    deadline: float
+    for_lease_id: int | None = None
+
+
+@dataclass
+class Effects:
+    """What the service must do after a change: wake these waiters, send these notices."""
+
+    changed: set[int] = field(default_factory=set)
+    notices: list[Notice] = field(default_factory=list)
+
+
+class Books:
+    def __init__(self, ledger: Ledger, settings: PolicySettings) -> None:
+        self.ledger = ledger
+        self.settings = settings
+        self.rows: dict[int, dict] = {row["id"]: row for row in ledger.open_leases()}
+        self.waiting: dict[int, Waiting] = {}
+        self.versions: dict[int, int] = {}
+        self._quotas = {user: q.quota for user, q in ledger.quotas().items()}
+        self._usage: tuple[float, dict[str, float]] | None = None
+
+    # ----- reading ---------------------------------------------------------------------------
+    def quota_for(self, user: str) -> Quota:
+        return self._quotas.get(user, self.settings.default_quota)
+
+    def reload_quotas(self) -> None:
+        self._quotas = {user: q.quota for user, q in self.ledger.quotas().items()}
+
+    def used_gpu_hours(self, now: float) -> dict[str, float]:
+        if self._usage is None or now - self._usage[0] > USAGE_CACHE_S:
+            self._usage = (now, self.ledger.gpu_hours_since(now - WEEK_S, now))
+        return self._usage[1]
+
+    def active(self) -> list[ActiveLease]:
+        return [_active(row) for row in self.rows.values() if row["state"] in ACTIVE_STATES]
+
+    def queue(self) -> list[Request]:
+        return [_request(row) for row in self.rows.values() if row["state"] == "queued"]
+
+    def version(self, lease_id: int) -> int:
+        return self.versions.get(lease_id, 0)
+
+    # ----- changing --------------------------------------------------------------------------
+    def add_request(self, fields: dict, nodes: list[NodeCapacity], now: float) -> tuple[int, Effects]:
+        existing = self.ledger.lease_by_request_id(fields["request_id"])
+        if existing:  # a retried call after a broker restart
+            return existing["id"], Effects()
+        lease_id = self.ledger.add_lease({**fields, "state": "queued", "requested_at": now})
+        row = self.ledger.lease(lease_id)
+        effects = Effects({lease_id})
+        needs_budget = self.quota_for(row["user"]).gpu_hours is not None
+        rejection = policy.check_admission(
+            _request(row),
+            nodes=nodes,
+            quota=self.quota_for(row["user"]),
+            used_gpu_hours=self.used_gpu_hours(now).get(row["user"], 0.0) if needs_budget else 0.0,
+            allow_borrowing=self.settings.allow_borrowing,
+        )
+        if rejection:
+            self.ledger.set_notice(lease_id, {"error": rejection.error, "message": rejection.message}, None)
+            self.ledger.close(lease_id, "rejected", now)
+            log.info("Rejected lease %d of %s: %s", lease_id, row["user"], rejection.message)
+            return lease_id, effects
+        self.rows[lease_id] = row
+        return lease_id, effects
+
+    def schedule(self, nodes: list[NodeCapacity], now: float) -> Effects:
+        effects = Effects()
+        queue = self.queue()
+        if not queue:
+            return effects
+        users = {r.user for r in queue}
+        budgets = any(self.quota_for(u).gpu_hours is not None for u in users)
+        decision = policy.decide(
+            nodes=nodes,
+            leases=self.active(),
+            queue=queue,
+            quotas=self._quotas,
+            default_quota=self.settings.default_quota,
+            used_gpu_hours=self.used_gpu_hours(now) if budgets else {},
+            allow_borrowing=self.settings.allow_borrowing,
+            now=now,
+        )
+        for rejection in decision.rejections:
+            self.ledger.set_notice(rejection.lease_id, {"error": rejection.error, "message": rejection.message}, None)
+            self._close(rejection.lease_id, "rejected", now, effects)
+        if decision.grants:
+            self.ledger.grant([(g.lease_id, g.over_quota) for g in decision.grants], now)
+            for grant in decision.grants:
+                row = self.rows[grant.lease_id]
+                row.update(state="granted", granted_at=now, over_quota=grant.over_quota)
+                self.waiting.pop(grant.lease_id, None)
+                self._bump(grant.lease_id, effects)
+                log.info("Granted lease %d of %s: %g GPUs%s", grant.lease_id, row["user"], row["gpus"],
+                         " (over quota)" if grant.over_quota else "")
+        for preempt in decision.preemptions:
+            effects.notices.append(self._preempt(preempt, now))
+        for lease_id, waiting in decision.waiting.items():
+            if self.waiting.get(lease_id) != waiting:
+                self.waiting[lease_id] = waiting
+                self._bump(lease_id, effects)
+        return effects
+
+    def place(self, lease_id: int, node_workers: dict[str, int], now: float) -> Effects:
+        row = self.rows.get(lease_id)
+        effects = Effects()
+        if row is not None and row["state"] == "granted":
+            self.ledger.place(lease_id, node_workers, now)
+            row.update(state="placed", placed_at=now, node_workers=node_workers)
+            self._bump(lease_id, effects)
+        return effects
+
+    def close(self, lease_id: int, reason: str, released_at: float) -> Effects:
+        effects = Effects()
+        self._close(lease_id, reason, released_at, effects)
+        return effects
+
+    def notify(self, notice: Notice) -> Effects:
+        row = self.rows[notice.lease_id]
+        payload = {"kind": notice.kind, "reason": notice.reason, "deadline": notice.deadline,
+                   "for_lease_id": notice.for_lease_id, "reason_code": _reason_code(notice.kind)}
+        self.ledger.set_notice(notice.lease_id, payload, notice.for_lease_id)
+        row.update(notice=payload, preempted_for=notice.for_lease_id)
+        effects = Effects(notices=[notice])
+        self._bump(notice.lease_id, effects)
+        return effects
+
+    def _preempt(self, preempt, now: float) -> Notice:
+        victim, claimant = self.rows[preempt.victim_id], self.rows[preempt.for_lease_id]
+        log.info("Preempting lease %d of %s (%s) for lease %d of %s", victim["id"], victim["user"],
+                 preempt.reason, claimant["id"], claimant["user"])
+        notice = Notice(
+            victim["id"], "preempt",
+            f"preempted ({preempt.reason}) for lease {claimant['id']} of {claimant['user']}",
+            now + self.settings.preemption_grace_s, claimant["id"],
+        )
+        self.notify(notice)
+        return notice
+
+    def _close(self, lease_id: int, reason: str, released_at: float, effects: Effects) -> None:
+        closed = self.ledger.close(lease_id, reason, released_at)
+        self.rows.pop(lease_id, None)
+        self.waiting.pop(lease_id, None)
+        if closed is not None:
+            self._usage = None if closed.get("gpu_seconds") else self._usage
+            if closed.get("granted_at") is not None:
+                log.info("Released lease %d of %s (%s): %.1f GPU-seconds", lease_id, closed["user"],
+                         reason, closed["gpu_seconds"])
+        self._bump(lease_id, effects)
+
+    def _bump(self, lease_id: int, effects: Effects) -> None:
+        self.versions[lease_id] = self.versions.get(lease_id, 0) + 1
+        effects.changed.add(lease_id)
+
+
+def _reason_code(kind: str) -> str:
+    return "preempted" if kind == "preempt" else "revoked"
+
+
+def _request(row: dict) -> Request:
+    return Request(
+        lease_id=row["id"], user=row["user"], workers=row["workers"],
+        gpus_per_worker=row["gpus_per_worker"], priority=Priority(row["priority"]),
+        placement=Placement(row["placement"]), arrival=row["requested_at"],
+        max_hold_s=row.get("max_hold_s"), min_workers=row.get("min_workers"),
+    )
+
+
+def _active(row: dict) -> ActiveLease:
+    hold = row.get("max_hold_s")
+    return ActiveLease(
+        lease_id=row["id"], user=row["user"], workers=row["workers"],
+        gpus_per_worker=row["gpus_per_worker"], priority=Priority(row["priority"]),
+        over_quota=bool(row.get("over_quota")), granted_at=row["granted_at"],
+        ends_by=row["granted_at"] + hold if hold else None,
+        node_workers=row.get("node_workers") if row["state"] == "placed" else None,
+        preempted_for=row.get("preempted_for"), min_workers=row.get("min_workers"),
+    )

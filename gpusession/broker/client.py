@@ -1,0 +1,118 @@
+"""Find (or start) the cluster's broker actor and call it; replace a broker older than us."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import ray
+from packaging.version import Version
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from .. import __version__
+from ..errors import GPUSessionError
+from ..raycluster import ensure_connected, head_node_id
+from .settings import BrokerConfig
+
+log = logging.getLogger("gpusession")
+
+BROKER_NAME = "gpusession-broker"
+NAMESPACE = "gpusession"
+_CALL_TIMEOUT_S = 60.0
+_lock = threading.Lock()
+_cached: tuple[str, Any] | None = None  # (ray job id, handle)
+
+
+def call(method, *args: Any, timeout: float | None = _CALL_TIMEOUT_S, **kwargs: Any) -> Any:
+    """Call a broker method and wait; a domain error raised remotely is raised here as itself."""
+    try:
+        return ray.get(method.remote(*args, **kwargs), timeout=timeout)
+    except ray.exceptions.RayTaskError as exc:
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, (GPUSessionError, ValueError, TypeError, KeyError)):
+            raise cause from None
+        raise
+
+
+def broker(config: BrokerConfig | None = None) -> Any:
+    """The broker's handle; started on the head node if the cluster has none."""
+    global _cached
+    ensure_connected()
+    job = ray.get_runtime_context().get_job_id()
+    with _lock:
+        if _cached is not None and _cached[0] == job:
+            return _cached[1]
+        handle = _get_or_create(config or BrokerConfig())
+        _cached = (job, handle)
+        return handle
+
+
+def forget() -> None:
+    """Drop the cached handle (after the broker was replaced or Ray restarted)."""
+    global _cached
+    with _lock:
+        _cached = None
+
+
+def _get_or_create(config: BrokerConfig) -> Any:
+    handle = _create(config)
+    running = call(handle.version)
+    if Version(running) < Version(__version__):
+        db_path = call(handle.info)["db_path"]
+        log.warning("Replacing broker %s with %s (ledger %s kept)", running, __version__, db_path)
+        ray.kill(handle, no_restart=True)
+        _wait_until_gone()
+        handle = _create(BrokerConfig(db_path=db_path))
+        call(handle.version)
+    return handle
+
+
+def _create(config: BrokerConfig) -> Any:
+    from .service import BrokerService
+
+    actor_class = ray.remote(BrokerService)
+    return actor_class.options(
+        name=BROKER_NAME,
+        namespace=NAMESPACE,
+        lifetime="detached",
+        get_if_exists=True,
+        max_restarts=-1,
+        max_task_retries=-1,
+        num_cpus=0,
+        max_concurrency=10_000,  # long polls and watches are parked coroutines, not threads
+        scheduling_strategy=NodeAffinitySchedulingStrategy(head_node_id(), soft=False),
+        runtime_env=_code_of_this_client(),
+    ).remote(config.to_dict())
+
+
+def _code_of_this_client() -> dict:
+    """Ship this client's gpusession to the broker, so a replacement really runs the new code.
+
+    Ray uploads local py_modules only for whole jobs, so the package is uploaded here through
+    Ray's own helper and the actor gets the resulting gcs:// URI (a detached actor keeps it
+    referenced). If that helper is unavailable the broker runs the head node's installed copy."""
+    import gpusession
+
+    try:
+        from ray._private.runtime_env.py_modules import upload_py_modules_if_needed
+
+        scratch = ray._private.worker.global_worker.node.get_runtime_env_dir_path()
+        return upload_py_modules_if_needed(
+            {"py_modules": [gpusession.__path__[0]], "excludes": ["__pycache__"]},
+            include_gitignore=False, scratch_dir=scratch, logger=log,
+        )
+    except Exception as exc:  # a Ray without this helper: fall back to the installed copy
+        log.warning("Could not ship gpusession %s to the broker (%s); using the head's copy.", __version__, exc)
+        return {}
+
+
+def _wait_until_gone(timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            ray.get_actor(BROKER_NAME, namespace=NAMESPACE)
+        except ValueError:
+            return
+        time.sleep(0.05)
+    raise GPUSessionError(f"The old broker did not stop within {timeout_s:.0f} s; try again.")

@@ -1,0 +1,106 @@
+"""One snapshot of what Ray really has: nodes, free GPUs, our placement groups, dead jobs."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import ray
+from ray._private import state  # per-node resources and the job table (no dashboard needed)
+from ray.util.placement_group import PlacementGroup, remove_placement_group
+
+from ..raycluster import nodes as alive_nodes
+from .model import NodeCapacity
+
+PG_PREFIX = "gpusession"
+
+
+def pg_name(ledger_id: str, lease_id: int) -> str:
+    """Placement groups are named after the lease, with the ledger's id so two ledgers never collide."""
+    return f"{PG_PREFIX}-{ledger_id}-{lease_id}"
+
+
+@dataclass(frozen=True)
+class GroupState:
+    pg_id: str
+    state: str  # PENDING | CREATED | REMOVED | RESCHEDULING
+    node_workers: dict[str, int]
+    gpus_by_node: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    nodes: list[NodeCapacity]
+    logical: bool  # every GPU node declares GPUs with no real accelerator behind them
+    groups: dict[int, GroupState] = field(default_factory=dict)  # lease id -> its group
+    dead_jobs: dict[str, float] = field(default_factory=dict)  # job id -> when it ended
+
+
+def take(ledger_id: str, previous: Snapshot | None = None) -> Snapshot:
+    """Read Ray once. Unmanaged GPUs are those in use on a node beyond our own groups; the
+    smaller of this and the previous reading is kept because Ray's resource view lags group
+    creation and removal by ~0.1 s and a transient must not look like foreign use."""
+    groups = _our_groups(ledger_id)
+    free = {n: r.get("GPU", 0.0) for n, r in state.available_resources_per_node().items()}
+    ours: dict[str, float] = {}
+    for group in groups.values():
+        if group.state == "CREATED":
+            for node_id, gpus in group.gpus_by_node.items():
+                ours[node_id] = ours.get(node_id, 0.0) + gpus
+    before = {n.node_id: n.unmanaged for n in previous.nodes} if previous else {}
+    nodes, logical = [], True
+    for info in alive_nodes():
+        if info.gpus <= 0:
+            continue
+        logical = logical and info.logical
+        used = info.gpus - free.get(info.node_id, info.gpus)
+        unmanaged = max(0.0, used - ours.get(info.node_id, 0.0))
+        if info.node_id in before:
+            unmanaged = min(unmanaged, before[info.node_id])
+        nodes.append(NodeCapacity(info.node_id, info.gpus, round(unmanaged, 6)))
+    return Snapshot(nodes, logical and bool(nodes), groups, _dead_jobs())
+
+
+def _our_groups(ledger_id: str) -> dict[int, GroupState]:
+    pattern = re.compile(rf"^{PG_PREFIX}-{re.escape(ledger_id)}-(\d+)$")
+    found: dict[int, GroupState] = {}
+    for pg_id, entry in ray.util.placement_group_table().items():
+        match = pattern.match(entry.get("name") or "")
+        if not match:
+            continue
+        lease_id = int(match.group(1))
+        node_workers: dict[str, int] = {}
+        gpus_by_node: dict[str, float] = {}
+        bundles = entry.get("bundles", {})
+        for index, node_id in (entry.get("bundles_to_node_id") or {}).items():
+            node_workers[node_id] = node_workers.get(node_id, 0) + 1
+            gpus = float(bundles.get(index, {}).get("GPU", 0.0))
+            gpus_by_node[node_id] = gpus_by_node.get(node_id, 0.0) + gpus
+        current = GroupState(pg_id, entry.get("state", ""), node_workers, gpus_by_node)
+        # a lease has one live group; removed ones from earlier tries must not hide it
+        if lease_id not in found or found[lease_id].state == "REMOVED":
+            found[lease_id] = current
+    return found
+
+
+def _dead_jobs() -> dict[str, float]:
+    return {
+        job["JobID"]: (job.get("EndTime") or 0) / 1000.0
+        for job in state.jobs()
+        if job.get("IsDead")
+    }
+
+
+def remove_group(pg_id: str) -> None:
+    """Remove a placement group by id; Ray kills whatever runs inside it."""
+    try:
+        remove_placement_group(PlacementGroup(ray.PlacementGroupID(bytes.fromhex(pg_id))))
+    except Exception:  # already gone
+        pass
+
+
+def kill_actors(handles) -> None:
+    for handle in handles:
+        try:
+            ray.kill(handle, no_restart=True)
+        except Exception:  # already dead
+            pass

@@ -1,0 +1,104 @@
+"""Plain-dict views the broker hands out: one lease, the cluster, quotas, usage reports."""
+from __future__ import annotations
+
+import datetime as dt
+from typing import Iterable
+
+from .books import Books
+from .ledger import QuotaRow
+from .model import Quota, Waiting
+from .rayview import Snapshot
+
+DAY_S = 86400.0
+
+
+def lease_view(row: dict, *, waiting: Waiting | None, version: int, now: float) -> dict:
+    notice = row.get("notice") or {}
+    held_since = row.get("granted_at")
+    return {
+        "lease_id": row["id"],
+        "user": row["user"],
+        "gpus": row["gpus"],
+        "workers": row["workers"],
+        "gpus_per_worker": row["gpus_per_worker"],
+        "priority": row["priority"].label,
+        "placement": row["placement"],
+        "state": row["state"],
+        "over_quota": bool(row.get("over_quota")),
+        "requested_at": row["requested_at"],
+        "granted_at": held_since,
+        "released_at": row.get("released_at"),
+        "age_s": now - (held_since or row["requested_at"]) if row["state"] != "ended" else None,
+        "position": waiting.position if waiting else None,
+        "wait_kind": waiting.kind.value if waiting else None,
+        "reason": waiting.reason if waiting else None,
+        "end_reason": row.get("end_reason"),
+        "gpu_seconds": row.get("gpu_seconds"),
+        "node_workers": row.get("node_workers"),
+        "notice": notice if notice.get("kind") else None,
+        "error": notice.get("error"),
+        "message": notice.get("message"),
+        "version": version,
+    }
+
+
+def cluster_view(snapshot: Snapshot, books: Books) -> dict:
+    total = sum(n.gpus for n in snapshot.nodes)
+    unmanaged = sum(n.unmanaged for n in snapshot.nodes)
+    leased = sum(lease.gpus for lease in books.active())
+    queued = [r for r in books.rows.values() if r["state"] == "queued"]
+    return {
+        "gpus_total": total,
+        "gpus_leased": leased,
+        "gpus_unmanaged": unmanaged,
+        "gpus_free": max(0.0, total - leased - unmanaged),
+        "logical_gpus": snapshot.logical,
+        "nodes": [
+            {"node_id": n.node_id, "gpus": n.gpus, "unmanaged": n.unmanaged} for n in snapshot.nodes
+        ],
+        "leases_active": len(books.active()),
+        "requests_queued": len(queued),
+        "gpus_queued": sum(r["gpus"] for r in queued),
+    }
+
+
+def quota_dict(quota: Quota) -> dict:
+    return {"max_gpus": quota.max_gpus, "gpu_hours": quota.gpu_hours, "max_priority": quota.max_priority.label}
+
+
+def quota_view(user: str, books: Books, rows: dict[str, QuotaRow], now: float) -> dict:
+    quota = books.quota_for(user)
+    held = sum(l.gpus for l in books.active() if l.user == user)
+    row = rows.get(user)
+    return {
+        "user": user,
+        **quota_dict(quota),
+        "is_default": row is None,
+        "gpus_in_use": held,
+        "gpu_hours_7d": round(books.ledger.gpu_hours_since(now - 7 * DAY_S, now).get(user, 0.0), 6),
+        "updated_at": row.updated_at if row else None,
+        "updated_by": row.updated_by if row else None,
+    }
+
+
+def usage_report(intervals: Iterable[tuple], *, by: str) -> list[dict]:
+    """GPU-seconds per user, or per user and UTC day (each interval split at midnight)."""
+    totals: dict[tuple, float] = {}
+    for user, gpus, start, end in intervals:
+        if end <= start:
+            continue
+        if by == "user":
+            key = (user,)
+            totals[key] = totals.get(key, 0.0) + gpus * (end - start)
+            continue
+        cursor = start
+        while cursor < end:
+            day = dt.datetime.fromtimestamp(cursor, dt.timezone.utc).date()
+            midnight = dt.datetime.combine(day + dt.timedelta(days=1), dt.time(), dt.timezone.utc).timestamp()
+            piece_end = min(end, midnight)
+            key = (user, day.isoformat())
+            totals[key] = totals.get(key, 0.0) + gpus * (piece_end - cursor)
+            cursor = piece_end
+    if by == "user":
+        return [{"user": k[0], "gpu_seconds": round(v, 3)} for k, v in sorted(totals.items())]
+    return [{"user": k[0], "day": k[1], "gpu_seconds": round(v, 3)} for k, v in sorted(totals.items())]

@@ -1,0 +1,162 @@
+"""What user code calls inside a worker: context, report, checkpoints, prepare_model/loader."""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from numbers import Number
+from typing import Any, Callable
+
+from .errors import GPUSessionError
+
+_NOT_IN_RUN = (
+    "{name}() only works inside a function run by @gs.distributed, gs.lease().run or a %%gpu cell."
+)
+
+
+@dataclass(frozen=True)
+class RunContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    device: Any  # torch.device: this worker's first GPU, or cpu
+    devices: tuple  # every GPU of this worker (several when gpus_per_worker > 1)
+    backend: str
+    lease_id: int
+    scratch_dir: str  # per lease and node, removed when the lease ends
+    gpu_ids: tuple[str, ...]  # the GPU ids Ray gave this worker
+    logical_gpus: bool  # the cluster's GPUs are logical: training runs on the CPU
+    restarts: int = 0
+
+
+@dataclass
+class _Run:
+    context: RunContext
+    emit: Callable[[tuple], threading.Event | None]
+    checkpoint_ref: list = field(default_factory=list)  # [ObjectRef] of the checkpoint to resume from
+    checkpoint_value: Any = None
+    checkpoint_loaded: bool = False
+
+
+_current: _Run | None = None
+
+
+def _run(name: str) -> _Run:
+    if _current is None:
+        raise GPUSessionError(_NOT_IN_RUN.format(name=name))
+    return _current
+
+
+def context() -> RunContext:
+    """This worker's rank, world size, device(s), lease id and scratch directory."""
+    return _run("gs.context").context
+
+
+def report(metrics: dict | None = None, /, **values: Any) -> None:
+    """Stream metrics to the caller (live table and plot); only rank 0's reports are kept."""
+    run = _run("gs.report")
+    if run.context.rank != 0:
+        return
+    merged = {**(metrics or {}), **values}
+    run.emit(("report", {k: _plain(v) for k, v in merged.items()}))
+
+
+def save_checkpoint(state: Any) -> None:
+    """Commit point: rank 0's object is kept by the caller (other ranks' calls do nothing)."""
+    run = _run("gs.save_checkpoint")
+    if run.context.rank != 0:
+        return
+    committed = run.emit(("checkpoint", state))
+    if committed is not None:
+        committed.wait()
+
+
+def load_checkpoint() -> Any:
+    """The latest checkpoint of this run (after a restart or `resume()`), or None."""
+    run = _run("gs.load_checkpoint")
+    if not run.checkpoint_loaded:
+        if run.checkpoint_ref:
+            import ray
+
+            run.checkpoint_value = ray.get(run.checkpoint_ref[0])
+        run.checkpoint_loaded = True
+    return run.checkpoint_value
+
+
+def prepare_model(model, **ddp_options: Any):
+    """Move the model to this worker's device and wrap it in DistributedDataParallel."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    ctx = context()
+    model = model.to(ctx.device)
+    if not dist.is_initialized():
+        raise GPUSessionError("prepare_model() needs the process group, which gpusession initialises per run.")
+    if ctx.device.type == "cuda" and len(ctx.devices) == 1:
+        ddp_options.setdefault("device_ids", [ctx.device])
+    return DistributedDataParallel(model, **ddp_options)
+
+
+def unwrap(model):
+    """The plain module inside a DDP (or DataParallel) wrapper; other objects unchanged."""
+    while hasattr(model, "module") and type(model).__name__ in ("DistributedDataParallel", "DataParallel"):
+        model = model.module
+    return model
+
+
+def prepare_loader(loader, *, move_to_device: bool = True):
+    """Rebuild a DataLoader with a DistributedSampler for the current world size.
+
+    Shuffling follows the original loader; the sampler's epoch advances on every pass, so
+    each epoch is shuffled differently (as `sampler.set_epoch(epoch)` would do)."""
+    from torch.utils.data import DataLoader, RandomSampler
+    from torch.utils.data.distributed import DistributedSampler
+
+    ctx = context()
+    shuffle = isinstance(loader.sampler, RandomSampler)
+    sampler = DistributedSampler(loader.dataset, num_replicas=ctx.world_size, rank=ctx.rank,
+                                 shuffle=shuffle, drop_last=loader.drop_last)
+    rebuilt = DataLoader(
+        loader.dataset, batch_size=loader.batch_size, sampler=sampler,
+        num_workers=loader.num_workers, collate_fn=loader.collate_fn,
+        pin_memory=loader.pin_memory, drop_last=loader.drop_last,
+        timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
+        persistent_workers=loader.persistent_workers if loader.num_workers else False,
+    )
+    return _EpochLoader(rebuilt, sampler, ctx.device if move_to_device else None)
+
+
+class _EpochLoader:
+    def __init__(self, loader, sampler, device) -> None:
+        self.loader, self.sampler, self.device, self.epoch = loader, sampler, device, 0
+        self.dataset, self.batch_size = loader.dataset, loader.batch_size
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        self.sampler.set_epoch(self.epoch)
+        self.epoch += 1
+        for batch in self.loader:
+            yield _to_device(batch, self.device) if self.device is not None else batch
+
+
+def _to_device(batch, device):
+    if hasattr(batch, "to"):
+        return batch.to(device)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_to_device(b, device) for b in batch)
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device) for k, v in batch.items()}
+    return batch
+
+
+def _plain(value: Any) -> Any:
+    """Tensors and numpy scalars become Python numbers, so reports stay small and plottable."""
+    if isinstance(value, (bool, str, Number)) or value is None:
+        return value
+    item = getattr(value, "item", None)
+    if callable(item) and getattr(value, "numel", lambda: 1)() == 1:
+        return item()
+    return value

@@ -1,0 +1,90 @@
+"""`@gs.distributed`: lease GPUs for exactly one call, run it data-parallel, release, return."""
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable
+
+from .errors import GPUSessionError
+from .events import RunInfo, default_observer
+from .group import run_function
+from .lease import Lease, _end_reason
+from .options import RunOptions, validate_run_options
+
+OPTION_NAMES = tuple(inspect.signature(validate_run_options).parameters)
+
+
+def parse_options(options: dict, *, where: str) -> RunOptions:
+    unknown = sorted(set(options) - set(OPTION_NAMES))
+    if unknown:
+        raise TypeError(f"{where} got an unknown option {unknown[0]!r}; the options are {', '.join(OPTION_NAMES)}.")
+    return validate_run_options(**options)
+
+
+class DistributedFunction:
+    """A function that runs on leased GPUs each time it is called. See `gs.distributed`."""
+
+    def __init__(self, fn: Callable, options: RunOptions) -> None:
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.options = options
+        self.last_run: RunInfo | None = None
+        self._last_call: tuple[tuple, dict] | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._run(args, kwargs, checkpoint_ref=None)
+
+    def resume(self, *args: Any, **kwargs: Any) -> Any:
+        """Run again from `last_run.checkpoint` (what gs.load_checkpoint() returns); with no
+        arguments, the last call's arguments are used."""
+        if self.last_run is None or self.last_run._checkpoint_ref is None:
+            raise GPUSessionError(
+                f"{self.__name__}.resume() needs a checkpoint, but the last run saved none "
+                "(call gs.save_checkpoint(...) inside the function)."
+            )
+        if not args and not kwargs and self._last_call is not None:
+            args, kwargs = self._last_call
+        return self._run(args, kwargs, checkpoint_ref=self.last_run._checkpoint_ref)
+
+    def _run(self, args: tuple, kwargs: dict, *, checkpoint_ref) -> Any:
+        info = RunInfo()
+        self.last_run, self._last_call = info, (args, kwargs)
+        observer = default_observer(self.options.lease.workers)
+        error: BaseException | None = None
+        try:
+            with Lease(self.options, observer=observer, info=info).acquire() as lease:
+                return run_function(lease, self.fn, args, kwargs, info=info, observer=observer,
+                                    checkpoint_ref=checkpoint_ref)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            info.end_reason = _end_reason(error)
+            observer.finished(info, error)
+
+    def __repr__(self) -> str:
+        lease = self.options.lease
+        return f"<gpusession.distributed {self.__name__}: {lease.gpus:g} GPUs, {lease.workers} workers>"
+
+
+def distributed(fn: Callable | None = None, /, **options: Any):
+    """Run the decorated function on `gpus` leased GPUs, data-parallel, only while it runs.
+
+    In [1]: @gs.distributed(gpus=2)
+       ...: def train(lr):
+       ...:     model = gs.prepare_model(torch.nn.Linear(10, 1))
+       ...:     ...
+       ...:     return gs.unwrap(model).state_dict()
+    In [2]: state = train(0.1)      # waits for 2 GPUs, runs on 2 workers, releases, returns
+
+    Options (keyword only): gpus, gpus_per_worker, min_gpus, priority, timeout, queue_timeout,
+    backend, placement, max_failures, return_all, runtime_env. Bad options raise here, before
+    anything is leased."""
+    run_options = parse_options(options, where="gs.distributed()")
+
+    def wrap(function: Callable) -> DistributedFunction:
+        if not callable(function):
+            raise TypeError(f"gs.distributed decorates a function; got {type(function).__name__}.")
+        return DistributedFunction(function, run_options)
+
+    return wrap(fn) if fn is not None else wrap

@@ -1,0 +1,99 @@
+"""The errors gpusession raises. Each message says what happened, the numbers, and what to do."""
+from __future__ import annotations
+
+
+class GPUSessionError(Exception):
+    """Base class of every gpusession error."""
+
+
+class QuotaExceeded(GPUSessionError):
+    """The request is beyond the user's quota: priority above max_priority or GPU-hour budget spent."""
+
+
+class Infeasible(GPUSessionError):
+    """The request can never be placed: more GPUs than the cluster (or the user's ceiling) allows."""
+
+
+class QueueTimeout(GPUSessionError):
+    """No GPUs were granted within queue_timeout; nothing was leased."""
+
+
+class LeaseRevoked(GPUSessionError):
+    """The lease was revoked by its owner or an admin; the workers were stopped."""
+
+
+class Preempted(GPUSessionError):
+    """The lease was preempted for a more entitled request; the run stopped at its last checkpoint."""
+
+
+class RunTimeout(GPUSessionError):
+    """The run exceeded its timeout; the workers were stopped and the GPUs released."""
+
+
+class NotAuthorized(GPUSessionError):
+    """The caller may not do this: an admin token or the lease's owner is required."""
+
+
+class LeaseNotFound(GPUSessionError):
+    """No lease with that id exists in the broker's ledger."""
+
+
+class WorkerFailed(GPUSessionError):
+    """A worker raised or died; every worker was stopped and the GPUs released."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        rank: int | None = None,
+        node: str | None = None,
+        remote_type: str | None = None,
+        remote_message: str | None = None,
+        remote_traceback: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.node = node
+        self.remote_type = remote_type
+        self.remote_message = remote_message
+        self.remote_traceback = remote_traceback
+
+    def __reduce__(self):
+        kwargs = dict(
+            rank=self.rank,
+            node=self.node,
+            remote_type=self.remote_type,
+            remote_message=self.remote_message,
+            remote_traceback=self.remote_traceback,
+        )
+        return (_rebuild_worker_failed, (self.args[0], kwargs))
+
+    def __str__(self) -> str:
+        text = self.args[0]
+        if self.remote_traceback:
+            text += "\n\nRemote traceback (rank %s on %s):\n%s" % (
+                self.rank,
+                self.node,
+                self.remote_traceback.rstrip(),
+            )
+        return text
+
+
+def _rebuild_worker_failed(message: str, kwargs: dict) -> WorkerFailed:
+    return WorkerFailed(message, **kwargs)
+
+
+ERRORS_BY_NAME = {
+    cls.__name__: cls
+    for cls in (
+        QuotaExceeded,
+        Infeasible,
+        QueueTimeout,
+        LeaseRevoked,
+        Preempted,
+        RunTimeout,
+        NotAuthorized,
+        LeaseNotFound,
+        WorkerFailed,
+    )
+}

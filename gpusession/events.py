@@ -1,0 +1,122 @@
+"""What a run tells the world while it happens (Observer), and what it leaves behind (RunInfo).
+
+Renderers subscribe by implementing Observer: the console one prints lines, the notebook one
+(display.py) draws a live queue line, metrics table, plot and receipt.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+@dataclass
+class RunInfo:
+    """The record of one call: where it ran, what it cost, what it reported."""
+
+    lease_id: int | None = None
+    gpus: float = 0.0
+    workers: int = 0
+    backend: str | None = None
+    logical_gpus: bool = False
+    nodes: list[str] = field(default_factory=list)
+    queued_s: float = 0.0  # request to grant
+    setup_s: float = 0.0  # grant to every rank running the function
+    run_s: float = 0.0  # the function's span
+    gpu_seconds: float = 0.0  # GPUs x (grant to release)
+    history: list[dict] = field(default_factory=list)  # rank 0's gs.report calls, in order
+    restarts: int = 0
+    resizes: int = 0
+    end_reason: str | None = None  # finished | failed | interrupted | timeout | revoked | preempted
+    released: bool = False
+    _checkpoint_ref: Any = field(default=None, repr=False)
+
+    @property
+    def checkpoint(self) -> Any:
+        """The last checkpoint rank 0 saved (fetched from the object store), or None."""
+        if self._checkpoint_ref is None:
+            return None
+        import ray
+
+        return ray.get(self._checkpoint_ref)
+
+    def receipt(self) -> str:
+        kind = " logical" if self.logical_gpus else ""
+        state = "released" if self.released else "still held"
+        return (
+            f"{self.gpus:g}{kind} GPU{'s' if self.gpus != 1 else ''} · queued {self.queued_s:.1f} s · "
+            f"setup {self.setup_s:.1f} s · run {self.run_s:.1f} s · {self.gpu_seconds:.1f} GPU·s · {state}"
+        )
+
+
+class Observer:
+    """Receives a run's events as they happen; every method may be left as is."""
+
+    def queued(self, view: dict, elapsed_s: float) -> None:
+        """Waiting for GPUs: view has gpus, position, reason (see broker/views.lease_view)."""
+
+    def granted(self, info: RunInfo) -> None:
+        """The GPUs are ours; the queue line can go."""
+
+    def output(self, rank: int, stream: str, text: str) -> None:
+        """A chunk of a worker's stdout or stderr (not necessarily whole lines)."""
+
+    def report(self, metrics: dict, info: RunInfo) -> None:
+        """Rank 0 called gs.report; info.history already holds it."""
+
+    def finished(self, info: RunInfo, error: BaseException | None) -> None:
+        """The run ended and its GPUs were released."""
+
+
+class Fanout(Observer):
+    def __init__(self, *observers: Observer) -> None:
+        self.observers = [o for o in observers if o is not None]
+
+    def queued(self, view, elapsed_s):
+        for o in self.observers:
+            o.queued(view, elapsed_s)
+
+    def granted(self, info):
+        for o in self.observers:
+            o.granted(info)
+
+    def output(self, rank, stream, text):
+        for o in self.observers:
+            o.output(rank, stream, text)
+
+    def report(self, metrics, info):
+        for o in self.observers:
+            o.report(metrics, info)
+
+    def finished(self, info, error):
+        for o in self.observers:
+            o.finished(info, error)
+
+
+_factory: Callable[[int], Observer] | None = None
+
+
+def set_observer_factory(factory: Callable[[int], Observer] | None) -> None:
+    """Make `factory(world_size)` the renderer of every following call in this process."""
+    global _factory
+    _factory = factory
+
+
+def default_observer(world_size: int) -> Observer:
+    if _factory is not None:
+        return _factory(world_size)
+    if _in_notebook_kernel():
+        from .display import NotebookObserver
+
+        return NotebookObserver(world_size)
+    from .console import ConsoleObserver
+
+    return ConsoleObserver(world_size)
+
+
+def _in_notebook_kernel() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None

@@ -1,0 +1,333 @@
+"""The client side of a lease: ask the broker, wait in its queue, hold the placement group,
+release. A lease holds all its GPUs or none, and every way out of it releases them."""
+from __future__ import annotations
+
+import atexit
+import collections
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from . import raycluster
+from .broker import client
+from .errors import ERRORS_BY_NAME, GPUSessionError, Infeasible, LeaseRevoked, Preempted, QueueTimeout
+from .events import Observer, RunInfo
+from .identity import current_identity
+from .interrupts import deferred_interrupts
+from .options import RunOptions, validate_run_options
+from .pool import WorkerHandle, pool
+
+log = logging.getLogger("gpusession")
+PLACE_TIMEOUT_S = 30.0  # Ray should place a granted group at once; longer means foreign GPU use
+FREE_TIMEOUT_S = 5.0  # bound on waiting for Ray's resource view after removing the group
+_live: "weakref.WeakSet[Lease]" = weakref.WeakSet()
+
+
+@ray.remote(num_cpus=0, max_calls=0)
+def _probe() -> tuple[str, str, list[str]]:
+    """Runs inside one bundle: which node, and which GPU ids Ray reserved for that bundle."""
+    context = ray.get_runtime_context()
+    return context.get_node_id(), ray.util.get_node_ip_address(), [str(g) for g in ray.get_gpu_ids()]
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One worker's place: its node and the GPU ids of its bundle."""
+
+    index: int
+    node_id: str
+    address: str
+    gpu_ids: tuple[str, ...]
+
+
+class Lease:
+    """GPUs held from the broker. Use `gs.lease(...)` to get one."""
+
+    def __init__(self, options: RunOptions, *, observer: Observer | None = None,
+                 info: RunInfo | None = None) -> None:
+        self.options = options
+        self.observer = observer or Observer()
+        self.info = info or RunInfo()
+        self.lease_id: int | None = None
+        self.slots: list[Slot] = []
+        self.logical_gpus = False
+        self.granted_at: float | None = None
+        self._pg = None
+        self._watch = None
+        self._notice: dict | None = None
+        self._workers: list[WorkerHandle] = []
+        self._workers_dirty = False
+        self._released = False
+        self._lock = threading.Lock()
+
+    # ----- public -------------------------------------------------------------------------------
+    @property
+    def gpus(self) -> float:
+        return self.options.lease.gpus
+
+    @property
+    def workers(self) -> int:
+        return self.options.lease.workers
+
+    def run(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
+        """Run fn on every worker of this lease; returns rank 0's value (or all with return_all)."""
+        from .group import run_function
+
+        self.check_notice()
+        return run_function(self, fn, args, kwargs, info=self.info, observer=self.observer)
+
+    def release(self, reason: str = "finished") -> None:
+        """Give the GPUs back now; waits (bounded) until Ray shows them free. Idempotent."""
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+        with deferred_interrupts():
+            self._release(reason)
+
+    def __enter__(self) -> "Lease":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.release(_end_reason(exc))
+
+    def __repr__(self) -> str:
+        state = "released" if self._released else "held"
+        return f"<gpusession.Lease {self.lease_id}: {self.gpus:g} GPUs, {self.workers} workers, {state}>"
+
+    # ----- acquiring ----------------------------------------------------------------------------
+    def acquire(self) -> "Lease":
+        raycluster.ensure_connected()
+        broker = client.broker()
+        requested = time.time()
+        view = client.call(broker.request, self._spec())
+        self.lease_id = view["lease_id"]
+        self.info.lease_id = self.lease_id
+        _live.add(self)
+        try:
+            view = self._wait_in_queue(broker, view, requested)
+            self.granted_at = time.time()
+            self.info.queued_s = self.granted_at - requested
+            self.info.gpus, self.info.workers = self.gpus, self.workers
+            self._place(broker, view)
+        except BaseException as exc:
+            self.release("cancelled" if self.granted_at is None else _end_reason(exc))
+            raise
+        self.observer.granted(self.info)
+        return self
+
+    def _spec(self) -> dict:
+        lease, identity = self.options.lease, current_identity()
+        return {
+            "request_id": uuid.uuid4().hex, "user": identity.user, "signature": identity.signature,
+            "job_id": ray.get_runtime_context().get_job_id(), "workers": lease.workers,
+            "gpus_per_worker": lease.gpus_per_worker, "min_workers": lease.min_workers,
+            "priority": lease.priority.label, "placement": lease.placement.value,
+            "max_hold_s": lease.max_hold_s, "queue_timeout_s": lease.queue_timeout_s,
+        }
+
+    def _wait_in_queue(self, broker, view: dict, requested: float) -> dict:
+        timeout = self.options.lease.queue_timeout_s
+        while view["state"] == "queued":
+            elapsed = time.time() - requested
+            self.observer.queued(view, elapsed)
+            if timeout is not None and elapsed >= timeout:
+                raise QueueTimeout(
+                    f"No {self.gpus:g} GPUs within queue_timeout={timeout:g} s (position "
+                    f"{view.get('position')}, {view.get('reason')}). Nothing was leased. Try later, ask "
+                    "for fewer GPUs, or raise queue_timeout."
+                )
+            poll = 1.0 if timeout is None else max(0.05, min(1.0, timeout - elapsed))
+            view = client.call(broker.wait, self.lease_id, view["version"], poll)
+        if view["state"] == "ended":
+            raise _error_for_end(view)
+        return view
+
+    def _place(self, broker, view: dict) -> None:
+        lease = self.options.lease
+        self._pg = placement_group(
+            [{"GPU": lease.gpus_per_worker}] * lease.workers,
+            strategy=lease.placement.ray_strategy,
+            name=view["pg_name"],
+        )
+        try:
+            ray.get(self._pg.ready(), timeout=PLACE_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            raise Infeasible(
+                f"The broker granted {self.gpus:g} GPUs but Ray could not place them within "
+                f"{PLACE_TIMEOUT_S:.0f} s: something outside gpusession is using GPUs. Try again."
+            ) from None
+        probes = [
+            _probe.options(num_gpus=lease.gpus_per_worker, scheduling_strategy=PlacementGroupSchedulingStrategy(
+                self._pg, placement_group_bundle_index=i)).remote()
+            for i in range(lease.workers)
+        ]
+        self.slots = [Slot(i, node, address, tuple(gpus)) for i, (node, address, gpus) in enumerate(ray.get(probes))]
+        logical_nodes = {n.node_id for n in raycluster.nodes() if n.logical}
+        self.logical_gpus = all(slot.node_id in logical_nodes for slot in self.slots)
+        self.info.logical_gpus = self.logical_gpus
+        self.info.nodes = sorted({slot.address for slot in self.slots})
+        node_workers = dict(collections.Counter(slot.node_id for slot in self.slots))
+        client.call(broker.placed, self.lease_id, node_workers)
+        self._watch = broker.watch.remote(self.lease_id)
+
+    # ----- during runs ----------------------------------------------------------------------------
+    @property
+    def watch_ref(self):
+        return self._watch
+
+    def notice(self, *, wait: bool = False) -> dict | None:
+        """The broker's notice (preempt / revoke) if one arrived."""
+        if self._notice is None and self._watch is not None:
+            ready, _ = ray.wait([self._watch], timeout=None if wait else 0)
+            if ready:
+                view = ray.get(self._watch)
+                self._notice = view.get("notice") or {"kind": "ended", "reason": view.get("end_reason")}
+        return self._notice
+
+    def check_notice(self) -> None:
+        """Between runs: if the broker took the lease back, release and raise."""
+        notice = self.notice()
+        if notice:
+            error = notice_error(self, notice)
+            self.release(notice.get("reason_code") or "revoked")
+            raise error
+
+    def acquire_workers(self, runtime_env: dict | None) -> list[WorkerHandle]:
+        if not self._workers:
+            self._workers = pool().acquire([slot.node_id for slot in self.slots], runtime_env)
+            self._workers_dirty = False
+            client.call(client.broker().placed, self.lease_id, {}, [w.actor for w in self._workers])
+        return self._workers
+
+    def retire_workers(self, *, dirty: bool) -> None:
+        """Mark the workers unusable (a failed or stopped run); killed now, replaced in the pool."""
+        self._workers_dirty = self._workers_dirty or dirty
+        if dirty and self._workers:
+            pool().discard(self._workers, replace=True, runtime_env=self.options.runtime_env)
+            self._workers = []
+
+    # ----- releasing ------------------------------------------------------------------------------
+    def _remove_group_and_wait(self) -> None:
+        """Remove the group, then wait (bounded) until Ray's own view shows its GPUs free, before
+        the broker hears of it: so no other lease can be placed on them before the view says so."""
+        marker = self._pg.id.hex()
+        ours: dict[str, float] = collections.Counter()
+        for slot in self.slots:
+            ours[slot.node_id] += self.options.lease.gpus_per_worker
+        still_there = ray.util.placement_group_table(self._pg).get("state") != "REMOVED"
+        before = raycluster.unreserved_gpus_by_node(excluding_group=marker)
+        remove_placement_group(self._pg)
+        if not still_there:  # the broker already took it back (revoke, preemption)
+            return
+        deadline = time.monotonic() + FREE_TIMEOUT_S
+        while time.monotonic() < deadline:
+            now = raycluster.unreserved_gpus_by_node(excluding_group=marker)
+            if all(now.get(n, 0.0) >= before.get(n, 0.0) + gpus - 1e-6 for n, gpus in ours.items()):
+                return
+            time.sleep(0.005)
+        log.warning("Ray still shows the GPUs of lease %s in use %.0f s after release.", self.lease_id,
+                    FREE_TIMEOUT_S)
+
+    def _release(self, reason: str) -> None:
+        if self._workers:
+            for worker in self._workers:
+                worker.actor.cleanup.remote(self.lease_id)
+            if self.logical_gpus and not self._workers_dirty:
+                pool().give_back(self._workers)
+            else:  # a process that touched a real GPU keeps its memory: never reuse it
+                pool().discard(self._workers, replace=True, runtime_env=self.options.runtime_env)
+            self._workers = []
+        released = time.time()
+        if self._pg is not None:
+            self._remove_group_and_wait()
+        if self.lease_id is not None:
+            try:
+                client.call(client.broker().release, self.lease_id, reason, released, timeout=10.0)
+            except Exception as exc:  # Ray already freed the group; the broker reconciles later
+                log.warning("Could not tell the broker lease %s ended (%s); it will notice by itself.",
+                            self.lease_id, exc)
+        if self.granted_at is not None:
+            self.info.gpu_seconds = self.gpus * (released - self.granted_at)
+        self.info.released = True
+        _live.discard(self)
+
+
+def notice_error(lease: Lease, notice: dict) -> GPUSessionError:
+    reason = notice.get("reason") or "ended by the broker"
+    if notice.get("kind") == "preempt":
+        return Preempted(
+            f"Lease {lease.lease_id} ({lease.gpus:g} GPUs) was {reason}. The run stopped at its last "
+            "checkpoint; call .resume() to continue from it once GPUs are free."
+        )
+    return LeaseRevoked(f"Lease {lease.lease_id} ({lease.gpus:g} GPUs) was {reason}. The workers were stopped.")
+
+
+def _error_for_end(view: dict) -> GPUSessionError:
+    if view.get("end_reason") == "rejected" and view.get("error") in ERRORS_BY_NAME:
+        return ERRORS_BY_NAME[view["error"]](view.get("message") or "The broker rejected the request.")
+    if view.get("end_reason") == "revoked":
+        return LeaseRevoked(f"Request {view['lease_id']} was revoked while it waited in the queue.")
+    return GPUSessionError(
+        f"The broker ended request {view['lease_id']} while it waited ({view.get('end_reason')}). Try again."
+    )
+
+
+def _end_reason(exc: BaseException | None) -> str:
+    if exc is None:
+        return "finished"
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
+    if isinstance(exc, Preempted):
+        return "preempted"
+    if isinstance(exc, LeaseRevoked):
+        return "revoked"
+    from .errors import RunTimeout
+
+    return "timeout" if isinstance(exc, RunTimeout) else "failed"
+
+
+def lease(**options: Any) -> Lease:
+    """Lease GPUs now (waiting in the queue if needed) and hold them until released.
+
+    In [1]: with gs.lease(gpus=2) as lease:
+       ...:     lease.run(train, 0.1)
+       ...:     lease.run(evaluate)
+    Accepts the options of `gs.distributed`; `timeout` bounds each run."""
+    from .events import default_observer
+
+    run_options = validate_run_options(**options)
+    observer = default_observer(run_options.lease.workers)
+    return Lease(run_options, observer=observer).acquire()
+
+
+def held_leases() -> list[Lease]:
+    """Leases this process still holds."""
+    return [l for l in list(_live) if not l._released]
+
+
+def release_all(reason: str = "released") -> int:
+    leases = held_leases()
+    for held in leases:
+        held.release(reason)
+    return len(leases)
+
+
+@atexit.register
+def _release_at_exit() -> None:
+    if ray.is_initialized():
+        release_all("caller exited")
+
+
+def caller_location() -> tuple[str, str]:
+    return socket.gethostname(), os.getcwd()

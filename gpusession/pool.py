@@ -1,0 +1,149 @@
+"""Warm worker processes kept by this kernel between calls, per node and runtime_env.
+
+Workers are actors owned by this process (they die with it) that hold no Ray resources; the
+lease's placement group holds the GPUs. A worker goes back to the pool only if it never touched
+a real GPU; otherwise it is killed (freeing its GPU memory) and a fresh one is pre-started so
+the next call finds it warm.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from .errors import GPUSessionError
+from .workers import Worker
+
+IDLE_S_ENV = "GPUSESSION_WARM_WORKER_IDLE_S"
+DEFAULT_IDLE_S = 600.0  # an idle warm worker costs ~300 MB of RAM; give it back after this
+MAX_IDLE_PER_NODE = 16
+_REMOTE_WORKER = ray.remote(num_cpus=0, max_restarts=0)(Worker)
+
+
+@dataclass(eq=False)
+class WorkerHandle:
+    actor: ray.actor.ActorHandle
+    node_id: str
+    env_key: str
+    ready: ray.ObjectRef  # resolves to the worker's info once it imported torch
+    idle_since: float = field(default_factory=time.monotonic)
+    info: dict | None = None  # node_id, address, pid, host: filled once ready
+
+
+def _env_key(runtime_env: dict | None) -> str:
+    return json.dumps(runtime_env or {}, sort_keys=True, default=str)
+
+
+class WorkerPool:
+    def __init__(self) -> None:
+        self._idle: dict[tuple[str, str], list[WorkerHandle]] = {}
+        self._lock = threading.Lock()
+        self._idle_s = float(os.environ.get(IDLE_S_ENV, DEFAULT_IDLE_S))
+        self._reaper: threading.Timer | None = None
+
+    def acquire(self, node_ids: list[str], runtime_env: dict | None) -> list[WorkerHandle]:
+        """One ready worker per entry of node_ids, warm ones first."""
+        key = _env_key(runtime_env)
+        with self._lock:
+            handles = [self._take(node_id, key) or self._start(node_id, runtime_env) for node_id in node_ids]
+        try:
+            infos = ray.get([h.ready for h in handles])
+        except Exception as exc:
+            self.discard(handles)
+            raise GPUSessionError(
+                f"Could not start the worker processes: {exc}. Check runtime_env and that gpusession "
+                "is installed on every node."
+            ) from exc
+        for handle, info in zip(handles, infos):
+            handle.info = info
+        return handles
+
+    def give_back(self, handles: list[WorkerHandle]) -> None:
+        now = time.monotonic()
+        with self._lock:
+            for handle in handles:
+                bucket = self._idle.setdefault((handle.node_id, handle.env_key), [])
+                if len(bucket) >= MAX_IDLE_PER_NODE:
+                    _kill(handle)
+                    continue
+                handle.idle_since = now
+                bucket.append(handle)
+        self._schedule_reap()
+
+    def discard(self, handles: list[WorkerHandle], *, replace: bool = False,
+                runtime_env: dict | None = None) -> None:
+        """Kill these workers; with replace, pre-start as many fresh ones on the same nodes."""
+        for handle in handles:
+            _kill(handle)
+        if replace:
+            fresh = [self._start(h.node_id, runtime_env) for h in handles]
+            self.give_back(fresh)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            for bucket in self._idle.values():
+                for handle in bucket:
+                    _kill(handle)
+            self._idle.clear()
+
+    def idle_count(self) -> int:
+        with self._lock:
+            return sum(len(b) for b in self._idle.values())
+
+    def _take(self, node_id: str, key: str) -> WorkerHandle | None:
+        bucket = self._idle.get((node_id, key))
+        return bucket.pop() if bucket else None
+
+    def _start(self, node_id: str, runtime_env: dict | None) -> WorkerHandle:
+        options = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
+        if runtime_env:
+            options["runtime_env"] = runtime_env
+        actor = _REMOTE_WORKER.options(**options).remote()
+        return WorkerHandle(actor, node_id, _env_key(runtime_env), actor.info.remote())
+
+    def _schedule_reap(self) -> None:
+        if self._reaper is None or not self._reaper.is_alive():
+            self._reaper = threading.Timer(min(60.0, self._idle_s), self._reap)
+            self._reaper.daemon = True
+            self._reaper.start()
+
+    def _reap(self) -> None:
+        cutoff = time.monotonic() - self._idle_s
+        with self._lock:
+            for key, bucket in self._idle.items():
+                keep = [h for h in bucket if h.idle_since > cutoff]
+                for handle in bucket:
+                    if handle not in keep:
+                        _kill(handle)
+                self._idle[key] = keep
+            remaining = any(self._idle.values())
+        self._reaper = None
+        if remaining:
+            self._schedule_reap()
+
+
+def _kill(handle: WorkerHandle) -> None:
+    try:
+        ray.kill(handle.actor, no_restart=True)
+    except Exception:  # already dead, or Ray already shut down
+        pass
+
+
+_pool: WorkerPool | None = None
+_pool_job: str | None = None
+_pool_lock = threading.Lock()
+
+
+def pool() -> WorkerPool:
+    """The process's pool, renewed when this process connects to a new Ray session."""
+    global _pool, _pool_job
+    job = ray.get_runtime_context().get_job_id()
+    with _pool_lock:
+        if _pool is None or _pool_job != job:
+            _pool, _pool_job = WorkerPool(), job
+        return _pool

@@ -1,0 +1,160 @@
+"""Connect to Ray: reuse the process's connection, else RAY_ADDRESS, else a local head started by
+`gpusession cluster start`, else start the embedded default (a Ray head inside this process with
+the machine's GPUs, or logical GPUs when it has none)."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import ray
+
+log = logging.getLogger("gpusession")
+
+LOCAL_GPUS_ENV = "GPUSESSION_LOCAL_GPUS"
+DEFAULT_LOCAL_GPUS = 4
+HEAD_RESOURCE = "node:__internal_head__"
+_connect_lock = threading.Lock()
+
+
+def state_dir() -> Path:
+    """Where this user's gpusession keeps files (the local head's address, the default ledger)."""
+    return Path(os.environ.get("GPUSESSION_HOME", Path.home() / ".gpusession"))
+
+
+def local_head_file() -> Path:
+    return state_dir() / "local-head.json"
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    node_id: str
+    address: str
+    gpus: float
+    is_head: bool
+    logical: bool  # GPU resource declared with no real accelerator behind it
+
+
+def machine_gpu_count() -> int:
+    """Real GPUs on this machine, found the way Ray finds them (NVML), without touching CUDA."""
+    try:
+        from ray._private.accelerators import get_accelerator_manager_for_resource
+
+        return int(get_accelerator_manager_for_resource("GPU").get_current_node_num_accelerators())
+    except Exception:  # no driver, no NVML: no GPUs
+        return 0
+
+
+def _reachable(address: str, timeout: float = 0.5) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def recorded_local_head() -> str | None:
+    """The address written by `gpusession cluster start`, if that head still answers."""
+    try:
+        address = json.loads(local_head_file().read_text())["address"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return address if _reachable(address) else None
+
+
+def ensure_connected(*, local_gpus: int | None = None) -> None:
+    """Connect this process to Ray once; see the module docstring for the order."""
+    if ray.is_initialized():
+        return
+    with _connect_lock:
+        if ray.is_initialized():
+            return
+        address = os.environ.get("RAY_ADDRESS") or recorded_local_head()
+        if address:
+            log.info("Connecting to the Ray cluster at %s", address)
+            ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+            return
+        start_embedded(local_gpus=local_gpus)
+
+
+def start_embedded(*, local_gpus: int | None = None) -> None:
+    real = machine_gpu_count()
+    if real:
+        gpus = real
+    else:
+        gpus = int(local_gpus or os.environ.get(LOCAL_GPUS_ENV) or DEFAULT_LOCAL_GPUS)
+        log.warning(
+            "No GPU on this machine: starting a local Ray head with %d logical GPUs "
+            "(workers train on the CPU with gloo).",
+            gpus,
+        )
+    ray.init(
+        address="local",
+        num_gpus=gpus,
+        include_dashboard=False,
+        logging_level=logging.ERROR,
+        log_to_driver=False,
+    )
+
+
+def nodes() -> list[NodeInfo]:
+    """Alive nodes with their GPU totals, as Ray declares them."""
+    result = []
+    for node in ray.nodes():
+        if not node.get("Alive"):
+            continue
+        resources = node.get("Resources", {})
+        gpus = float(resources.get("GPU", 0.0))
+        result.append(
+            NodeInfo(
+                node_id=node["NodeID"],
+                address=node.get("NodeManagerAddress", ""),
+                gpus=gpus,
+                is_head=HEAD_RESOURCE in resources,
+                logical=gpus > 0 and not any(k.startswith("accelerator_type:") for k in resources),
+            )
+        )
+    return result
+
+
+def head_node_id() -> str:
+    for node in nodes():
+        if node.is_head:
+            return node.node_id
+    raise RuntimeError("The Ray cluster reports no head node.")
+
+
+def available_gpus_by_node() -> dict[str, float]:
+    """Ray's own view of free GPUs per node (what a new placement group could take)."""
+    from ray._private import state  # the only per-node view Ray exposes without the dashboard
+
+    return {
+        node_id: float(resources.get("GPU", 0.0))
+        for node_id, resources in state.available_resources_per_node().items()
+    }
+
+
+def _is_group_total(key: str) -> bool:
+    # "GPU_group_<pg>" is a group's total on a node; "GPU_group_<i>_<pg>" is one bundle of it
+    return key.startswith("GPU_group_") and key.count("_") == 2
+
+
+def unreserved_gpus_by_node(*, excluding_group: str) -> dict[str, float]:
+    """Per node: free GPUs plus GPUs held by placement groups other than `excluding_group`.
+
+    Ray drops a removed group's keys from its view before it adds the GPUs back, so "our
+    group's keys are gone" does not mean "free". This sum grows by exactly our GPUs when ours
+    are back, whatever other groups do meanwhile."""
+    from ray._private import state
+
+    available = state.available_resources_per_node()
+    result = {}
+    for node_id, totals in state.total_resources_per_node().items():
+        held_by_others = sum(v for k, v in totals.items() if _is_group_total(k) and excluding_group not in k)
+        result[node_id] = available.get(node_id, {}).get("GPU", 0.0) + held_by_others
+    return result

@@ -1,0 +1,63 @@
+"""Pickle a call for the workers, shipping code next to the caller by value.
+
+Modules the user wrote beside the notebook (not installed, not from site-packages) are pickled
+by value, so workers on any node get the caller's current code without setup, and a warm worker
+never runs a stale copy of a module the user has since edited.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from functools import lru_cache
+from importlib import metadata
+from typing import Any
+
+import cloudpickle
+
+
+@lru_cache(maxsize=1)
+def _installed_top_level_names() -> frozenset[str]:
+    return frozenset(metadata.packages_distributions())
+
+
+def _library_roots() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    roots = {paths.get("purelib"), paths.get("platlib"), paths.get("stdlib"), sys.prefix, sys.base_prefix}
+    return tuple(os.path.realpath(r) + os.sep for r in roots if r)
+
+
+def _user_roots() -> tuple[str, ...]:
+    roots = {os.getcwd()}
+    main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main_file:
+        roots.add(os.path.dirname(os.path.abspath(main_file)))
+    return tuple(os.path.realpath(r) + os.sep for r in roots)
+
+
+def local_modules() -> list:
+    """Top-level modules and packages imported from the caller's own directory."""
+    user_roots, library_roots = _user_roots(), _library_roots()
+    installed = _installed_top_level_names()
+    found = []
+    for name, module in list(sys.modules.items()):
+        if "." in name or name in ("__main__", "gpusession") or name in installed:
+            continue
+        file = getattr(module, "__file__", None)
+        if not file:
+            continue
+        path = os.path.realpath(file)
+        if path.startswith(user_roots) and not path.startswith(library_roots):
+            found.append(module)
+    return found
+
+
+def pickle_call(fn: Any, args: tuple, kwargs: dict) -> bytes:
+    modules = local_modules()
+    for module in modules:
+        cloudpickle.register_pickle_by_value(module)
+    try:
+        return cloudpickle.dumps((fn, args, kwargs))
+    finally:
+        for module in modules:
+            cloudpickle.unregister_pickle_by_value(module)

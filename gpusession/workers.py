@@ -1,0 +1,261 @@
+"""The worker actor: a warm Python process (torch imported, CUDA untouched) that runs one rank.
+
+A worker lives outside the lease's placement group so it can serve many calls without paying
+process start and `import torch` (~2-4 s) again; the lease's group holds the GPUs, and the
+worker is told which of them are its own (CUDA_VISIBLE_DEVICES) before anything touches CUDA.
+A worker that initialised CUDA is never reused for another lease: it is killed after the run,
+which also gives the GPU memory back.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import queue
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+
+import cloudpickle
+import ray
+
+# the package exports the function `context`, which hides the module of the same name
+ctx_module = importlib.import_module("gpusession.context")
+
+from .capture import FdCapture, flush_all
+
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                      "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES",
+                      "GPUSESSION_LEASE_ID")
+_DONE = object()
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    backend: str
+    node_gpu_ids: tuple[str, ...]  # every GPU of the lease on this node, in order
+    gpu_ids: tuple[str, ...]  # this worker's own GPUs (a subset of node_gpu_ids)
+    lease_id: int
+    logical_gpus: bool
+    return_value: bool  # rank 0, or every rank with return_all
+    caller_host: str
+    caller_cwd: str
+    pg_timeout_s: float
+    restarts: int = 0
+
+
+def scratch_dir(lease_id: int) -> str:
+    return os.path.join(tempfile.gettempdir(), "gpusession", f"lease-{lease_id}")
+
+
+class Worker:
+    def __init__(self) -> None:
+        import torch  # noqa: F401  (the point: pay the import once, before any call)
+        import torch.distributed  # noqa: F401
+
+        self.node_id = ray.get_runtime_context().get_node_id()
+        self.address = ray.util.get_node_ip_address()
+
+    def info(self) -> dict:
+        return {"node_id": self.node_id, "address": self.address, "pid": os.getpid(),
+                "host": socket.gethostname()}
+
+    def free_port(self) -> tuple[str, int]:
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            return self.address, sock.getsockname()[1]
+
+    def cleanup(self, lease_id: int) -> None:
+        shutil.rmtree(scratch_dir(lease_id), ignore_errors=True)
+
+    @ray.method(num_returns="streaming")
+    def run(self, call: bytes, spec: RankSpec, checkpoint: list):
+        """Yields event tuples; after ("checkpoint", n) or ("result", True) the next item is the
+        object itself, so the caller can keep it in the object store without fetching it."""
+        events: queue.Queue = queue.Queue()
+        runner = threading.Thread(target=self._execute, args=(call, spec, checkpoint, events),
+                                  name=f"gpusession-rank-{spec.rank}", daemon=True)
+        runner.start()
+        held = None
+        while True:
+            item, held = (held if held is not None else events.get()), None
+            if item is _DONE:
+                return
+            if item[0] == "out":
+                item, held = _merge_output(item, events)
+            if item[0] in ("checkpoint", "value"):
+                kind, payload, committed = item
+                if kind == "checkpoint":
+                    yield ("checkpoint",)
+                yield payload
+                if committed is not None:
+                    committed.set()
+                continue
+            yield item
+
+    def _execute(self, call: bytes, spec: RankSpec, checkpoint: list, events: queue.Queue) -> None:
+        def emit(event: tuple):
+            if event[0] == "checkpoint":
+                committed = threading.Event()
+                events.put(("checkpoint", event[1], committed))
+                return committed
+            events.put(event)
+            return None
+
+        cuda_used = False
+        try:
+            with _environment(spec), FdCapture(lambda stream, text: events.put(("out", stream, text))):
+                try:
+                    outcome = self._call(call, spec, checkpoint, emit)
+                finally:
+                    cuda_used = _cuda_initialised()
+                    flush_all()
+            if outcome[0] == "ok":
+                if spec.return_value:
+                    events.put(("result", True))
+                    events.put(("value", outcome[1], None))
+                else:
+                    events.put(("result", False))
+            else:
+                events.put(("error", outcome[1]))
+        except BaseException as exc:  # gpusession's own machinery failed: still report it
+            events.put(("error", _error_info(exc, spec)))
+        finally:
+            events.put(("end", {"cuda_used": cuda_used}))
+            events.put(_DONE)
+
+    def _call(self, call: bytes, spec: RankSpec, checkpoint: list, emit) -> tuple:
+        import torch.distributed as dist
+
+        try:
+            fn, args, kwargs = cloudpickle.loads(call)
+            _init_process_group(spec)
+            run = ctx_module._Run(_make_context(spec), emit, checkpoint)
+            ctx_module._current = run
+            emit(("started", time.time()))
+            try:
+                result = fn(*args, **kwargs)
+            finally:
+                ctx_module._current = None
+        except BaseException as exc:
+            # Leave the process group alone: tearing it down would break the peers' collectives
+            # and their errors could reach the caller before this, the real one. The caller
+            # kills every worker of a failed run anyway.
+            return ("error", _error_info(exc, spec))
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        return ("ok", result)
+
+
+def _merge_output(first: tuple, events: queue.Queue) -> tuple[tuple, object]:
+    """Coalesce output already waiting, so chatty code costs a few stream items, not thousands.
+    Returns the merged item and the first non-output item taken off the queue (or None)."""
+    chunks = [(first[1], first[2])]
+    while True:
+        try:
+            nxt = events.get_nowait()
+        except queue.Empty:
+            return ("out", chunks), None
+        if nxt is _DONE or nxt[0] != "out":
+            return ("out", chunks), nxt
+        chunks.append((nxt[1], nxt[2]))
+
+
+def _error_info(exc: BaseException, spec: RankSpec) -> dict:
+    return {
+        "rank": spec.rank,
+        "node": socket.gethostname(),
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        "time": time.time(),
+    }
+
+
+@contextmanager
+def _environment(spec: RankSpec):
+    """torchrun's variables, the lease's GPUs, the caller's directory when on the same host."""
+    saved_env = {name: os.environ.get(name) for name in TORCHRUN_VARIABLES}
+    saved_cwd = os.getcwd()
+    os.environ.update({
+        "RANK": str(spec.rank), "LOCAL_RANK": str(spec.local_rank),
+        "WORLD_SIZE": str(spec.world_size), "LOCAL_WORLD_SIZE": str(spec.local_world_size),
+        "GROUP_RANK": str(spec.node_rank), "NODE_RANK": str(spec.node_rank),
+        "MASTER_ADDR": spec.master_addr, "MASTER_PORT": str(spec.master_port),
+        "CUDA_VISIBLE_DEVICES": ",".join(spec.node_gpu_ids),
+        "GPUSESSION_LEASE_ID": str(spec.lease_id),
+    })
+    os.makedirs(scratch_dir(spec.lease_id), exist_ok=True)
+    if spec.caller_host == socket.gethostname() and os.path.isdir(spec.caller_cwd):
+        os.chdir(spec.caller_cwd)
+        sys.path.insert(0, spec.caller_cwd)
+    try:
+        yield
+    finally:
+        os.chdir(saved_cwd)
+        if sys.path and sys.path[0] == spec.caller_cwd:
+            sys.path.pop(0)
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _init_process_group(spec: RankSpec) -> None:
+    import torch.distributed as dist
+
+    if spec.backend == "nccl":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                f"backend='nccl' needs CUDA, but torch on {socket.gethostname()} sees no GPU "
+                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}). Use backend='gloo'."
+            )
+        torch.cuda.set_device(_local_devices(spec)[0])
+    dist.init_process_group(
+        spec.backend, init_method="env://", rank=spec.rank, world_size=spec.world_size,
+        timeout=timedelta(seconds=spec.pg_timeout_s),
+    )
+
+
+def _local_devices(spec: RankSpec) -> list[int]:
+    return [spec.node_gpu_ids.index(gpu) for gpu in spec.gpu_ids]
+
+
+def _make_context(spec: RankSpec) -> ctx_module.RunContext:
+    import torch
+
+    if not spec.logical_gpus and torch.cuda.is_available():
+        devices = tuple(torch.device("cuda", i) for i in _local_devices(spec))
+    else:
+        devices = (torch.device("cpu"),)
+    return ctx_module.RunContext(
+        rank=spec.rank, world_size=spec.world_size, local_rank=spec.local_rank,
+        local_world_size=spec.local_world_size, node_rank=spec.node_rank, device=devices[0],
+        devices=devices, backend=spec.backend, lease_id=spec.lease_id,
+        scratch_dir=scratch_dir(spec.lease_id), gpu_ids=spec.gpu_ids,
+        logical_gpus=spec.logical_gpus, restarts=spec.restarts,
+    )
+
+
+def _cuda_initialised() -> bool:
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_initialized())
+    except Exception:
+        return False

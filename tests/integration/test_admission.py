@@ -1,0 +1,71 @@
+"""Gang admission against a real broker: all GPUs or none, queued requests hold nothing."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+
+import gpusession as gs
+from gpusession.broker import client
+
+from ..conftest import CLUSTER_GPUS, free_gpus, wait_for
+
+
+def _open_leases(broker, admin):
+    return client.call(broker.leases, admin)
+
+
+def test_two_callers_wanting_3_of_4_gpus_run_one_after_the_other_without_deadlock(cluster, quiet, broker, admin, tmp_path):
+    gate = tmp_path / "let-the-first-finish"
+
+    @gs.distributed(gpus=3, queue_timeout="120s")
+    def hold_until(path):
+        import time as t
+
+        while path and not os.path.exists(path):
+            t.sleep(0.02)
+        return gs.context().lease_id
+
+    results: dict[str, int] = {}
+    first = threading.Thread(target=lambda: results.__setitem__("first", hold_until(str(gate))))
+    first.start()
+    wait_for(lambda: any(l["state"] == "placed" for l in _open_leases(broker, admin)), timeout=60,
+             message="the first 3-GPU lease placed")
+    second = threading.Thread(target=lambda: results.__setitem__("second", hold_until("")))
+    second.start()
+    queued = wait_for(lambda: [l for l in _open_leases(broker, admin) if l["state"] == "queued"], timeout=30,
+                      message="the second request queued")
+    assert queued[0]["position"] == 1 and "capacity" in queued[0]["reason"]
+    assert free_gpus() == CLUSTER_GPUS - 3  # the queued request holds nothing
+    gate.touch()
+    first.join(60)
+    second.join(60)
+    assert set(results) == {"first", "second"} and results["first"] != results["second"]
+
+
+def test_asking_for_more_gpus_than_the_cluster_has_fails_at_once_with_infeasible(cluster, quiet):
+    @gs.distributed(gpus=5)
+    def too_big():
+        return "never runs"
+
+    started = time.monotonic()
+    with pytest.raises(gs.Infeasible) as error:
+        too_big()
+    assert time.monotonic() - started < 5
+    assert "5 GPUs" in str(error.value) and "4" in str(error.value)
+    assert free_gpus() == CLUSTER_GPUS
+
+
+def test_queue_timeout_gives_up_leasing_nothing(cluster, quiet, broker, admin):
+    with gs.lease(gpus=4):
+        @gs.distributed(gpus=1, queue_timeout=1)
+        def waits():
+            return "never runs"
+
+        started = time.monotonic()
+        with pytest.raises(gs.QueueTimeout, match="Nothing was leased"):
+            waits()
+        assert 0.9 < time.monotonic() - started < 10
+        assert [l["state"] for l in _open_leases(broker, admin)] == ["placed"]  # only the holder's lease

@@ -1,0 +1,46 @@
+"""Checkpoints are kept by the caller, survive worker death, and feed `resume()`."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import gpusession as gs
+
+
+def test_a_checkpoint_saved_before_a_worker_died_survives_and_resume_continues_from_it(cluster, quiet, tmp_path):
+    crash_once = str(tmp_path / "crash-once")
+    open(crash_once, "w").close()
+
+    @gs.distributed(gpus=2)
+    def count_to(target, crash_flag):
+        state = gs.load_checkpoint() or {"step": 0, "seen": []}
+        for step in range(state["step"], target):
+            state = {"step": step + 1, "seen": state["seen"] + [step]}
+            gs.save_checkpoint(state)  # rank 0's object is kept; other ranks' calls do nothing
+            gs.report(step=step)
+            if step == 2 and os.path.exists(crash_flag) and gs.context().rank == 0:
+                os.remove(crash_flag)
+                os._exit(1)  # the worker process dies right after committing step 3
+        return state
+
+    with pytest.raises(gs.WorkerFailed):
+        count_to(6, crash_once)
+    assert count_to.last_run.checkpoint == {"step": 3, "seen": [0, 1, 2]}
+    assert count_to.resume() == {"step": 6, "seen": [0, 1, 2, 3, 4, 5]}  # same arguments as before
+    assert [h["step"] for h in count_to.last_run.history] == [3, 4, 5]  # nothing redone
+
+
+def test_load_checkpoint_is_none_on_a_fresh_call_and_resume_without_checkpoint_explains(cluster, quiet):
+    @gs.distributed(gpus=1)
+    def fresh():
+        return gs.load_checkpoint()
+
+    assert fresh() is None
+    with pytest.raises(gs.GPUSessionError, match="saved none"):
+        fresh.resume()
+
+
+def test_gs_context_outside_a_run_says_where_it_works():
+    with pytest.raises(gs.GPUSessionError, match="only works inside a function run by @gs.distributed"):
+        gs.context()

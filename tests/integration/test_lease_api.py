@@ -1,0 +1,82 @@
+"""`gs.lease` (several runs on one lease), `gs.status`, local modules, GPU visibility."""
+from __future__ import annotations
+
+import importlib
+import sys
+import textwrap
+
+import pytest
+
+import gpusession as gs
+
+from ..conftest import CLUSTER_GPUS, free_gpus
+
+
+def test_one_lease_serves_several_runs_and_is_released_when_the_block_ends(cluster, quiet):
+    def rank_and_lease():
+        return gs.context().rank, gs.context().lease_id
+
+    with gs.lease(gpus=2) as lease:
+        assert free_gpus() == CLUSTER_GPUS - 2
+        first = lease.run(rank_and_lease)
+        second = lease.run(rank_and_lease)
+        status = gs.status()
+        assert [l["lease_id"] for l in status.leases] == [lease.lease_id]
+        assert status.cluster["gpus_leased"] == 2
+    assert first == second == (0, lease.lease_id)
+    assert free_gpus() == CLUSTER_GPUS
+
+
+def test_status_shows_capacity_logical_gpus_and_the_callers_quota(cluster):
+    status = gs.status()
+    assert status.cluster["gpus_total"] == CLUSTER_GPUS and status.cluster["logical_gpus"]
+    assert status.quota["gpus_in_use"] == 0 and status.quota["max_priority"] == "normal"
+    assert "4 GPUs (logical" in str(status)
+
+
+def test_each_worker_sees_only_its_leases_gpus_like_torchrun(cluster, quiet):
+    def visible():
+        import os
+
+        ctx = gs.context()
+        return os.environ["CUDA_VISIBLE_DEVICES"], ctx.gpu_ids, os.environ["LOCAL_RANK"], os.environ["LOCAL_WORLD_SIZE"]
+
+    with gs.lease(gpus=2) as lease:
+        seen = lease.run(visible)
+    node_gpus = seen[0].split(",")
+    assert len(node_gpus) == 2 and seen[1][0] in node_gpus and seen[2:] == ("0", "2")
+    slots = sorted(gpu for slot in lease.slots for gpu in slot.gpu_ids)
+    assert sorted(node_gpus) == slots  # exactly the lease's GPUs, no other lease's
+
+
+def test_a_module_written_next_to_the_caller_reaches_the_workers_with_its_current_code(cluster, quiet, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "mymodel.py").write_text("def answer():\n    return 41\n")
+    import mymodel
+
+    @gs.distributed(gpus=2, return_all=True)
+    def use_local_module():
+        return mymodel.answer()
+
+    try:
+        assert use_local_module() == [41, 41]
+        (tmp_path / "mymodel.py").write_text(textwrap.dedent("""
+            def answer():
+                return 42
+        """))
+        importlib.reload(mymodel)  # what a user does after editing; warm workers must not keep 41
+        assert use_local_module() == [42, 42]
+    finally:
+        sys.modules.pop("mymodel", None)
+
+
+def test_a_lease_revoked_between_runs_raises_on_the_next_run(cluster, quiet, broker, admin):
+    from gpusession.broker import client
+
+    lease = gs.lease(gpus=1)
+    client.call(broker.revoke, lease.lease_id, admin)
+    with pytest.raises(gs.LeaseRevoked, match="revoked by admin"):
+        lease.notice(wait=True)
+        lease.run(lambda: None)
+    assert free_gpus() == CLUSTER_GPUS
