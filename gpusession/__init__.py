@@ -9,6 +9,12 @@
 """
 __version__ = "0.1.0"
 
+import logging as _logging
+
+# Ray notes at import that ipywidgets is missing (for its own progress widgets); in a notebook
+# that lands in the user's first cell. gpusession draws its own display.
+_logging.getLogger("ray.widgets.util").setLevel(_logging.WARNING)
+
 from .context import (  # noqa: E402
     context,
     load_checkpoint,

@@ -120,6 +120,13 @@ class _Follower:
         self.failing_since: float | None = None
 
     def follow(self) -> dict[int, Any]:
+        try:
+            return self._follow()
+        finally:  # a failed or interrupted run still says how long the function ran
+            if self.run_started is not None:
+                self.info.run_s = time.time() - self.run_started
+
+    def _follow(self) -> dict[int, Any]:
         while self.streams:
             watch = self.lease.watch_ref
             waitables = list(self.streams) + ([watch] if watch is not None and self.lease._notice is None else [])
@@ -131,8 +138,6 @@ class _Follower:
                     self._advance(item)
             self._check_failures()
             self._check_clocks()
-        if self.run_started is not None:
-            self.info.run_s = time.time() - self.run_started
         return self.results
 
     def _fail(self, failure: WorkerFailed, *, collateral: bool) -> None:

@@ -22,7 +22,7 @@ from . import raycluster
 from .broker import client
 from .errors import ERRORS_BY_NAME, GPUSessionError, Infeasible, LeaseRevoked, Preempted, QueueTimeout
 from .events import Observer, RunInfo
-from .identity import current_identity
+from .identity import Identity, current_identity
 from .interrupts import deferred_interrupts
 from .options import RunOptions, validate_run_options
 from .pool import WorkerHandle, pool
@@ -40,6 +40,11 @@ def _probe() -> tuple[str, str, list[str]]:
     return context.get_node_id(), ray.util.get_node_ip_address(), [str(g) for g in ray.get_gpu_ids()]
 
 
+@ray.remote(num_cpus=0, max_calls=0)
+def _nothing() -> None:
+    """Asked for while the broker decides, so a process for the probes is up by the grant."""
+
+
 @dataclass(frozen=True)
 class Slot:
     """One worker's place: its node and the GPU ids of its bundle."""
@@ -54,8 +59,9 @@ class Lease:
     """GPUs held from the broker. Use `gs.lease(...)` to get one."""
 
     def __init__(self, options: RunOptions, *, observer: Observer | None = None,
-                 info: RunInfo | None = None) -> None:
+                 info: RunInfo | None = None, identity: Identity | None = None) -> None:
         self.options = options
+        self.identity = identity  # None: this process's user (tools acting for others pass one)
         self.observer = observer or Observer()
         self.info = info or RunInfo()
         self.lease_id: int | None = None
@@ -66,6 +72,7 @@ class Lease:
         self._watch = None
         self._notice: dict | None = None
         self._workers: list[WorkerHandle] = []
+        self._workers_ready = False
         self._workers_dirty = False
         self._released = False
         self._lock = threading.Lock()
@@ -84,7 +91,15 @@ class Lease:
         from .group import run_function
 
         self.check_notice()
-        return run_function(self, fn, args, kwargs, info=self.info, observer=self.observer)
+        error: BaseException | None = None
+        try:
+            return run_function(self, fn, args, kwargs, info=self.info, observer=self.observer)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:  # each run of a held lease gets its receipt ("still held" until released)
+            self.info.end_reason = _end_reason(error)
+            self.observer.finished(self.info, error)
 
     def release(self, reason: str = "finished") -> None:
         """Give the GPUs back now; waits (bounded) until Ray shows them free. Idempotent."""
@@ -109,6 +124,7 @@ class Lease:
     def acquire(self) -> "Lease":
         raycluster.ensure_connected()
         broker = client.broker()
+        _nothing.remote()  # the first probe of a process would otherwise wait for a worker start
         requested = time.time()
         view = client.call(broker.request, self._spec())
         self.lease_id = view["lease_id"]
@@ -127,7 +143,7 @@ class Lease:
         return self
 
     def _spec(self) -> dict:
-        lease, identity = self.options.lease, current_identity()
+        lease, identity = self.options.lease, self.identity or current_identity()
         return {
             "request_id": uuid.uuid4().hex, "user": identity.user, "signature": identity.signature,
             "job_id": ray.get_runtime_context().get_job_id(), "workers": lease.workers,
@@ -167,6 +183,11 @@ class Lease:
                 f"The broker granted {self.gpus:g} GPUs but Ray could not place them within "
                 f"{PLACE_TIMEOUT_S:.0f} s: something outside gpusession is using GPUs. Try again."
             ) from None
+        # Workers start (or come warm from the pool) while the probes run: a first call pays
+        # one process start, not two in a row.
+        bundle_nodes = ray.util.placement_group_table(self._pg)["bundles_to_node_id"]
+        self._workers = pool().checkout([bundle_nodes[i] for i in range(lease.workers)], self.options.runtime_env)
+        self._workers_ready = False
         probes = [
             _probe.options(num_gpus=lease.gpus_per_worker, scheduling_strategy=PlacementGroupSchedulingStrategy(
                 self._pg, placement_group_bundle_index=i)).remote()
@@ -204,9 +225,12 @@ class Lease:
             raise error
 
     def acquire_workers(self, runtime_env: dict | None) -> list[WorkerHandle]:
-        if not self._workers:
-            self._workers = pool().acquire([slot.node_id for slot in self.slots], runtime_env)
-            self._workers_dirty = False
+        if not self._workers:  # the last run's workers were retired: take fresh ones
+            self._workers = pool().checkout([slot.node_id for slot in self.slots], runtime_env)
+            self._workers_ready = False
+        if not self._workers_ready:
+            pool().wait_ready(self._workers)
+            self._workers_ready, self._workers_dirty = True, False
             client.call(client.broker().placed, self.lease_id, {}, [w.actor for w in self._workers])
         return self._workers
 

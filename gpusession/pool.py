@@ -22,6 +22,7 @@ from .workers import Worker
 IDLE_S_ENV = "GPUSESSION_WARM_WORKER_IDLE_S"
 DEFAULT_IDLE_S = 600.0  # an idle warm worker costs ~300 MB of RAM; give it back after this
 MAX_IDLE_PER_NODE = 16
+REPLACE_DELAY_S = 3.0  # start replacements after the release, not during the next lease's start
 _REMOTE_WORKER = ray.remote(num_cpus=0, max_restarts=0)(Worker)
 
 
@@ -46,11 +47,13 @@ class WorkerPool:
         self._idle_s = float(os.environ.get(IDLE_S_ENV, DEFAULT_IDLE_S))
         self._reaper: threading.Timer | None = None
 
-    def acquire(self, node_ids: list[str], runtime_env: dict | None) -> list[WorkerHandle]:
-        """One ready worker per entry of node_ids, warm ones first."""
+    def checkout(self, node_ids: list[str], runtime_env: dict | None) -> list[WorkerHandle]:
+        """One worker per entry of node_ids, warm ones first; new ones start now, not awaited."""
         key = _env_key(runtime_env)
         with self._lock:
-            handles = [self._take(node_id, key) or self._start(node_id, runtime_env) for node_id in node_ids]
+            return [self._take(node_id, key) or self._start(node_id, runtime_env) for node_id in node_ids]
+
+    def wait_ready(self, handles: list[WorkerHandle]) -> list[WorkerHandle]:
         try:
             infos = ray.get([h.ready for h in handles])
         except Exception as exc:
@@ -62,6 +65,9 @@ class WorkerPool:
         for handle, info in zip(handles, infos):
             handle.info = info
         return handles
+
+    def acquire(self, node_ids: list[str], runtime_env: dict | None) -> list[WorkerHandle]:
+        return self.wait_ready(self.checkout(node_ids, runtime_env))
 
     def give_back(self, handles: list[WorkerHandle]) -> None:
         now = time.monotonic()
@@ -77,12 +83,30 @@ class WorkerPool:
 
     def discard(self, handles: list[WorkerHandle], *, replace: bool = False,
                 runtime_env: dict | None = None) -> None:
-        """Kill these workers; with replace, pre-start as many fresh ones on the same nodes."""
+        """Kill these workers; with replace, top the pool up with fresh ones on the same nodes a
+        little later (starting processes that import torch right away would slow down whichever
+        lease starts next on a small machine)."""
         for handle in handles:
             _kill(handle)
-        if replace:
-            fresh = [self._start(h.node_id, runtime_env) for h in handles]
-            self.give_back(fresh)
+        if replace and handles:
+            wanted: dict[str, int] = {}
+            for handle in handles:
+                wanted[handle.node_id] = wanted.get(handle.node_id, 0) + 1
+            timer = threading.Timer(REPLACE_DELAY_S, self._top_up, args=(wanted, runtime_env))
+            timer.daemon = True
+            timer.start()
+
+    def _top_up(self, wanted: dict[str, int], runtime_env: dict | None) -> None:
+        key = _env_key(runtime_env)
+        fresh = []
+        try:
+            with self._lock:
+                for node_id, count in wanted.items():
+                    idle = len(self._idle.get((node_id, key), []))
+                    fresh += [self._start(node_id, runtime_env) for _ in range(max(0, count - idle))]
+        except Exception:  # Ray shut down meanwhile: nothing to warm
+            return
+        self.give_back(fresh)
 
     def shutdown(self) -> None:
         with self._lock:

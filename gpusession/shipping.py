@@ -9,9 +9,10 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
+from contextlib import contextmanager
 from functools import lru_cache
 from importlib import metadata
-from typing import Any
+from typing import Any, Iterator
 
 import cloudpickle
 
@@ -52,12 +53,23 @@ def local_modules() -> list:
     return found
 
 
-def pickle_call(fn: Any, args: tuple, kwargs: dict) -> bytes:
-    modules = local_modules()
+@contextmanager
+def pickled_by_value(modules) -> Iterator[None]:
+    """Within the block, cloudpickle ships these modules' functions and classes as code."""
     for module in modules:
         cloudpickle.register_pickle_by_value(module)
     try:
-        return cloudpickle.dumps((fn, args, kwargs))
+        yield
     finally:
         for module in modules:
             cloudpickle.unregister_pickle_by_value(module)
+
+
+def dumps(obj: Any) -> bytes:
+    """cloudpickle, with the caller's own modules pickled by value (see the module docstring)."""
+    with pickled_by_value(local_modules()):
+        return cloudpickle.dumps(obj)
+
+
+def pickle_call(fn: Any, args: tuple, kwargs: dict) -> bytes:
+    return dumps((fn, args, kwargs))

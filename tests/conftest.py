@@ -61,7 +61,7 @@ def cluster(tmp_path_factory):
     home = tmp_path_factory.mktemp("gpusession-home")
     os.environ["GPUSESSION_HOME"] = str(home)  # the broker (a child of this head) inherits it
     os.environ.pop("RAY_ADDRESS", None)
-    ray.init(num_gpus=CLUSTER_GPUS, num_cpus=4, include_dashboard=False,
+    ray.init(address="local", num_gpus=CLUSTER_GPUS, num_cpus=4, include_dashboard=False,
              logging_level=logging.ERROR, log_to_driver=True)
     from gpusession.broker import client
     from gpusession.broker.settings import BrokerConfig

@@ -99,6 +99,15 @@ class Reservation:
         self.free_then = trial  # it may still hold these when the head starts
         return True
 
+    def spare(self) -> float:
+        """GPUs a request may take and still pass the second test of `admits`: more is refused
+        for sure (it takes that much from free_then, which is at least the free GPUs now)."""
+        return sum(f for f in self.free_then.values() if f > 0.0) - self.head.gpus + EPSILON
+
+    def longest_hold(self, *, now: float) -> float:
+        """A request declaring at most this run time passes the first test of `admits`."""
+        return self.at - now if self.at < math.inf else -math.inf
+
 
 @dataclass(frozen=True)
 class Release:

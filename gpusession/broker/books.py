@@ -12,6 +12,7 @@ from .model import ActiveLease, NodeCapacity, Placement, Priority, Quota, Reques
 log = logging.getLogger("gpusession.broker")
 
 WEEK_S = 7 * 24 * 3600.0
+CLOSED_KEPT = 1000
 USAGE_CACHE_S = 5.0  # the GPU-hour budget is coarse; recomputing per request would cost O(history)
 
 
@@ -48,6 +49,7 @@ class Books:
         self.versions: dict[int, int] = {}
         self._quotas = {user: q.quota for user, q in ledger.quotas().items()}
         self._usage: tuple[float, dict[str, float]] | None = None
+        self._closed: dict[int, dict] = {}  # recently closed rows, oldest first
 
     # ----- reading ---------------------------------------------------------------------------
     def quota_for(self, user: str) -> Quota:
@@ -75,24 +77,25 @@ class Books:
         existing = self.ledger.lease_by_request_id(fields["request_id"])
         if existing:  # a retried call after a broker restart
             return existing["id"], Effects()
-        lease_id = self.ledger.add_lease({**fields, "state": "queued", "requested_at": now})
-        row = self.ledger.lease(lease_id)
-        effects = Effects({lease_id})
-        needs_budget = self.quota_for(row["user"]).gpu_hours is not None
+        row = {**fields, "state": "queued", "requested_at": now, "over_quota": False}
+        row["id"] = self.ledger.add_lease(row)
+        row["priority"] = Priority(row["priority"])
+        effects = Effects({row["id"]})
+        quota = self.quota_for(row["user"])
         rejection = policy.check_admission(
-            _request(row),
-            nodes=nodes,
-            quota=self.quota_for(row["user"]),
-            used_gpu_hours=self.used_gpu_hours(now).get(row["user"], 0.0) if needs_budget else 0.0,
+            _request(row), nodes=nodes, quota=quota,
+            used_gpu_hours=self.used_gpu_hours(now).get(row["user"], 0.0) if quota.gpu_hours is not None else 0.0,
             allow_borrowing=self.settings.allow_borrowing,
         )
+        self.rows[row["id"]] = row
         if rejection:
-            self.ledger.set_notice(lease_id, {"error": rejection.error, "message": rejection.message}, None)
-            self.ledger.close(lease_id, "rejected", now)
-            log.info("Rejected lease %d of %s: %s", lease_id, row["user"], rejection.message)
-            return lease_id, effects
-        self.rows[lease_id] = row
-        return lease_id, effects
+            log.info("Rejected lease %d of %s: %s", row["id"], row["user"], rejection.message)
+            self._reject(rejection, now, effects)
+        return row["id"], effects
+
+    def recent(self, lease_id: int) -> dict | None:
+        """An open row, or one closed lately (kept so views need no ledger read)."""
+        return self.rows.get(lease_id) or self._closed.get(lease_id)
 
     def schedule(self, nodes: list[NodeCapacity], now: float) -> Effects:
         effects = Effects()
@@ -112,8 +115,7 @@ class Books:
             now=now,
         )
         for rejection in decision.rejections:
-            self.ledger.set_notice(rejection.lease_id, {"error": rejection.error, "message": rejection.message}, None)
-            self._close(rejection.lease_id, "rejected", now, effects)
+            self._reject(rejection, now, effects)
         if decision.grants:
             self.ledger.grant([(g.lease_id, g.over_quota) for g in decision.grants], now)
             for grant in decision.grants:
@@ -124,7 +126,7 @@ class Books:
                 log.info("Granted lease %d of %s: %g GPUs%s", grant.lease_id, row["user"], row["gpus"],
                          " (over quota)" if grant.over_quota else "")
         for preempt in decision.preemptions:
-            effects.notices.append(self._preempt(preempt, now))
+            self._preempt(preempt, now, effects)
         for lease_id, waiting in decision.waiting.items():
             if self.waiting.get(lease_id) != waiting:
                 self.waiting[lease_id] = waiting
@@ -145,17 +147,19 @@ class Books:
         self._close(lease_id, reason, released_at, effects)
         return effects
 
-    def notify(self, notice: Notice) -> Effects:
+    def notify(self, notice: Notice, effects: Effects | None = None) -> Effects:
+        """Record a notice (preempt, revoke) on a lease; its caller is woken through effects."""
+        effects = effects if effects is not None else Effects()
         row = self.rows[notice.lease_id]
         payload = {"kind": notice.kind, "reason": notice.reason, "deadline": notice.deadline,
                    "for_lease_id": notice.for_lease_id, "reason_code": _reason_code(notice.kind)}
         self.ledger.set_notice(notice.lease_id, payload, notice.for_lease_id)
         row.update(notice=payload, preempted_for=notice.for_lease_id)
-        effects = Effects(notices=[notice])
+        effects.notices.append(notice)
         self._bump(notice.lease_id, effects)
         return effects
 
-    def _preempt(self, preempt, now: float) -> Notice:
+    def _preempt(self, preempt, now: float, effects: Effects) -> None:
         victim, claimant = self.rows[preempt.victim_id], self.rows[preempt.for_lease_id]
         log.info("Preempting lease %d of %s (%s) for lease %d of %s", victim["id"], victim["user"],
                  preempt.reason, claimant["id"], claimant["user"])
@@ -164,14 +168,22 @@ class Books:
             f"preempted ({preempt.reason}) for lease {claimant['id']} of {claimant['user']}",
             now + self.settings.preemption_grace_s, claimant["id"],
         )
-        self.notify(notice)
-        return notice
+        self.notify(notice, effects)
+
+    def _reject(self, rejection, now: float, effects: Effects) -> None:
+        notice = {"error": rejection.error, "message": rejection.message}
+        self.ledger.set_notice(rejection.lease_id, notice, None)
+        self.rows[rejection.lease_id]["notice"] = notice
+        self._close(rejection.lease_id, "rejected", now, effects)
 
     def _close(self, lease_id: int, reason: str, released_at: float, effects: Effects) -> None:
-        closed = self.ledger.close(lease_id, reason, released_at)
-        self.rows.pop(lease_id, None)
+        row = self.rows.pop(lease_id, None) or self.ledger.lease(lease_id)
         self.waiting.pop(lease_id, None)
+        closed = self.ledger.close(row, reason, released_at) if row else None
         if closed is not None:
+            self._closed[lease_id] = closed
+            if len(self._closed) > CLOSED_KEPT:
+                self._closed.pop(next(iter(self._closed)))
             self._usage = None if closed.get("gpu_seconds") else self._usage
             if closed.get("granted_at") is not None:
                 log.info("Released lease %d of %s (%s): %.1f GPU-seconds", lease_id, closed["user"],
@@ -205,4 +217,5 @@ def _active(row: dict) -> ActiveLease:
         ends_by=row["granted_at"] + hold if hold else None,
         node_workers=row.get("node_workers") if row["state"] == "placed" else None,
         preempted_for=row.get("preempted_for"), min_workers=row.get("min_workers"),
+        placement=Placement(row["placement"]),
     )

@@ -25,9 +25,12 @@ _cached: tuple[str, Any] | None = None  # (ray job id, handle)
 
 
 def call(method, *args: Any, timeout: float | None = _CALL_TIMEOUT_S, **kwargs: Any) -> Any:
-    """Call a broker method and wait; a domain error raised remotely is raised here as itself."""
+    """Call a broker method and wait; a domain error raised remotely is raised here as itself.
+
+    Calls survive a broker restart: Ray retries them on the restarted actor (every method is
+    idempotent, and `request` is deduplicated by its request_id)."""
     try:
-        return ray.get(method.remote(*args, **kwargs), timeout=timeout)
+        return ray.get(method.options(max_task_retries=-1).remote(*args, **kwargs), timeout=timeout)
     except ray.exceptions.RayTaskError as exc:
         cause = getattr(exc, "cause", None)
         if isinstance(cause, (GPUSessionError, ValueError, TypeError, KeyError)):

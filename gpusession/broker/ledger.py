@@ -87,15 +87,13 @@ class Ledger:
         return applied
 
     # ----- leases -------------------------------------------------------------------------
-    def add_lease(self, fields: dict[str, Any]) -> int:
-        """Insert a request; a repeated request_id (a retried call) returns the first row's id."""
-        existing = self.lease_by_request_id(fields["request_id"])
-        if existing:
-            return existing["id"]
-        row = dict(fields)
-        row["priority"] = int(row["priority"])
+    def add_lease(self, row: dict[str, Any]) -> int:
+        """Insert a request row and return its id (a prepared INSERT: this is the hot path)."""
+        columns = [c for c in LEASE_COLUMNS if c != "id" and c in row]
+        values = [int(row[c]) if c in ("priority", "over_quota") else _encode(row[c]) for c in columns]
+        sql = f"insert into leases ({', '.join(columns)}) values ({', '.join('?' for _ in columns)})"
         with self.db.conn:
-            return self.db["leases"].insert(row).last_pk
+            return self.db.conn.execute(sql, values).lastrowid
 
     def lease_by_request_id(self, request_id: str) -> dict | None:
         rows = list(self.db.query("select * from leases where request_id = ?", [request_id]))
@@ -137,20 +135,24 @@ class Ledger:
                 [json.dumps(notice), preempted_for, lease_id],
             )
 
-    def close(self, lease_id: int, reason: str, released_at: float) -> dict | None:
-        """End a lease exactly once; returns the closed row, or None if it had already ended."""
+    def close(self, row: dict, reason: str, released_at: float) -> dict | None:
+        """End a lease exactly once; returns the closed row, or None if it had already ended.
+
+        `row` is the caller's copy of the open row; the state check in the UPDATE makes a second
+        close (a retried call, a race with reconciliation) change nothing."""
+        granted = row.get("granted_at")
+        released = max(released_at, granted) if granted is not None else released_at
+        gpu_seconds = row["gpus"] * (released - granted) if granted is not None else 0.0
+        marks = ",".join("?" for _ in OPEN_STATES)
         with self.db.conn:
-            row = self.lease(lease_id)
-            if row is None or row["state"] not in OPEN_STATES:
-                return None
-            granted = row["granted_at"]
-            released = max(released_at, granted) if granted is not None else released_at
-            gpu_seconds = row["gpus"] * (released - granted) if granted is not None else 0.0
-            self.db.execute(
-                "update leases set state='ended', end_reason=?, released_at=?, gpu_seconds=? where id=?",
-                [reason, released, gpu_seconds, lease_id],
+            cursor = self.db.conn.execute(
+                f"update leases set state='ended', end_reason=?, released_at=?, gpu_seconds=? "
+                f"where id=? and state in ({marks})",
+                [reason, released, gpu_seconds, row["id"], *OPEN_STATES],
             )
-        return self.lease(lease_id)
+        if cursor.rowcount == 0:
+            return None
+        return {**row, "state": "ended", "end_reason": reason, "released_at": released, "gpu_seconds": gpu_seconds}
 
     # ----- quotas and settings --------------------------------------------------------------
     def quotas(self) -> dict[str, QuotaRow]:
@@ -198,6 +200,10 @@ class Ledger:
         for user, gpus, start, end in self.usage_intervals(since, now):
             totals[user] = totals.get(user, 0.0) + gpus * max(0.0, end - start) / 3600.0
         return totals
+
+
+def _encode(value: Any) -> Any:
+    return json.dumps(value) if isinstance(value, (dict, list)) else value
 
 
 def _decode(row: dict) -> dict:

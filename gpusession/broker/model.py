@@ -142,8 +142,9 @@ class WaitKind(str, enum.Enum):
 
 
 class Waiting(NamedTuple):
-    """Immutable like the dataclasses here, but a NamedTuple: decide() builds one per queued
-    request (10,000 within its 10 ms), and a tuple is three times cheaper to build and compare."""
+    """Immutable like the dataclasses here, but a NamedTuple: decide() hands out one per queued
+    request (10,000 within its 10 ms) and a tuple is three times cheaper to build and compare.
+    Equal values are shared between requests and calls: never mutate one."""
 
     position: int  # 1-based, over the whole queue, in scheduling order
     kind: WaitKind

@@ -116,11 +116,13 @@ def _noticed_targets(leases: Sequence[ActiveLease], queue: Sequence[Request]) ->
 def _explain(
     waits: set[Wait], run: Run, *, nodes: Sequence[NodeCapacity], leases: Sequence[ActiveLease]
 ) -> None:
-    """Give each distinct reason its text, once, with the numbers as they are after this call."""
+    """Give each distinct reason its text, once, with the numbers as they are after this call,
+    and the shared Waiting values of that text."""
     total = sum(n.gpus for n in nodes)
     unmanaged = total - sum(run.board.capacity.values())
     in_use = unmanaged + sum(lease.gpus for lease in leases)
     in_use += sum(request.gpus for request, _ in run.granted)
+    _trim_shared()
     for wait in waits:
         what = wait.code[0]
         if what == "quota":
@@ -157,10 +159,13 @@ _shared_size = [0]
 
 def _shared(kind: WaitKind, reason: str) -> dict[int, Waiting]:
     """position -> Waiting(position, kind, reason), filled as positions are needed."""
+    return _SHARED.setdefault((kind, reason), {})
+
+
+def _trim_shared() -> None:
     if _shared_size[0] > _SHARED_MAX:
         _SHARED.clear()
         _shared_size[0] = 0
-    return _SHARED.setdefault((kind, reason), {})
 
 
 def _fill_waiting(waiting: dict[int, Waiting], ids: list[int], waits: list[Wait]) -> None:

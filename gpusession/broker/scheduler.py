@@ -9,11 +9,11 @@ until the free GPUs change.
 from __future__ import annotations
 
 import math
-from typing import Mapping, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 from . import messages
 from .board import Board, Reservation, beyond, reserve
-from .model import EPSILON, ActiveLease, Decision, Grant, Quota, Reject, Request
+from .model import EPSILON, ActiveLease, Decision, Grant, Priority, Quota, Reject, Request
 from .placement import NodeGpus, NodeWorkers, Plan, give, gpus_of, plan
 from .preemption import choose_victims, eligible, newest_first, notice
 
@@ -70,6 +70,20 @@ class Users(dict):
         return user
 
 
+class Cutoffs(NamedTuple):
+    """What no request can get any more in this call, so that most of a long queue is judged
+    with a comparison or two. Free GPUs only shrink during a call; refreshed after each change."""
+
+    room: float  # with a head: a request needing more GPUs does not fit now (else inf)
+    spare: float  # with a head: one needing more would delay it...
+    longest: float  # ...unless it declared a run time of at most this
+    borrow: float  # a borrower needing more gets nothing: not from free GPUs, not by preempting
+
+    def held_back(self, r: Request, gpus: float) -> bool:
+        """r fits now, maybe, but starting it would delay the head."""
+        return gpus > self.spare and (r.max_hold_s is None or r.max_hold_s > self.longest)
+
+
 class Run:
     """The working state of one decide() call. Never outlives it."""
 
@@ -94,33 +108,33 @@ class Run:
         ids: list[int] = []
         waits: list = []
         wait_id, wait_on = ids.append, waits.append  # bound once: the loop runs 10,000 times
-        users, borrowing, capacity = self.users, self.borrowing, self.capacity
+        users, borrowing, capacity, held = self.users, self.borrowing, self.capacity, self.held
         earmarked, deferred, level = self.board.earmarked, [], None
         for r in order:
             priority = r.priority
             if priority is not level:  # borrowers of a priority go after those within quota
                 self._borrow(deferred, waits)
                 deferred, level = [], priority
-                hopeless, unborrowable = self._cutoffs()
+                cut = self._cutoffs(level)
             user = users[r.user]
             if priority > user.top:
                 self._reject(r, user)
                 continue
             gpus, lease_id = r.workers * r.gpus_per_worker, r.lease_id
             if gpus <= user.headroom:
-                if gpus > hopeless and lease_id not in earmarked:
-                    wait = capacity  # the common case in a long queue: nothing to try
-                else:
+                if lease_id in earmarked or (gpus <= cut.room and not cut.held_back(r, gpus)):
                     wait = self._consider(r, user, in_quota=True)
-                    hopeless, unborrowable = self._cutoffs()
+                    cut = self._cutoffs(level)
                     if wait is None:
                         continue  # granted
+                else:  # the common case in a long queue: nothing to try
+                    wait = capacity if gpus > cut.room else held
             elif not borrowing:
                 if gpus > user.ceiling:  # max_gpus was lowered since admission
                     self._reject_ceiling(r, user)
                     continue
                 wait = user.wait
-            elif gpus > unborrowable and lease_id not in earmarked:
+            elif gpus > cut.borrow and lease_id not in earmarked:
                 wait = user.wait  # nothing idle to borrow, nobody to preempt
             else:
                 deferred.append((len(waits), r))
@@ -130,22 +144,32 @@ class Run:
         self._borrow(deferred, waits)
         return _still_waiting(ids, waits)
 
-    def _cutoffs(self) -> tuple[float, float]:
-        """Requests needing more GPUs than these cannot get anything in this call any more:
-        (within quota: once the head is known, borrowers: once preemption is over)."""
+    def _cutoffs(self, priority: Priority) -> Cutoffs:
         room = self.board.free_total + EPSILON
-        return (room if self.head is not None else math.inf,
-                room if not self.preempt_open else math.inf)
+        borrow = room  # plus what a borrower of this priority could still preempt:
+        if self.preempt_open:
+            footprint = self.board.footprint
+            borrow += sum(sum(footprint[lease.lease_id].values())
+                          for lease in self.pool if lease.priority < priority)
+        if self.head is None:
+            return Cutoffs(math.inf, math.inf, -math.inf, borrow)
+        spare, longest = self.head.spare(), self.head.longest_hold(now=self.now)
+        return Cutoffs(room, spare, longest, borrow)
 
     def _borrow(self, deferred: list[tuple[int, Request]], waits: list) -> None:
-        board = self.board
+        if not deferred:
+            return
+        level = deferred[0][1].priority
+        cut = self._cutoffs(level)
         for slot, r in deferred:
             user = self.users[r.user]
-            no_room = r.gpus > board.free_total + EPSILON
-            if self.head is not None and no_room and r.lease_id not in board.earmarked:
+            gpus = r.gpus
+            hopeless = gpus > cut.borrow or gpus > cut.room or cut.held_back(r, gpus)
+            if hopeless and r.lease_id not in self.board.earmarked:
                 waits[slot] = user.wait
             else:
                 waits[slot] = self._consider(r, user, in_quota=False)
+                cut = self._cutoffs(level)
 
     def _consider(self, r: Request, user: User, *, in_quota: bool) -> Wait | None:
         """Grant, hold for victims, preempt, or become the head; else why r waits."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import uuid
 
@@ -56,7 +57,7 @@ class BrokerService:
 
     async def info(self) -> dict:
         return {"version": self.version_string, "db_path": self.db_path, "ledger_id": self.ledger_id,
-                "policy": self.policy_values}
+                "policy": self.policy_values, "pid": os.getpid()}
 
     async def request(self, spec: dict) -> dict:
         self._check_identity(spec)
@@ -135,7 +136,7 @@ class BrokerService:
             rows = self.ledger.recent_leases(user=None if admin else user, limit=limit)
         else:
             rows = [r for r in self.books.rows.values() if admin or r["user"] == user]
-        return [views.lease_view(r, waiting=self.books.waiting.get(r["id"]), version=0, now=now) for r in rows]
+        return [self._view_of(r, now) for r in rows]
 
     async def revoke(self, lease_id: int, auth: dict) -> dict:
         admin, user = self._who(auth)
@@ -220,12 +221,15 @@ class BrokerService:
         return identity
 
     def _view(self, lease_id: int) -> dict:
-        row = self.books.rows.get(lease_id) or self.ledger.lease(lease_id)
+        row = self.books.recent(lease_id) or self.ledger.lease(lease_id)
         if row is None:
             raise LeaseNotFound(f"There is no lease {lease_id}.")
-        view = views.lease_view(row, waiting=self.books.waiting.get(lease_id),
-                                version=self.books.version(lease_id), now=time.time())
-        view["pg_name"] = rayview.pg_name(self.ledger_id, lease_id)
+        return self._view_of(row, time.time())
+
+    def _view_of(self, row: dict, now: float) -> dict:
+        view = views.lease_view(row, waiting=self.books.waiting.get(row["id"]),
+                                version=self.books.version(row["id"]), now=now)
+        view["pg_name"] = rayview.pg_name(self.ledger_id, row["id"])
         return view
 
     def _schedule(self) -> None:

@@ -13,7 +13,8 @@ def request(gpus=1, *, gpw=1.0, placement=Placement.PACK, priority=Priority.NORM
 
 
 def admit(req, *, nodes=TWO_NODES, quota=Quota(), used=0.0, borrowing=False):
-    return check_admission(req, nodes=nodes, quota=quota, used_gpu_hours=used, allow_borrowing=borrowing)
+    return check_admission(req, nodes=nodes, quota=quota, used_gpu_hours=used,
+                           allow_borrowing=borrowing)
 
 
 @pytest.mark.parametrize(
@@ -86,7 +87,9 @@ def test_borrowing_ceiling_is_the_cluster_size():
         (Priority.NORMAL, Priority.NORMAL, 1e9, None, None),  # no budget: unlimited
     ],
 )
-def test_priority_above_quota_or_spent_budget_is_quota_exceeded(priority, max_priority, used, budget, error):
+def test_priority_above_quota_or_spent_budget_is_quota_exceeded(
+    priority, max_priority, used, budget, error
+):
     quota = Quota(gpu_hours=budget, max_priority=max_priority)
     reject = admit(request(1, priority=priority), quota=quota, used=used)
     assert (reject.error if reject else None) == error

@@ -19,7 +19,8 @@ def req(lease_id, user, gpus, *, prio=NORMAL, arrival=None, hold=None):
 
 
 def lease(lease_id, user, gpus, *, at=0.0, ends=None, over=False, prio=NORMAL):
-    return ActiveLease(lease_id, user, gpus, 1.0, prio, over, at, ends_by=ends, node_workers={"n0": gpus})
+    return ActiveLease(lease_id, user, gpus, 1.0, prio, over, at, ends_by=ends,
+                       node_workers={"n0": gpus})
 
 
 def run(queue, leases, *, gpus=4.0, quotas=None, borrowing=False, now=100.0):
@@ -48,7 +49,8 @@ def test_small_request_waits_when_it_would_delay_the_head():
     assert decision.grants == []
     assert decision.waiting[2].position == 2
     assert decision.waiting[2].reason == (
-        "waiting for capacity: 3 of 4 GPUs in use; the free ones are held for a request ahead of this one")
+        "waiting for capacity: 3 of 4 GPUs in use; "
+        "the free ones are held for a request ahead of this one")
 
 
 def test_request_with_unknown_hold_never_backfills_into_gpus_the_head_needs():
@@ -99,7 +101,7 @@ def test_large_request_is_not_starved_by_stream_of_small_ones():
     big_granted_at = None
     while now < 300 and big_granted_at is None:
         now += 1.0
-        leases = [l for l in leases if ends_at[l.lease_id] > now]
+        leases = [held for held in leases if ends_at[held.lease_id] > now]
         if now % 2 == 0:
             queue.append(req(next_id, f"s{next_id}", 1, arrival=now))
             next_id += 1
@@ -117,7 +119,8 @@ def test_large_request_is_not_starved_by_stream_of_small_ones():
 
 def test_requests_waiting_for_quota_do_not_reserve_capacity():
     leases = [lease(10, "alice", 1)]
-    decision = run([req(1, "alice", 3), req(2, "bob", 2)], leases, quotas={"alice": Quota(max_gpus=3)})
+    quotas = {"alice": Quota(max_gpus=3)}
+    decision = run([req(1, "alice", 3), req(2, "bob", 2)], leases, quotas=quotas)
     assert granted_ids(decision) == [2]
     assert decision.waiting[1].kind is WaitKind.QUOTA
 
@@ -125,7 +128,8 @@ def test_requests_waiting_for_quota_do_not_reserve_capacity():
 def test_head_that_could_not_fit_even_when_all_leases_end_does_not_block_others():
     # 3 of 4 GPUs are used outside gpusession: alice's 4-GPU request must wait, bob need not
     nodes = [NodeCapacity("n0", 4.0, unmanaged=3.0)]
-    decision = decide(nodes=nodes, leases=[], queue=[req(1, "alice", 4), req(2, "bob", 1)], quotas={},
+    queue = [req(1, "alice", 4), req(2, "bob", 1)]
+    decision = decide(nodes=nodes, leases=[], queue=queue, quotas={},
                       default_quota=Quota(), used_gpu_hours={}, allow_borrowing=False, now=0.0)
     assert granted_ids(decision) == [2]
 
@@ -136,19 +140,22 @@ ALICE_MAX_1 = {"alice": Quota(max_gpus=1, max_priority=HIGH)}
 
 
 def test_borrowing_grants_idle_gpus_marked_over_quota():
-    decision = run([req(1, "alice", 2)], [lease(10, "alice", 1)], quotas=ALICE_MAX_1, borrowing=True)
+    decision = run([req(1, "alice", 2)], [lease(10, "alice", 1)], quotas=ALICE_MAX_1,
+                   borrowing=True)
     assert [(g.lease_id, g.over_quota) for g in decision.grants] == [(1, True)]
 
 
 def test_without_borrowing_a_request_beyond_quota_waits_for_quota():
-    decision = run([req(1, "alice", 1)], [lease(10, "alice", 1)], quotas=ALICE_MAX_1, borrowing=False)
+    decision = run([req(1, "alice", 1)], [lease(10, "alice", 1)], quotas=ALICE_MAX_1,
+                   borrowing=False)
     assert decision.grants == []
     assert decision.waiting[1].reason == "waiting for quota: alice holds 1 of max 1 GPU"
 
 
 def test_borrower_goes_after_requests_within_quota_of_the_same_priority():
     leases = [lease(10, "alice", 1), lease(11, "carol", 1)]
-    decision = run([req(1, "alice", 2), req(2, "bob", 2)], leases, quotas=ALICE_MAX_1, borrowing=True)
+    queue = [req(1, "alice", 2), req(2, "bob", 2)]
+    decision = run(queue, leases, quotas=ALICE_MAX_1, borrowing=True)
     assert granted_ids(decision) == [2]
     assert decision.waiting[1].position == 1
     assert decision.waiting[1].reason == (

@@ -21,14 +21,14 @@ ONE_NODE = [NodeCapacity("n0", 4.0)]
 
 def req(lease_id, user="alice", gpus=1, *, gpw=1.0, prio=NORMAL, placement=Placement.PACK,
         arrival=None, hold=None):
-    return Request(lease_id=lease_id, user=user, workers=int(round(gpus / gpw)), gpus_per_worker=gpw,
+    return Request(lease_id=lease_id, user=user, workers=round(gpus / gpw), gpus_per_worker=gpw,
                    priority=prio, placement=placement,
                    arrival=float(lease_id if arrival is None else arrival), max_hold_s=hold)
 
 
 def lease(lease_id, user="bob", gpus=1, *, gpw=1.0, prio=NORMAL, over=False, at=0.0, ends=None,
           on="n0", notice=None, placement=Placement.PACK):
-    workers = int(round(gpus / gpw))
+    workers = round(gpus / gpw)
     where = None if on is None else (on if isinstance(on, dict) else {on: workers})
     return ActiveLease(lease_id=lease_id, user=user, workers=workers, gpus_per_worker=gpw,
                        priority=prio, over_quota=over, granted_at=at, ends_by=ends,
@@ -38,7 +38,8 @@ def lease(lease_id, user="bob", gpus=1, *, gpw=1.0, prio=NORMAL, over=False, at=
 def run(queue, *, nodes=ONE_NODE, leases=(), quotas=None, default=Quota(max_priority=HIGH),
         hours=None, borrowing=False, now=100.0):
     return decide(nodes=nodes, leases=list(leases), queue=list(queue), quotas=quotas or {},
-                  default_quota=default, used_gpu_hours=hours or {}, allow_borrowing=borrowing, now=now)
+                  default_quota=default, used_gpu_hours=hours or {}, allow_borrowing=borrowing,
+                  now=now)
 
 
 def granted(decision):
@@ -73,12 +74,14 @@ def test_request_beyond_quota_waits_for_quota_with_reason():
 
 def test_over_quota_leases_do_not_count_against_max_gpus():
     decision = run([req(1, gpus=2)], nodes=[NodeCapacity("n0", 8.0)],
-                   leases=[lease(10, user="alice", gpus=3, over=True)], quotas={"alice": Quota(max_gpus=2)})
+                   leases=[lease(10, user="alice", gpus=3, over=True)],
+                   quotas={"alice": Quota(max_gpus=2)})
     assert granted(decision) == {1: {"n0": 2}}
 
 
 def test_default_quota_applies_to_users_without_a_row():
-    decision = run([req(1, user="zoe", gpus=1)], leases=[lease(10, user="zoe")], default=Quota(max_gpus=1))
+    decision = run([req(1, user="zoe", gpus=1)], leases=[lease(10, user="zoe")],
+                   default=Quota(max_gpus=1))
     assert decision.waiting[1].reason == "waiting for quota: zoe holds 1 of max 1 GPU"
 
 
@@ -108,7 +111,8 @@ def test_several_requests_are_granted_in_one_decision_without_overcommitting():
 
 
 def test_in_quota_usage_grows_with_grants_of_the_same_decision():
-    decision = run([req(1, gpus=1), req(2, gpus=1), req(3, gpus=1)], quotas={"alice": Quota(max_gpus=2)})
+    decision = run([req(1, gpus=1), req(2, gpus=1), req(3, gpus=1)],
+                   quotas={"alice": Quota(max_gpus=2)})
     assert list(granted(decision)) == [1, 2]
     assert decision.waiting[3].reason == "waiting for quota: alice holds 2 of max 2 GPUs"
 
@@ -143,7 +147,8 @@ def test_request_above_a_lowered_max_gpus_is_rejected_without_borrowing():
 def test_every_queued_request_is_granted_rejected_or_waiting():
     queue = [req(1, gpus=2), req(2, gpus=4), req(3, prio=HIGH), req(4, user="bob", gpus=1)]
     decision = run(queue, quotas={"bob": Quota(gpu_hours=1)}, hours={"bob": 2.0})
-    outcomes = [set(granted(decision)), {r.lease_id for r in decision.rejections}, set(decision.waiting)]
+    rejected = {r.lease_id for r in decision.rejections}
+    outcomes = [set(granted(decision)), rejected, set(decision.waiting)]
     assert sorted(i for o in outcomes for i in o) == [1, 2, 3, 4]
 
 
@@ -162,7 +167,8 @@ def test_unplaced_grants_are_simulated_with_their_placement():
     decision = run([req(1, gpus=2, placement=Placement.STRICT_PACK)], nodes=nodes, leases=[spread])
     assert decision.grants == []
     packed = lease(10, gpus=2, on=None, placement=Placement.STRICT_PACK)
-    assert len(run([req(1, gpus=2, placement=Placement.STRICT_PACK)], nodes=nodes, leases=[packed]).grants) == 1
+    decision = run([req(1, gpus=2, placement=Placement.STRICT_PACK)], nodes=nodes, leases=[packed])
+    assert len(decision.grants) == 1
 
 
 def test_unmanaged_gpus_are_never_handed_out():
@@ -186,8 +192,8 @@ def test_fractional_workers_share_gpus():
 
 
 def test_fractional_quota_counts_fractions():
-    decision = run([req(1, gpus=0.5, gpw=0.5), req(2, gpus=0.5, gpw=0.5), req(3, gpus=0.5, gpw=0.5)],
-                   quotas={"alice": Quota(max_gpus=1.0)})
+    halves = [req(i, gpus=0.5, gpw=0.5) for i in (1, 2, 3)]
+    decision = run(halves, quotas={"alice": Quota(max_gpus=1.0)})
     assert list(granted(decision)) == [1, 2]
     assert decision.waiting[3].kind is WaitKind.QUOTA
 
@@ -227,4 +233,5 @@ def test_pack_grant_prefers_the_fullest_node_that_fits():
 def test_decision_is_deterministic():
     queue = [req(i, user=f"u{i % 3}", gpus=1 + i % 3, prio=Priority(i % 3)) for i in range(1, 30)]
     leases = [lease(100, gpus=2, over=True), lease(101, gpus=1, prio=LOW, at=5.0)]
-    assert run(queue, leases=leases, borrowing=True) == run(list(reversed(queue)), leases=leases, borrowing=True)
+    forward = run(queue, leases=leases, borrowing=True)
+    assert forward == run(list(reversed(queue)), leases=leases, borrowing=True)

@@ -15,11 +15,13 @@ LOW, NORMAL, HIGH = Priority.LOW, Priority.NORMAL, Priority.HIGH
 
 
 def req(lease_id, user, gpus, *, prio=NORMAL, placement=Placement.PACK, arrival=None):
-    return Request(lease_id, user, gpus, 1.0, prio, placement, float(lease_id if arrival is None else arrival))
+    return Request(lease_id, user, gpus, 1.0, prio, placement,
+                   float(lease_id if arrival is None else arrival))
 
 
 def lease(lease_id, user, gpus, *, prio=NORMAL, over=False, at=0.0, on="n0", notice=None):
-    return ActiveLease(lease_id, user, gpus, 1.0, prio, over, at, node_workers={on: gpus}, preempted_for=notice)
+    return ActiveLease(lease_id, user, gpus, 1.0, prio, over, at, node_workers={on: gpus},
+                       preempted_for=notice)
 
 
 def run(queue, leases, *, nodes=(NodeCapacity("n0", 4.0),), quotas=None, borrowing=False):
@@ -77,14 +79,15 @@ def test_over_quota_lease_of_higher_priority_is_not_preempted():
 def test_request_beyond_its_quota_preempts_only_strictly_lower_priority():
     leases = [lease(10, "bob", 2, at=10.0), lease(11, "carol", 2, prio=HIGH, over=True, at=90.0),
               lease(12, "alice", 0)]
-    decision = run([req(1, "alice", 2, prio=HIGH)], leases, quotas={"alice": Quota(max_gpus=0, max_priority=HIGH)},
-                   borrowing=True)
+    quotas = {"alice": Quota(max_gpus=0, max_priority=HIGH)}
+    decision = run([req(1, "alice", 2, prio=HIGH)], leases, quotas=quotas, borrowing=True)
     assert victims(decision) == [(10, 1, "lower priority")]
 
 
 def test_request_beyond_quota_without_borrowing_preempts_nothing():
     leases = [lease(10, "bob", 3, prio=LOW), lease(11, "alice", 1)]
-    decision = run([req(1, "alice", 1, prio=HIGH)], leases, quotas={"alice": Quota(max_gpus=1, max_priority=HIGH)})
+    quotas = {"alice": Quota(max_gpus=1, max_priority=HIGH)}
+    decision = run([req(1, "alice", 1, prio=HIGH)], leases, quotas=quotas)
     assert decision.preemptions == []
     assert decision.waiting[1].kind is WaitKind.QUOTA
 
@@ -132,7 +135,8 @@ def test_several_requests_may_preempt_in_one_decision():
 
 def test_a_users_second_request_does_not_preempt_past_their_quota():
     leases = [lease(10, "bob", 2, prio=LOW, at=10.0), lease(11, "carol", 2, prio=LOW, at=20.0)]
-    decision = run([req(1, "alice", 2), req(2, "alice", 2)], leases, quotas={"alice": Quota(max_gpus=2)})
+    queue = [req(1, "alice", 2), req(2, "alice", 2)]
+    decision = run(queue, leases, quotas={"alice": Quota(max_gpus=2)})
     assert victims(decision) == [(11, 1, "lower priority")]
     assert decision.waiting[2].kind is WaitKind.QUOTA
 

@@ -1,0 +1,39 @@
+"""A fresh local Ray cluster with logical GPUs for a benchmark, and a small timing helper."""
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import tempfile
+import time
+from contextlib import contextmanager
+
+CLUSTER_GPUS = 4
+
+
+@contextmanager
+def local_cluster(*, gpus: int = CLUSTER_GPUS, cpus: int = 4):
+    import ray
+
+    home = tempfile.mkdtemp(prefix="gpusession-bench-")
+    os.environ["GPUSESSION_HOME"] = home  # a private ledger: benchmarks never touch yours
+    os.environ.pop("RAY_ADDRESS", None)
+    ray.init(address="local", num_gpus=gpus, num_cpus=cpus, include_dashboard=False, logging_level=logging.ERROR,
+             log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def timed(fn, repeat: int) -> list[float]:
+    durations = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        fn()
+        durations.append(time.perf_counter() - started)
+    return durations
+
+
+def median(values) -> float:
+    return statistics.median(values)

@@ -1,0 +1,96 @@
+"""The broker's speed: grant+release cycles per second through the real Ray actor (target >= 500),
+side by side with Ray's own reserve+release of a placement group; and one scheduling decision
+over 10,000 queued requests (target < 10 ms).
+
+    .venv/bin/python benchmarks/broker_throughput.py [--seconds 10] [--threads 8]
+
+A cycle is what every call pays the broker: `request` (admitted, scheduled, granted, written to
+the ledger) then `release` (closed, GPU-seconds computed, written). Several client threads
+run cycles at once, as many kernels do.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+import uuid
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from _cluster import local_cluster  # noqa: E402
+from policy_decision import time_decision  # noqa: E402
+
+
+def _run_threads(threads: int, seconds: float, cycle) -> int:
+    done = [0] * threads
+    stop = time.monotonic() + seconds
+
+    def loop(index: int) -> None:
+        while time.monotonic() < stop:
+            cycle()
+            done[index] += 1
+
+    workers = [threading.Thread(target=loop, args=(i,)) for i in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return sum(done)
+
+
+def broker_cycles_per_second(threads: int, seconds: float) -> float:
+    import ray
+
+    from gpusession.broker import client
+
+    broker = client.broker()
+    job = ray.get_runtime_context().get_job_id()
+
+    def cycle() -> None:
+        view = client.call(broker.request, {
+            "request_id": uuid.uuid4().hex, "user": f"user{threading.get_ident() % 7}", "job_id": job,
+            "workers": 1, "gpus_per_worker": 0.25, "priority": "normal", "placement": "pack",
+        })
+        assert view["state"] == "granted", view
+        client.call(broker.release, view["lease_id"], "finished", None)
+
+    cycle()  # warm the broker (it is created on first use)
+    started = time.monotonic()
+    count = _run_threads(threads, seconds, cycle)
+    return count / (time.monotonic() - started)
+
+
+def ray_group_cycles_per_second(threads: int, seconds: float) -> float:
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    def cycle() -> None:
+        group = placement_group([{"GPU": 0.25}])
+        ray.get(group.ready())
+        remove_placement_group(group)
+
+    cycle()
+    started = time.monotonic()
+    count = _run_threads(threads, seconds, cycle)
+    return count / (time.monotonic() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=10.0, help="how long each side runs")
+    parser.add_argument("--threads", type=int, default=8, help="client threads issuing cycles at once")
+    args = parser.parse_args()
+    decision_s = time_decision(10_000)
+    with local_cluster():
+        broker_rate = broker_cycles_per_second(args.threads, args.seconds)
+        ray_rate = ray_group_cycles_per_second(args.threads, args.seconds)
+    print(f"scheduling decision over 10,000 queued requests: {decision_s * 1e3:.2f} ms (target < 10 ms)")
+    print(f"broker grant+release cycles through Ray: {broker_rate:.0f}/s with {args.threads} threads (target >= 500)")
+    print(f"Ray placement group reserve+release cycles: {ray_rate:.0f}/s with {args.threads} threads")
+    print(f"ratio broker cycles / Ray placement-group cycles: {broker_rate / ray_rate:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""Per-step time of the same DDP loop under @gs.distributed vs torchrun (2 ranks, gloo),
+measured side by side in one run, alternating launchers to share the machine's noise.
+
+    .venv/bin/python benchmarks/ddp_step_overhead.py [--rounds 3] [--steps 200]
+
+Step time is measured inside the loop (after 20 warm-up steps), so it shows what gpusession
+adds while training runs (output capture, the event stream), not its setup. Target: <= 1.03.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from _cluster import local_cluster, median  # noqa: E402
+from ddp_loop import median_step, step_times  # noqa: E402
+
+
+def torchrun_median_step(steps: int) -> float:
+    out = os.path.join(tempfile.mkdtemp(prefix="torchrun-bench-"), "times.json")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
+                    os.path.join(HERE, "ddp_loop.py"), out, str(steps)], check=True, capture_output=True)
+    with open(out) as f:
+        return median_step(json.load(f))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds of each launcher")
+    parser.add_argument("--steps", type=int, default=200, help="timed steps per run")
+    args = parser.parse_args()
+    import gpusession as gs
+    from gpusession import events
+
+    events.set_observer_factory(lambda world_size: events.Observer())
+    loop = gs.distributed(gpus=2)(step_times)
+    gs_runs, torchrun_runs = [], []
+    with local_cluster():
+        loop(10)  # start the broker and the warm workers outside the measurement
+        for _ in range(args.rounds):
+            torchrun_runs.append(torchrun_median_step(args.steps))
+            gs_runs.append(median_step(loop(args.steps)))
+    gs_step, torchrun_step = median(gs_runs), median(torchrun_runs)
+    print(f"torchrun: median step {torchrun_step * 1e3:.3f} ms (rounds: {', '.join(f'{t*1e3:.3f}' for t in torchrun_runs)})")
+    print(f"@gs.distributed: median step {gs_step * 1e3:.3f} ms (rounds: {', '.join(f'{t*1e3:.3f}' for t in gs_runs)})")
+    print(f"ratio gpusession/torchrun per step: {gs_step / torchrun_step:.3f} (target <= 1.03)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,257 @@
+"""`gpusession ...`: the demo, and the broker's user and admin operations from a shell."""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import sys
+from pathlib import Path
+
+from .errors import GPUSessionError
+
+ADMIN_TOKEN_ENV = "GPUSESSION_ADMIN_TOKEN"
+NO_CLUSTER = ("No running Ray cluster: start one with `gpusession cluster start` (or `ray start --head`) "
+              "and/or set RAY_ADDRESS.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "handler", None):
+        parser.print_help()
+        return 2
+    try:
+        return args.handler(args) or 0
+    except (GPUSessionError, ValueError) as exc:
+        print(f"gpusession: {exc}", file=sys.stderr)
+        return 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpusession", description="Lease GPUs from a Ray cluster only while code runs.")
+    sub = parser.add_subparsers(title="commands", metavar="COMMAND")
+
+    demo = sub.add_parser("demo", help="run examples/quickstart.ipynb headless on the embedded default cluster",
+                          description="Execute the quickstart notebook in a fresh kernel (its own local Ray head, "
+                                      "logical GPUs when the machine has none) and print its results and receipt.")
+    demo.add_argument("--notebook", help="notebook to run instead of the quickstart")
+    demo.add_argument("--timeout", type=float, default=600, help="seconds a cell may take (default 600)")
+    demo.set_defaults(handler=_demo)
+
+    status = sub.add_parser("status", help="cluster capacity, your quota and your leases")
+    status.add_argument("--json", action="store_true", help="print JSON instead of text")
+    status.set_defaults(handler=_status)
+
+    leases = sub.add_parser("leases", help="active and queued leases (yours; everyone's with the admin token)")
+    leases.add_argument("--all", action="store_true", help="include ended leases (the ledger's newest 200)")
+    leases.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _admin_option(leases)
+    leases.set_defaults(handler=_leases)
+
+    revoke = sub.add_parser("revoke", help="revoke a lease (its owner or an admin)",
+                            description="Notify the lease's caller, which stops its workers and releases; "
+                                        "after a grace period the broker takes the GPUs back by force.")
+    revoke.add_argument("lease_id", type=int, metavar="ID", help="the lease id (see `gpusession leases`)")
+    _admin_option(revoke)
+    revoke.set_defaults(handler=_revoke)
+
+    _add_quota(sub)
+
+    usage = sub.add_parser("usage", help="GPU-hours per user (or per user and day)")
+    usage.add_argument("--since", type=_date, help="start, YYYY-MM-DD or ISO time (default: 7 days ago)")
+    usage.add_argument("--until", type=_date, help="end, YYYY-MM-DD or ISO time (default: now)")
+    usage.add_argument("--by", choices=("user", "day"), default="user", help="group by user, or by user and day")
+    usage.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _admin_option(usage)
+    usage.set_defaults(handler=_usage)
+
+    try:
+        from .cli_cluster import register
+    except ImportError:  # the local-head commands ship with the Jupyter extension's module
+        register = None
+    if register is not None:
+        register(sub)
+    return parser
+
+
+def _add_quota(sub) -> None:
+    quota = sub.add_parser("quota", help="read or change per-user quotas (changes need the admin token)")
+    verbs = quota.add_subparsers(title="actions", metavar="ACTION")
+    listing = verbs.add_parser("list", help="every user with a quota row or a lease")
+    listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _admin_option(listing)
+    listing.set_defaults(handler=_quota_list)
+    get = verbs.add_parser("get", help="one user's quota and usage")
+    get.add_argument("user")
+    get.add_argument("--json", action="store_true", help="print JSON")
+    _admin_option(get)
+    get.set_defaults(handler=_quota_get)
+    change = verbs.add_parser("set", help="set one user's quota (fields not given keep their value)",
+                              epilog="Example: gpusession quota set alice --max-gpus 2 --gpu-hours 40 --max-priority high")
+    change.add_argument("user")
+    # SUPPRESS: a flag not given leaves no attribute, so "--max-gpus none" (no limit) differs from absent
+    change.add_argument("--max-gpus", type=_limit, default=argparse.SUPPRESS,
+                        help="GPUs held at once; 'none' for no limit")
+    change.add_argument("--gpu-hours", type=_limit, default=argparse.SUPPRESS,
+                        help="GPU-hours per rolling 7 days; 'none' for unlimited")
+    change.add_argument("--max-priority", choices=("low", "normal", "high"), default=argparse.SUPPRESS,
+                        help="highest priority allowed")
+    _admin_option(change)
+    change.set_defaults(handler=_quota_set)
+    reset = verbs.add_parser("reset", help="remove the user's row: the default quota applies again")
+    reset.add_argument("user")
+    _admin_option(reset)
+    reset.set_defaults(handler=_quota_reset)
+    quota.set_defaults(handler=lambda args: quota.print_help() or 2)
+
+
+def _admin_option(parser) -> None:
+    parser.add_argument("--admin-token", default=os.environ.get(ADMIN_TOKEN_ENV),
+                        help=f"the broker's admin token (default: ${ADMIN_TOKEN_ENV}, else the token file "
+                             "beside the ledger when this machine can read it)")
+
+
+def _limit(text: str) -> float | None:
+    if text.strip().lower() in ("none", "null", "unlimited"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0 or 'none', got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0 or 'none', got {text!r}")
+    return value
+
+
+def _date(text: str) -> float:
+    try:
+        moment = dt.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected YYYY-MM-DD or an ISO time, got {text!r}") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=dt.timezone.utc)
+    return moment.timestamp()
+
+
+# ----- talking to the broker ------------------------------------------------------------------------
+def _broker():
+    from . import raycluster
+    from .broker import client
+
+    if not (os.environ.get("RAY_ADDRESS") or raycluster.recorded_local_head()):
+        raise GPUSessionError(NO_CLUSTER)
+    return client, client.broker()
+
+
+def _auth(args, handle, client) -> dict:
+    from .identity import current_identity
+
+    identity = current_identity()
+    auth = {"user": identity.user, "signature": identity.signature, "token": getattr(args, "admin_token", None)}
+    if not auth["token"]:
+        token_file = Path(client.call(handle.info)["db_path"]).with_name("admin_token")
+        if os.access(token_file, os.R_OK):
+            auth["token"] = token_file.read_text().strip()
+    return auth
+
+
+def _print(data, args, render) -> None:
+    print(json.dumps(data, indent=2, default=str) if getattr(args, "json", False) else render(data))
+
+
+def _status(args) -> int:
+    client, handle = _broker()
+    from .status import status
+
+    result = status()
+    _print(result.__dict__, args, lambda _: str(result))
+    return 0
+
+
+def _leases(args) -> int:
+    client, handle = _broker()
+    rows = client.call(handle.leases, _auth(args, handle, client), args.all)
+    _print(rows, args, lambda rows: _table(rows, ("lease_id", "user", "gpus", "priority", "state", "over_quota",
+                                                 "position", "age_s", "end_reason", "gpu_seconds")))
+    return 0
+
+
+def _revoke(args) -> int:
+    client, handle = _broker()
+    view = client.call(handle.revoke, args.lease_id, _auth(args, handle, client))
+    print(f"lease {view['lease_id']} of {view['user']}: {view['state']}"
+          + (" (notified; it stops within the grace period)" if view["state"] != "ended" else ""))
+    return 0
+
+
+def _quota_list(args) -> int:
+    client, handle = _broker()
+    rows = client.call(handle.quotas, _auth(args, handle, client))
+    _print(rows, args, lambda rows: _table(rows, ("user", "max_gpus", "gpu_hours", "max_priority",
+                                                 "gpus_in_use", "gpu_hours_7d", "is_default")))
+    return 0
+
+
+def _quota_get(args) -> int:
+    client, handle = _broker()
+    row = client.call(handle.quota, args.user, _auth(args, handle, client))
+    _print(row, args, lambda row: _table([row], ("user", "max_gpus", "gpu_hours", "max_priority",
+                                                 "gpus_in_use", "gpu_hours_7d", "is_default")))
+    return 0
+
+
+def _quota_set(args) -> int:
+    update = {f: getattr(args, f) for f in ("max_gpus", "gpu_hours", "max_priority") if hasattr(args, f)}
+    if not update:
+        raise ValueError("give at least one of --max-gpus, --gpu-hours, --max-priority.")
+    client, handle = _broker()
+    row = client.call(handle.set_quota, args.user, update, _auth(args, handle, client))
+    print(_table([row], ("user", "max_gpus", "gpu_hours", "max_priority", "gpus_in_use", "gpu_hours_7d")))
+    return 0
+
+
+def _quota_reset(args) -> int:
+    client, handle = _broker()
+    row = client.call(handle.reset_quota, args.user, _auth(args, handle, client))
+    print(f"{row['user']} now has the default quota:")
+    print(_table([row], ("user", "max_gpus", "gpu_hours", "max_priority")))
+    return 0
+
+
+def _usage(args) -> int:
+    client, handle = _broker()
+    rows = client.call(handle.usage, _auth(args, handle, client), args.since, args.until, args.by)
+    for row in rows:
+        row["gpu_hours"] = round(row["gpu_seconds"] / 3600.0, 4)
+    columns = ("user", "day", "gpu_hours") if args.by == "day" else ("user", "gpu_hours")
+    _print(rows, args, lambda rows: _table(rows, columns))
+    return 0
+
+
+def _demo(args) -> int:
+    from .demo import run_demo
+
+    return run_demo(notebook=args.notebook, timeout=args.timeout)
+
+
+def _table(rows: list[dict], columns: tuple[str, ...]) -> str:
+    if not rows:
+        return "(none)"
+    cells = [[_cell(row.get(c)) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in cells]
+    return "\n".join(lines)
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

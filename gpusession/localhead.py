@@ -1,0 +1,166 @@
+"""A Ray head for this machine, run as a `ray start --head --block` subprocess.
+
+`gpusession cluster start` and a Jupyter server with `c.GPUSession.ray_address = "local"` use it.
+Its address goes to GPUSESSION_HOME/local-head.json, where kernels and
+`raycluster.ensure_connected()` find it. The `ray start --block` process is the head's
+supervisor: SIGTERM to it (and only it) stops every Ray process of this head, never another
+cluster on the same machine (unlike `ray stop`, which stops them all).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import psutil
+
+from .raycluster import DEFAULT_LOCAL_GPUS, _reachable, local_head_file, machine_gpu_count, state_dir
+
+READY_LINE = "Ray runtime started"
+
+
+class LocalHeadError(RuntimeError):
+    """The local Ray head could not be started or stopped."""
+
+
+@dataclass(frozen=True)
+class LocalHead:
+    address: str
+    pid: int
+    gpus: int
+    logical: bool
+    started_at: float
+    log_path: str
+    auth_mode: str = "token"  # Ray's RAY_AUTH_MODE; clients of an explicit address must set it too
+
+    def client_env(self) -> dict[str, str]:
+        """What a process needs in its environment to join this head (Ray's token mode included)."""
+        return {"RAY_ADDRESS": self.address, "RAY_AUTH_MODE": self.auth_mode}
+
+    def describe(self) -> str:
+        kind = "logical GPUs (training runs on the CPU)" if self.logical else "GPUs"
+        return f"local Ray head at {self.address}: {self.gpus} {kind}, pid {self.pid}, log {self.log_path}"
+
+
+def status() -> LocalHead | None:
+    """The head recorded in GPUSESSION_HOME, if its process is alive and its address answers."""
+    try:
+        head = LocalHead(**json.loads(local_head_file().read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+    return head if _is_head_process(head) and _reachable(head.address) else None
+
+
+def start(*, gpus: int | None = None, timeout_s: float = 120.0) -> tuple[LocalHead, bool]:
+    """Start a head unless one is already recorded and alive; returns (head, started_by_us)."""
+    running = status()
+    if running is not None:
+        return running, False
+    real = machine_gpu_count()
+    count = real or int(gpus or os.environ.get("GPUSESSION_LOCAL_GPUS") or DEFAULT_LOCAL_GPUS)
+    from ray._private.services import get_node_ip_address
+
+    address = f"{get_node_ip_address()}:{_free_port()}"
+    home = state_dir()
+    home.mkdir(parents=True, exist_ok=True)
+    log_path = home / "local-head.log"
+    command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
+               f"--node-ip-address={address.rpartition(':')[0]}", f"--port={address.rpartition(':')[2]}",
+               "--include-dashboard=false", "--disable-usage-stats"]
+    if not real:
+        command.append(f"--num-gpus={count}")
+    auth_mode = os.environ.get("RAY_AUTH_MODE") or "token"  # Ray's default for a new cluster
+    env = {**os.environ, "GPUSESSION_HOME": str(home), "RAY_USAGE_STATS_ENABLED": "0",
+           "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"}  # SIGTERM stops at once (the broker never drains)
+    if auth_mode == "token":  # the head listens on the network: require Ray's token, making one if needed
+        _ensure_ray_token(env)
+        env["RAY_AUTH_MODE"] = "token"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, cwd=str(home), start_new_session=True)  # Ctrl-C in a terminal is not for it
+    head = LocalHead(address, proc.pid, count, not real, time.time(), str(log_path), auth_mode)
+    local_head_file().write_text(json.dumps(asdict(head)))  # at once: `cluster stop` finds it even if we die
+    try:
+        _wait_ready(proc, log_path, timeout_s)
+    except LocalHeadError:
+        local_head_file().unlink(missing_ok=True)
+        raise
+    return head, True
+
+
+def stop(*, pid: int | None = None, timeout_s: float = 30.0) -> LocalHead | None:
+    """Stop the recorded head (SIGTERM to its supervisor, SIGKILL to what is left after timeout_s);
+    with `pid`, only if the recorded head is that process."""
+    try:
+        head = LocalHead(**json.loads(local_head_file().read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+    if pid is not None and head.pid != pid:
+        return None
+    if _is_head_process(head):
+        terminate(head.pid, timeout_s=timeout_s)
+    local_head_file().unlink(missing_ok=True)
+    return head
+
+
+def terminate(pid: int, *, timeout_s: float) -> None:
+    """SIGTERM one process we started, then SIGKILL it and its children if it outlives timeout_s."""
+    try:
+        proc = psutil.Process(pid)
+        family = [proc, *proc.children(recursive=True)]
+        proc.send_signal(signal.SIGTERM)
+    except psutil.NoSuchProcess:
+        return
+    _, alive = psutil.wait_procs([proc], timeout=timeout_s)
+    for leftover in family if alive else []:
+        try:
+            leftover.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def _ensure_ray_token(env: dict) -> None:
+    """Ray's own `ray get-auth-token --generate`: keeps an existing token (RAY_AUTH_TOKEN,
+    RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token), else writes a new ~/.ray/auth_token."""
+    done = subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "get-auth-token", "--generate"], env=env,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        raise LocalHeadError(f"Could not find or make Ray's authentication token: {done.stderr.strip()[-500:]}")
+
+
+def _is_head_process(head: LocalHead) -> bool:
+    try:
+        proc = psutil.Process(head.pid)
+        return "--block" in proc.cmdline() and proc.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_ready(proc: subprocess.Popen, log_path: Path, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if READY_LINE in log_path.read_text(errors="replace"):
+            return
+        if proc.poll() is not None:
+            raise LocalHeadError(f"`ray start` exited with status {proc.returncode} before the head was up. "
+                                 f"Its log ({log_path}) ends with:\n{_tail(log_path)}")
+        time.sleep(0.2)
+    terminate(proc.pid, timeout_s=10)
+    raise LocalHeadError(f"The local Ray head did not start within {timeout_s:.0f} s; stopped it. "
+                         f"Its log ({log_path}) ends with:\n{_tail(log_path)}")
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])

@@ -1,0 +1,271 @@
+"""`%%gpu` and `%gpu`: thin magics that parse their flags, then make one call.
+
+A %%gpu cell becomes `run_cell(payload)` run through `DistributedFunction`, so leasing, the live
+display, release, errors and checkpoints are exactly those of `@gs.distributed`.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, kwds, magic_arguments, parse_argstring
+
+from .cellcode import CellCode, analyze, parse_names
+from .cellrun import CellPayload, CellResult, pack, run_cell, unpack
+from .distributed import DistributedFunction, parse_options
+from .errors import GPUSessionError
+from .lease import held_leases, release_all
+from .options import parse_duration
+from .shipping import local_modules
+
+MAGIC_SYNTAX = ("The %%gpu body uses IPython syntax (%magic, !command or ?), which the workers cannot "
+                "run. Move those lines to a cell of their own.")
+BOTH_OUT_FLAGS = "--out and --no-out contradict each other: use --out a,b to choose names, or --no-out for none."
+
+
+def _gpu_count(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of GPUs; write e.g. %%gpu 2") from None
+    return int(value) if value.is_integer() else value
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text, field_name="time")
+    except (ValueError, TypeError):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a time: write seconds (90) or 90s, 10m, 2h; it must be more than 0") from None
+
+
+def _names(text: str) -> tuple[str, ...]:
+    try:
+        return parse_names(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+@magics_class
+class GPUMagics(Magics):
+    @magic_arguments(name="%gpu")
+    @kwds(usage="%(prog)s [N] [--min N] [--priority P] [--timeout T] [--queue-timeout T] [--out a,b] [--no-out]")
+    @argument("gpus", nargs="?", default=1, type=_gpu_count, metavar="N",
+              help="GPUs to lease for this cell, one worker per GPU (default 1).")
+    @argument("--min", dest="min_gpus", type=_gpu_count, metavar="N",
+              help="Elastic lower bound: start (or keep running) with as few as N GPUs. Default: N = all.")
+    @argument("--priority", choices=("low", "normal", "high"), default="normal",
+              help="Queue priority: low, normal (default) or high; capped by your quota's max_priority.")
+    @argument("--timeout", type=_duration, metavar="T",
+              help="Stop the run after T (seconds, or 90s, 10m, 2h) and release the GPUs. Default: no limit.")
+    @argument("--queue-timeout", type=_duration, metavar="T",
+              help="Give up with QueueTimeout if no GPUs are granted within T. Default: wait as long as it takes.")
+    @argument("--out", type=_names, metavar="a,b",
+              help="Bring back only these names from rank 0 (default: every name the cell assigns, "
+                   "plus the models and optimizers it received).")
+    @argument("--no-out", action="store_true",
+              help="Bring no names back; the last expression is still displayed.")
+    @cell_magic("gpu")
+    def gpu_cell(self, line: str, cell: str) -> Any:
+        """
+        Run this cell's body on N leased GPUs, data-parallel; the GPUs are released when it ends.
+
+        Names the body reads from the notebook are sent to the workers (modules are imported there
+        by name); names it assigns come back from rank 0 (tensors on the CPU), and so do models and
+        optimizers it received and trained in place (DDP unwrapped). Rank 0's last expression is the
+        cell's result; `_gpu` holds the run's RunInfo (times, GPU-seconds, gs.report history).
+        Output and gs.report metrics appear live; the stop button stops every worker.
+
+        After `%load_ext gpusession` and `import torch, gpusession as gs`:
+
+            In [1]: %%gpu 2 --timeout 10m
+               ...: model = gs.prepare_model(torch.nn.Linear(10, 1))
+               ...: opt = torch.optim.SGD(model.parameters(), lr=0.1)
+               ...: for step in range(100):
+               ...:     loss = model(torch.randn(32, 10)).pow(2).mean()
+               ...:     opt.zero_grad(); loss.backward(); opt.step()
+               ...:     gs.report(step=step, loss=loss)
+               ...: print("done")
+               ...: loss.item()
+            [rank 0] done
+            [rank 1] done
+            ✓ 2 GPUs · queued 0.0 s · setup 0.4 s · run 3.1 s · 7.2 GPU·s · released
+            Out[1]: 0.0123
+
+            In [2]: model          # rank 0's trained model: the plain Linear, on the CPU
+            Out[2]: Linear(in_features=10, out_features=1, bias=True)
+
+            In [3]: _gpu.gpu_seconds
+            Out[3]: 7.2
+        """
+        args = parse_argstring(self.gpu_cell, line)
+        return run_gpu_cell(self.shell, cell, args)
+
+    @magic_arguments(name="gpu")
+    @argument("action", choices=("status", "release"),
+              help="status: cluster capacity, your quota and usage, this kernel's leases. "
+                   "release: give back every lease this kernel still holds (from gs.lease blocks).")
+    @line_magic("gpu")
+    def gpu_line(self, line: str) -> None:
+        """
+        Look at or give back this kernel's GPUs.
+
+            In [1]: with_gpus = gs.lease(gpus=1)   # held until released
+            In [2]: %gpu status
+            cluster: 4 GPUs · 1 leased · 3 free · 0 queued
+            alice: 1 GPUs in use (max 2) · 0.12 of 10 h GPU-hours in 7 days · max priority normal
+              lease 7: 1 GPUs, normal, placed, 42 s
+            leases held by this kernel (gs.lease blocks):
+              <gpusession.Lease 7: 1 GPUs, 1 workers, held>
+            In [3]: %gpu release
+            Released 1 lease of this kernel (1 GPUs); Ray shows them free.
+        """
+        args = parse_argstring(self.gpu_line, line)
+        print(show_status() if args.action == "status" else release_kernel_leases())
+
+
+def load_ipython_extension(ipython) -> None:
+    ipython.register_magics(GPUMagics)
+
+
+# ----- %gpu ------------------------------------------------------------------------------------------
+def show_status() -> str:
+    from .status import status
+
+    held = held_leases()
+    mine = "\n".join(f"  {lease!r}" for lease in held) or "  (none)"
+    return f"{status()}\nleases held by this kernel (gs.lease blocks):\n{mine}"
+
+
+def release_kernel_leases() -> str:
+    gpus = sum(lease.gpus for lease in held_leases())
+    count = release_all("released")
+    if not count:
+        return "This kernel holds no leases: nothing to release."
+    leases = f"{count} lease{'s' if count != 1 else ''}"
+    return f"Released {leases} of this kernel ({gpus:g} GPUs); Ray shows them free."
+
+
+# ----- %%gpu -----------------------------------------------------------------------------------------
+def run_gpu_cell(shell, cell: str, args: argparse.Namespace) -> Any:
+    """Check everything (nothing is leased on a mistake), run the body, bring its names back."""
+    options = _run_options(args)
+    # IPython has already counted this cell when it runs it: In[n] is one less
+    filename = f"<%%gpu cell In[{max(1, shell.execution_count - 1)}]>"
+    code = _analyze(shell, cell, filename)
+    wanted = wanted_names(shell.user_ns, code, out=args.out, no_out=args.no_out)
+    inputs = _gather_inputs(shell, code)
+    function = DistributedFunction(run_cell, options)
+    try:
+        result = function(CellPayload(code.source, filename, inputs, wanted))
+    except (GPUSessionError, KeyboardInterrupt) as exc:
+        _show_without_internals(exc, function.last_run)
+        raise
+    finally:
+        shell.user_ns["_gpu"] = function.last_run  # kept on failure too: history, checkpoint
+    return _bring_back(shell.user_ns, result)
+
+
+def _run_options(args: argparse.Namespace):
+    if args.out is not None and args.no_out:
+        raise UsageError(BOTH_OUT_FLAGS)
+    chosen = {"gpus": args.gpus, "min_gpus": args.min_gpus, "priority": args.priority,
+              "timeout": args.timeout, "queue_timeout": args.queue_timeout}
+    try:
+        return parse_options(chosen, where="%%gpu")
+    except (ValueError, TypeError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _analyze(shell, cell: str, filename: str) -> CellCode:
+    source = shell.transform_cell(cell)
+    try:
+        code = analyze(source, filename)
+    except SyntaxError as exc:
+        where = f"line {exc.lineno}: {(exc.text or '').strip()}" if exc.lineno else "the body"
+        raise UsageError(f"SyntaxError in the %%gpu body, {where} ({exc.msg}). Nothing was leased.") from None
+    if "get_ipython" in code.reads and "get_ipython" not in cell:
+        raise UsageError(MAGIC_SYNTAX)
+    return code
+
+
+def _trained_in_place(value: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, (torch.nn.Module, torch.optim.Optimizer))
+
+
+def wanted_names(namespace: dict, code: CellCode, *, out: tuple[str, ...] | None, no_out: bool) -> tuple[str, ...]:
+    """The names rank 0 sends back: assigned ones, then received models and optimizers."""
+    if no_out:
+        return ()
+    received = sorted(n for n in code.reads if n not in code.assigns and _trained_in_place(namespace.get(n)))
+    candidates = code.assigns + tuple(received)
+    if out is None:
+        return candidates
+    unknown = [name for name in out if name not in candidates]
+    if unknown:
+        raise UsageError(
+            f"--out names {', '.join(unknown)}, which the cell neither assigns at top level nor receives as "
+            f"a model or optimizer (it can bring back: {', '.join(candidates) or 'nothing'}). Nothing was leased."
+        )
+    return out
+
+
+def _gather_inputs(shell, code: CellCode) -> bytes:
+    namespace, hidden = shell.user_ns, shell.user_ns_hidden
+    values = {name: namespace[name] for name in sorted(code.reads)
+              if name in namespace and not (name in hidden and hidden[name] is namespace[name])}
+    packed = pack(values, by_value=tuple(local_modules()))
+    for name, why in packed.skipped:
+        print(f"gpusession: {name!r} was not sent to the workers: it cannot be pickled ({why}).",
+              file=sys.stderr)
+    return packed.data
+
+
+def _bring_back(namespace: dict, result: CellResult | None) -> Any:
+    if result is None:
+        return None
+    for name, why in result.values.skipped:
+        print(f"gpusession: {name!r} was not brought back: it cannot be pickled ({why}).", file=sys.stderr)
+    try:
+        namespace.update(unpack(result.values))
+    except Exception as exc:
+        print(f"gpusession: the cell's names could not be loaded here ({type(exc).__name__}: {exc}); "
+              "nothing was brought back.", file=sys.stderr)
+    if result.value is None:
+        return _Shown(result.value_text) if result.value_text is not None else None
+    try:
+        return unpack(result.value)["value"]
+    except Exception as exc:
+        print(f"gpusession: the cell's result could not be loaded here ({type(exc).__name__}: {exc}).",
+              file=sys.stderr)
+        return None
+
+
+def _show_without_internals(exc: BaseException, info) -> None:
+    """IPython shows what `_render_traceback_` returns instead of a traceback (as it does for
+    ipyparallel's remote errors): gpusession's own frames tell a notebook user nothing, while
+    the message, with a failed rank's remote traceback, tells all."""
+    message = str(exc) or (interrupted_message(info) if isinstance(exc, KeyboardInterrupt) else "")
+    lines = [f"\x1b[31m{type(exc).__name__}\x1b[39m" + (f": {message}" if message else "")]
+    exc._render_traceback_ = lambda: lines
+
+
+def interrupted_message(info) -> str:
+    if info is None or not info.gpus:
+        return "the cell was stopped while it waited for GPUs; nothing was leased."
+    return (f"the cell was stopped; every worker is gone and its {info.gpus:g} GPUs were released. "
+            f"_gpu keeps the {len(info.history)} reports made so far.")
+
+
+class _Shown:
+    """Displays the repr of a result that could not be pickled back, as a local cell would."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text

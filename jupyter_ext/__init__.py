@@ -1,0 +1,1 @@
+"""gpusession's Jupyter server extension (extension name `gpusession`; see jupyter_ext.app)."""

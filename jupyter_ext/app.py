@@ -1,0 +1,43 @@
+"""The Jupyter server extension `gpusession`: enabled by `pip install`, configured as c.GPUSession.
+
+At load it starts bringing up the cluster (an embedded `ray start` head for ray_address "local")
+and the bridge to the broker, puts the cluster and a signed user into every new kernel's
+environment, and serves the REST API, the admin page and metrics under {base_url}gpusession/.
+At shutdown it stops what it started.
+"""
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from jupyter_server.extension.application import ExtensionApp, ExtensionAppJinjaMixin
+
+from gpusession.identity import current_user
+
+from . import handlers, kernelenv
+from .backend import Backend
+from .config import GPUSession
+
+HERE = Path(__file__).parent
+
+
+class GPUSessionApp(ExtensionAppJinjaMixin, ExtensionApp):
+    name = "gpusession"
+    description = "GPU sessions on Ray: leases, quotas and the admin page."
+    load_other_extensions = True
+    classes = [GPUSession]
+    static_paths = [str(HERE / "static")]
+    template_paths = [str(HERE / "templates")]
+
+    def initialize_settings(self) -> None:
+        self.options = GPUSession(parent=self)  # bad c.GPUSession values raise here, at load
+        self.backend = Backend(self.options, owner=current_user(), log=self.log)
+        self.backend.start()
+        kernelenv.install(self.serverapp.kernel_manager, self.backend.kernel_env)
+
+    def initialize_handlers(self) -> None:
+        self.handlers.extend(handlers.routes(self.name))
+
+    async def stop_extension(self) -> None:
+        """Called by the server at shutdown: stop the bridge, and the local head if we started it."""
+        await asyncio.to_thread(self.backend.stop)

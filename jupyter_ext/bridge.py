@@ -1,0 +1,100 @@
+"""`python -m jupyter_ext.bridge [POLICY_JSON]`: the Jupyter server's one connection to Ray.
+
+The server never calls `ray.init` in its own process (it blocks, and Ray takes over signal
+handlers), so it starts this process instead. The bridge joins the cluster named by RAY_ADDRESS,
+gets the broker (creating it with POLICY_JSON, a BrokerConfig dict, when none runs yet), then
+answers broker calls, one JSON object per line, several at a time:
+
+    stdout, first line:  {"ready": {"version": ..., "db_path": ..., "address": ...}}  or  {"failed": "..."}
+    stdin:               {"id": 7, "method": "leases", "args": [{"user": "alice", "signature": "..."}]}
+    stdout:              {"id": 7, "result": [...]}  or  {"id": 7, "error": {"type": "NotAuthorized", "message": "..."}}
+
+It exits when its stdin closes, so it never outlives the server.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+METHODS = frozenset({"info", "cluster", "status", "leases", "revoke", "quotas", "quota", "set_quota",
+                     "reset_quota", "usage", "signing_key"})
+CALL_TIMEOUT_S = 30.0
+
+
+class Channel:
+    """The protocol's stdout; anything else written to fd 1 (Ray's messages) goes to stderr."""
+
+    def __init__(self) -> None:
+        self.out = os.fdopen(os.dup(1), "w", buffering=1)
+        os.dup2(2, 1)
+        self.lock = threading.Lock()
+
+    def send(self, message: dict) -> None:
+        line = json.dumps(message, default=str)
+        with self.lock:
+            self.out.write(line + "\n")
+
+
+def error_type(exc: BaseException) -> str:
+    from gpusession.errors import ERRORS_BY_NAME
+
+    if type(exc).__name__ in ERRORS_BY_NAME:
+        return type(exc).__name__
+    if isinstance(exc, (ValueError, TypeError, KeyError)):
+        return "ValueError"
+    return "Unavailable"
+
+
+def answer(channel: Channel, request: dict) -> None:
+    from gpusession.broker import client
+
+    try:
+        method = request.get("method")
+        if method not in METHODS:
+            raise ValueError(f"The bridge does not offer {method!r}; it offers {', '.join(sorted(METHODS))}.")
+        handle = client.broker()
+        result = client.call(getattr(handle, method), *request.get("args", []), timeout=CALL_TIMEOUT_S)
+        channel.send({"id": request.get("id"), "result": result})
+    except Exception as exc:  # every failure goes back to the caller as a typed error
+        kind = error_type(exc)
+        if kind == "Unavailable":
+            client.forget()  # the broker may have been restarted or replaced: look it up again
+        channel.send({"id": request.get("id"), "error": {"type": kind, "message": str(exc) or repr(exc)}})
+
+
+def connect(policy: dict | None) -> dict:
+    import ray
+
+    from gpusession.broker import client
+    from gpusession.broker.settings import BrokerConfig
+    from gpusession.raycluster import _reachable
+
+    address = os.environ.get("RAY_ADDRESS", "")
+    if ":" in address and "://" not in address and not _reachable(address, timeout=5.0):
+        raise ConnectionError(f"nothing answers at {address}; start that Ray cluster or fix c.GPUSession.ray_address")
+    handle = client.broker(BrokerConfig(**policy) if policy else None)
+    info = client.call(handle.info)
+    info["address"] = ray.get_runtime_context().gcs_address
+    return info
+
+
+def main(argv: list[str]) -> int:
+    channel = Channel()
+    try:
+        info = connect(json.loads(argv[0]) if argv else None)
+    except Exception as exc:  # report why, then exit: the server shows it
+        channel.send({"failed": f"{type(exc).__name__}: {exc}"})
+        return 1
+    channel.send({"ready": info})
+    with ThreadPoolExecutor(max_workers=8, thread_name_prefix="bridge") as pool:
+        for line in sys.stdin:
+            if line.strip():
+                pool.submit(answer, channel, json.loads(line))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,124 @@
+"""The REST API under {base_url}gpusession/api/: parse, call the broker as the caller, write JSON.
+
+Who the caller is: the user name of the server's identity provider (JupyterHub's, or one you
+configured). jupyter_server's own token/password login names no users (it makes up an anonymous
+name per browser), so there every request acts as the server's owner.
+"""
+from __future__ import annotations
+
+import functools
+import json
+from http.client import responses
+
+from jupyter_server.base.handlers import APIHandler
+from jupyter_server.extension.handler import ExtensionHandlerMixin
+from tornado import web
+
+from . import params
+from .httperrors import APIError, http_errors
+
+
+class Caller:
+    """Who asks (see the module docstring), for API handlers and the admin page alike."""
+
+    @property
+    def backend(self):
+        return self.extensionapp.backend
+
+    @property
+    def gs_user(self) -> str:
+        if type(self.identity_provider).__module__.startswith("jupyter_server."):
+            return self.backend.owner
+        return self.current_user.username
+
+    @property
+    def is_admin(self) -> bool:
+        return self.gs_user in self.extensionapp.options.admin_users
+
+    async def auth(self) -> dict:
+        return await self.backend.auth_for(self.gs_user)
+
+
+class GPUSessionHandler(Caller, ExtensionHandlerMixin, APIHandler):
+    async def call(self, method: str, *args):
+        return await self.backend.call(method, *args)
+
+    def write_error(self, status_code: int, **kwargs) -> None:
+        error = kwargs.get("exc_info", (None, None, None))[1]
+        if not isinstance(error, APIError):
+            return super().write_error(status_code, **kwargs)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps({"message": error.message, "reason": responses.get(status_code)}))
+
+
+def api(method):
+    """Authenticated JSON endpoint: mapped domain errors become statuses, the result the body."""
+
+    @web.authenticated
+    @functools.wraps(method)
+    async def endpoint(self, *args):
+        with http_errors():
+            result = await method(self, *args)
+        self.finish(json.dumps(result))
+
+    return endpoint
+
+
+class ClusterHandler(GPUSessionHandler):
+    @api
+    async def get(self):
+        return await self.call("cluster")
+
+
+class LeasesHandler(GPUSessionHandler):
+    @api
+    async def get(self):
+        return await self.call("leases", await self.auth())
+
+
+class LeaseHandler(GPUSessionHandler):
+    @api
+    async def delete(self, lease_id: str):
+        return await self.call("revoke", params.lease_id(lease_id), await self.auth())
+
+
+class QuotasHandler(GPUSessionHandler):
+    @api
+    async def get(self):
+        return await self.call("quotas", await self.auth())
+
+
+class QuotaHandler(GPUSessionHandler):
+    @api
+    async def get(self, user: str):
+        return await self.call("quota", user, await self.auth())
+
+    @api
+    async def put(self, user: str):
+        return await self.call("set_quota", user, params.json_object(self.request.body), await self.auth())
+
+    @api
+    async def delete(self, user: str):
+        return await self.call("reset_quota", user, await self.auth())
+
+
+class UsageHandler(GPUSessionHandler):
+    @api
+    async def get(self):
+        since, until, by = params.usage_query(self.get_query_argument)
+        return await self.call("usage", await self.auth(), since, until, by)
+
+
+def routes(name: str) -> list[tuple]:
+    from .pages import AdminPageHandler, MetricsHandler
+
+    return [
+        (rf"/{name}/api/cluster", ClusterHandler),
+        (rf"/{name}/api/leases", LeasesHandler),
+        (rf"/{name}/api/leases/([^/]+)", LeaseHandler),
+        (rf"/{name}/api/quotas", QuotasHandler),
+        (rf"/{name}/api/quotas/([^/]+)", QuotaHandler),
+        (rf"/{name}/api/usage", UsageHandler),
+        (rf"/{name}/admin", AdminPageHandler),
+        (rf"/{name}/metrics", MetricsHandler),
+    ]

@@ -1,0 +1,62 @@
+"""Reading requests: each bad value raises ValueError naming the field (the client gets a 400)."""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from typing import Any
+
+USAGE_GROUPINGS = ("user", "day")
+
+
+def json_object(body: bytes) -> dict:
+    """The request body as a JSON object."""
+    try:
+        value = json.loads(body or b"")
+    except ValueError as exc:
+        raise ValueError(f"The request body is not valid JSON ({exc}); send an object such as "
+                         '{"max_gpus": 2}.') from None
+    if not isinstance(value, dict):
+        raise ValueError(f'The request body must be a JSON object such as {{"max_gpus": 2}}; got {value!r}.')
+    return value
+
+
+def lease_id(text: str) -> int:
+    if not text.isdigit():
+        raise ValueError(f"lease id must be a whole number such as 17; got {text!r}.")
+    return int(text)
+
+
+def moment(name: str, text: str | None) -> float | None:
+    """A point in time: Unix seconds (1717200000) or an ISO date/time (2024-06-01, 2024-06-01T12:00Z).
+    A date or time without a zone is UTC. Empty or absent: None."""
+    if text is None or not text.strip():
+        return None
+    text = text.strip()
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is not None:
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"{name} must be a time >= 0; got {text!r}.")
+        return value
+    try:
+        when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{name} must be Unix seconds or an ISO date such as 2024-06-01 or "
+                         f"2024-06-01T12:00:00Z; got {text!r}.") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.timezone.utc)
+    return when.timestamp()
+
+
+def usage_query(get: Any) -> tuple[float | None, float | None, str]:
+    """since, until and by from a request's query (`get` is handler.get_query_argument)."""
+    since, until = moment("since", get("since", None)), moment("until", get("until", None))
+    by = get("by", None) or "user"
+    if by not in USAGE_GROUPINGS:
+        raise ValueError(f"by must be 'user' or 'day'; got {by!r}.")
+    if since is not None and until is not None and since > until:
+        raise ValueError(f"since ({since:.0f}) is after until ({until:.0f}); swap them.")
+    return since, until, by

@@ -1,0 +1,109 @@
+"""A real `jupyter server` process (with the gpusession extension, on the session's Ray cluster)
+and a real headless Chromium (Debian's /usr/bin/chromium) driven by Playwright."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from ..conftest import ROOT
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+ARTIFACTS = ROOT / "test-artifacts"
+ADMIN = "tester"
+
+
+@dataclass
+class Server:
+    url: str
+    token: str
+
+    def admin_page(self, **query: str) -> str:
+        extra = "".join(f"&{k}={v}" for k, v in query.items())
+        return f"{self.url}/gpusession/admin?token={self.token}{extra}"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _answers(url: str, token: str) -> bool:
+    request = urllib.request.Request(url, headers={"Authorization": f"token {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def jupyter(cluster, tmp_path_factory):
+    """`jupyter server` on a free port; its owner `tester` is the gpusession admin."""
+    config_dir = tmp_path_factory.mktemp("jupyter-config")
+    token, port = "e2e-token", _free_port()
+    (config_dir / "jupyter_server_config.json").write_text(json.dumps({
+        "ServerApp": {"jpserver_extensions": {"gpusession": True}, "port": port, "ip": "127.0.0.1",
+                      "open_browser": False, "allow_root": True, "root_dir": str(config_dir)},
+        "IdentityProvider": {"token": token},
+        "GPUSession": {"ray_address": cluster.address, "admin_token": cluster.admin_token, "admin_users": [ADMIN]},
+    }))
+    env = cluster.env(GPUSESSION_USER=ADMIN, JUPYTER_CONFIG_DIR=str(config_dir),
+                      JUPYTER_RUNTIME_DIR=str(config_dir / "runtime"))
+    log = open(config_dir / "server.log", "w")
+    proc = subprocess.Popen([sys.executable, "-m", "jupyter_server"], env=env, stdout=log,
+                            stderr=subprocess.STDOUT, cwd=str(config_dir))
+    server = Server(f"http://127.0.0.1:{port}", token)
+    deadline = time.monotonic() + 120
+    while not _answers(f"{server.url}/gpusession/api/cluster", token):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"jupyter server did not come up; log:\n{(config_dir / 'server.log').read_text()[-3000:]}")
+        time.sleep(0.5)
+    yield server
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    log.close()
+
+
+@pytest.fixture(scope="session")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def page(browser, jupyter):
+    """A fresh light-scheme page; fails the test if the page opens any dialog (alert, confirm)."""
+    context = browser.new_context(color_scheme="light", viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.dialogs = []
+    page.on("dialog", lambda dialog: (page.dialogs.append(dialog.message), dialog.dismiss()))
+    yield page
+    context.close()
+    assert page.dialogs == [], f"the page opened dialogs: {page.dialogs}"
+
+
+def screenshot(page, name: str) -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path

@@ -1,0 +1,147 @@
+"""Preemption through the real broker: over-quota borrowers give GPUs back to entitled requests
+within the grace period (3 s in the test broker) plus 2 s."""
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+import ray
+
+from gpusession.broker import client
+from gpusession.identity import Identity
+from gpusession.lease import Lease
+from gpusession.options import validate_run_options
+
+from ..conftest import wait_for
+
+GRACE_S = 3.0  # preemption_grace_s of the session broker (tests/conftest.py)
+MARGIN_S = 2.0
+
+HOGS_ALL_GPUS_IN_A_RUN = """
+import gpusession as gs
+
+@gs.distributed(gpus=4, priority="low")
+def hog():
+    import time
+    print("HOGGING", flush=True)
+    while True:
+        time.sleep(0.05)
+
+try:
+    hog()
+except gs.Preempted as exc:
+    print("PREEMPTED", str(exc).splitlines()[0], flush=True)
+    print("END_REASON", hog.last_run.end_reason, flush=True)
+"""
+
+HOLDS_ALL_GPUS_AND_IGNORES_NOTICES = """
+import time
+import gpusession as gs
+
+lease = gs.lease(gpus=4, priority="low")
+print("HOLDING", lease.lease_id, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.fixture
+def borrower(broker, admin):
+    """A user whose quota is 1 GPU: anything more they run is borrowed (over quota)."""
+    user = f"borrower-{uuid.uuid4().hex[:6]}"
+    client.call(broker.set_quota, user, {"max_gpus": 1}, admin)
+    yield user
+    client.call(broker.reset_quota, user, admin)
+
+
+def _ended(broker, admin, lease_id: int) -> dict:
+    return next(l for l in client.call(broker.leases, admin, True) if l["lease_id"] == lease_id)
+
+
+def _acquire_in_background(identity: str, gpus: int) -> tuple[threading.Thread, dict]:
+    box: dict = {}
+
+    def acquire() -> None:
+        box["lease"] = Lease(validate_run_options(gpus=gpus), identity=Identity(identity)).acquire()
+
+    thread = threading.Thread(target=acquire)
+    thread.start()
+    return thread, box
+
+
+def _group_created_for(broker, admin, user: str) -> bool:
+    """Ray itself holds a placement group for one of `user`'s leases (the GPUs moved in Ray)."""
+    groups = {g["name"]: g["state"] for g in ray.util.placement_group_table().values()}
+    leases = [l for l in client.call(broker.leases, admin) if l["user"] == user]
+    return any(groups.get(l["pg_name"]) == "CREATED" for l in leases if l.get("pg_name"))
+
+
+def test_an_over_quota_run_is_preempted_by_a_within_quota_request_and_raises_preempted(cluster, driver, broker, admin, borrower):
+    hog = driver(HOGS_ALL_GPUS_IN_A_RUN, GPUSESSION_USER=borrower)
+    hog.wait_for_line("[rank 0] HOGGING")
+    victim = next(l for l in client.call(broker.leases, admin) if l["user"] == borrower)
+    assert victim["over_quota"] and victim["gpus"] == 4
+
+    entitled = f"entitled-{uuid.uuid4().hex[:6]}"
+    asked = time.monotonic()
+    thread, box = _acquire_in_background(entitled, 2)
+    try:
+        wait_for(lambda: _group_created_for(broker, admin, entitled), timeout=GRACE_S + MARGIN_S,
+                 message="the entitled request's GPUs placed in Ray")
+        moved_after = time.monotonic() - asked
+    finally:  # a slow handover must not leave a lease behind for the next test
+        thread.join(60)
+        if "lease" in box:
+            box["lease"].release()
+
+    assert moved_after < GRACE_S + MARGIN_S
+    assert hog.wait_for_line("PREEMPTED").startswith(f"PREEMPTED Lease {victim['lease_id']}")
+    assert hog.wait_for_line("END_REASON") == "END_REASON preempted"
+    assert _ended(broker, admin, victim["lease_id"])["end_reason"] == "preempted"
+
+
+def test_a_victim_that_ignores_its_notice_loses_its_gpus_when_the_grace_period_ends(cluster, driver, broker, admin, borrower):
+    holder = driver(HOLDS_ALL_GPUS_AND_IGNORES_NOTICES, GPUSESSION_USER=borrower)
+    lease_id = int(holder.wait_for_line("HOLDING").split()[-1])
+
+    entitled = f"entitled-{uuid.uuid4().hex[:6]}"
+    asked = time.monotonic()
+    thread, box = _acquire_in_background(entitled, 2)
+    try:
+        wait_for(lambda: _group_created_for(broker, admin, entitled), timeout=GRACE_S + MARGIN_S,
+                 message="the entitled request's GPUs placed in Ray")
+        moved_after = time.monotonic() - asked
+    finally:  # a slow handover must not leave a lease behind for the next test
+        thread.join(60)
+        if "lease" in box:
+            box["lease"].release()
+
+    assert moved_after > GRACE_S - 0.5  # the broker waited out the grace period before forcing
+    assert _ended(broker, admin, lease_id)["end_reason"] == "preempted"
+
+
+def test_a_within_quota_lease_of_equal_priority_is_never_preempted(cluster, broker, admin):
+    holder = Lease(validate_run_options(gpus=4), identity=Identity("first-come")).acquire()
+    try:
+        waiter = Lease(validate_run_options(gpus=2, queue_timeout=GRACE_S + 1), identity=Identity("second"))
+        with pytest.raises(Exception, match="queue_timeout"):
+            waiter.acquire()
+        assert holder.notice() is None
+    finally:
+        holder.release()
+
+
+def test_a_higher_priority_request_preempts_a_lower_priority_lease(cluster, broker, admin):
+    boss = f"boss-{uuid.uuid4().hex[:6]}"
+    client.call(broker.set_quota, boss, {"max_priority": "high"}, admin)
+    low = Lease(validate_run_options(gpus=4, priority="low"), identity=Identity("low-prio")).acquire()
+    try:
+        asked = time.monotonic()
+        high = Lease(validate_run_options(gpus=2, priority="high"), identity=Identity(boss)).acquire()
+        assert time.monotonic() - asked < GRACE_S + MARGIN_S
+        assert low.notice()["kind"] == "preempt" and "lower priority" in low.notice()["reason"]
+        high.release()
+    finally:
+        low.release()
+        client.call(broker.reset_quota, boss, admin)

@@ -1,0 +1,206 @@
+"""The REST API under {base_url}gpusession/, served by a real Jupyter server (pytest-jupyter) over
+the session's Ray cluster and broker: who may do what, 400s naming the field, 403s, Jupyter's XSRF
+check, and that a rejected request changes nothing."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from jupyter_server.auth.identity import IdentityProvider, User
+from pytest_jupyter.jupyter_server import *  # noqa: F401,F403  jp_serverapp, jp_fetch and their fixtures
+from tornado.httpclient import HTTPClientError
+from traitlets.config import Config
+
+from gpusession.identity import Identity
+from gpusession.lease import Lease
+from gpusession.options import validate_run_options
+
+RAY_TOKEN = Path.home() / ".ray" / "auth_token"  # read before jp_environ moves HOME
+ADMIN, ALICE, BOB = "ada", "alice", "bob"
+XSRF = "5e55a0c0ffee"
+
+
+class HeaderIdentityProvider(IdentityProvider):
+    """Requests name their user in X-Test-User. No token login, so Jupyter's XSRF check applies."""
+
+    def get_user(self, handler):
+        name = handler.request.headers.get("X-Test-User")
+        return User(username=name) if name else None
+
+
+@pytest.fixture
+def jp_server_config(cluster, monkeypatch):
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(RAY_TOKEN))
+    return Config({
+        "ServerApp": {"identity_provider_class": HeaderIdentityProvider, "jpserver_extensions": {"gpusession": True}},
+        "GPUSession": {"ray_address": cluster.address, "admin_token": cluster.admin_token, "admin_users": [ADMIN]},
+    })
+
+
+@pytest.fixture
+def gs_app(jp_serverapp):
+    app = jp_serverapp.extension_manager.extension_points["gpusession"].app
+    app.backend.connected.result(timeout=120)
+    return app
+
+
+@pytest.fixture
+def fetch(gs_app, jp_fetch, jp_asyncio_loop):
+    """fetch("api/leases", user=..., method=..., body=..., xsrf=True) -> parsed JSON (or the response with raw=True)."""
+
+    def fetch(path, *, user=ALICE, method="GET", body=None, xsrf=True, params=None, raw=False):
+        headers = {"X-Test-User": user} if user else {}
+        if xsrf:
+            headers.update({"X-XSRFToken": XSRF, "Cookie": f"_xsrf={XSRF}"})
+        if body is not None and not isinstance(body, (str, bytes)):
+            body = json.dumps(body)
+        request = jp_fetch("gpusession", *path.split("/"), method=method, body=body, headers=headers, params=params,
+                           allow_nonstandard_methods=True)
+        response = jp_asyncio_loop.run_until_complete(request)
+        return response if raw else json.loads(response.body)
+
+    return fetch
+
+
+def refused(fetch, path, status, **kwargs) -> str:
+    """The request fails with `status`; returns the JSON message."""
+    with pytest.raises(HTTPClientError) as failure:
+        fetch(path, **kwargs)
+    assert failure.value.code == status, failure.value.response.body
+    return json.loads(failure.value.response.body)["message"]
+
+
+@pytest.fixture
+def hold(cluster):
+    """hold(user, gpus) leases GPUs for `user` in this process; released after the test."""
+    held = []
+
+    def hold(user, gpus=1):
+        lease = Lease(validate_run_options(gpus=gpus), identity=Identity(user)).acquire()
+        held.append(lease)
+        return lease
+
+    yield hold
+    for lease in held:
+        lease.release()
+
+
+def test_any_user_sees_cluster_capacity_and_requests_without_a_user_are_refused(fetch):
+    cluster = fetch("api/cluster", user=BOB)
+    assert cluster["gpus_total"] == 4 and cluster["logical_gpus"] is True
+    assert cluster["gpus_free"] + cluster["gpus_leased"] == 4
+    refused(fetch, "api/cluster", 403, user=None)
+    refused(fetch, "api/quotas", 403, user=None)
+
+
+def test_users_see_their_own_leases_and_admins_see_everyones(fetch, hold):
+    mine, theirs = hold(ALICE), hold(BOB, gpus=2)
+    assert [l["lease_id"] for l in fetch("api/leases", user=ALICE)] == [mine.lease_id]
+    assert [l["lease_id"] for l in fetch("api/leases", user=BOB)] == [theirs.lease_id]
+    every = {l["lease_id"]: l for l in fetch("api/leases", user=ADMIN)}
+    assert set(every) == {mine.lease_id, theirs.lease_id}
+    assert every[theirs.lease_id]["user"] == BOB and every[theirs.lease_id]["gpus"] == 2
+    assert every[theirs.lease_id]["state"] in ("granted", "placed") and every[theirs.lease_id]["age_s"] >= 0
+
+
+def test_revoking_needs_the_owner_or_an_admin_and_the_xsrf_token(fetch, hold):
+    lease = hold(ALICE)
+    path = f"api/leases/{lease.lease_id}"
+    assert "belongs to alice" in refused(fetch, path, 403, user=BOB, method="DELETE")
+    refused(fetch, path, 403, user=ADMIN, method="DELETE", xsrf=False)
+    assert fetch("api/leases", user=ALICE)[0]["notice"] is None  # neither refusal touched it
+    assert fetch(path, user=ALICE, method="DELETE")["notice"]["kind"] == "revoke"
+
+
+def test_an_admin_revokes_any_lease_and_a_malformed_or_unknown_id_is_a_400_or_404(fetch, hold):
+    lease = hold(BOB)
+    assert fetch(f"api/leases/{lease.lease_id}", user=ADMIN, method="DELETE")["notice"]["kind"] == "revoke"
+    assert "lease id" in refused(fetch, "api/leases/abc", 400, user=ADMIN, method="DELETE")
+    assert "no lease 987654" in refused(fetch, "api/leases/987654", 404, user=ADMIN, method="DELETE")
+
+
+def test_users_read_only_their_own_quota_and_admins_read_all(fetch):
+    fetch(f"api/quotas/{BOB}", user=ADMIN, method="PUT", body={"max_gpus": 1})
+    assert [q["user"] for q in fetch("api/quotas", user=ALICE)] == [ALICE]
+    assert fetch(f"api/quotas/{ALICE}", user=ALICE)["is_default"] is True
+    assert "Only an admin" in refused(fetch, f"api/quotas/{BOB}", 403, user=ALICE)
+    assert BOB in {q["user"] for q in fetch("api/quotas", user=ADMIN)}
+    fetch(f"api/quotas/{BOB}", user=ADMIN, method="DELETE")
+
+
+def test_an_admin_sets_then_resets_a_quota(fetch):
+    update = {"max_gpus": 2, "gpu_hours": 10.5, "max_priority": "high"}
+    saved = fetch(f"api/quotas/{BOB}", user=ADMIN, method="PUT", body=update)
+    assert {k: saved[k] for k in update} == update and saved["updated_by"] == ADMIN
+    assert fetch(f"api/quotas/{BOB}", user=BOB)["max_gpus"] == 2
+    assert fetch(f"api/quotas/{BOB}", user=ADMIN, method="DELETE")["is_default"] is True
+
+
+BAD_QUOTAS = [  # (body, words the message must contain)
+    ({"max_gpus": -1}, "max_gpus"), ({"max_gpus": "two"}, "max_gpus"), ({"gpu_hours": -0.5}, "gpu_hours"),
+    ({"max_gpus": True}, "max_gpus"), ({"max_priority": "urgent"}, "max_priority"), ({"colour": "red"}, "'colour'"),
+    ("{not json", "not valid JSON"), ("[1, 2]", "JSON object"), ("", "not valid JSON"),
+]
+
+
+def test_each_kind_of_bad_quota_is_a_400_naming_the_field_and_changes_nothing(fetch):
+    fetch(f"api/quotas/{BOB}", user=ADMIN, method="PUT", body={"max_gpus": 3})
+    before = fetch(f"api/quotas/{BOB}", user=ADMIN)
+    for body, words in BAD_QUOTAS:
+        message = refused(fetch, f"api/quotas/{BOB}", 400, user=ADMIN, method="PUT", body=body)
+        assert words in message, (body, message)
+    assert fetch(f"api/quotas/{BOB}", user=ADMIN) == before
+    fetch(f"api/quotas/{BOB}", user=ADMIN, method="DELETE")
+
+
+def test_a_non_admin_or_a_request_without_xsrf_token_changes_no_quota(fetch):
+    fetch(f"api/quotas/{BOB}", user=ADMIN, method="PUT", body={"max_gpus": 3})
+    before = fetch(f"api/quotas/{BOB}", user=ADMIN)
+    assert "admin token" in refused(fetch, f"api/quotas/{BOB}", 403, user=BOB, method="PUT", body={"max_gpus": 9})
+    refused(fetch, f"api/quotas/{BOB}", 403, user=BOB, method="DELETE")
+    refused(fetch, f"api/quotas/{BOB}", 403, user=ADMIN, method="PUT", body={"max_gpus": 9}, xsrf=False)
+    refused(fetch, f"api/quotas/{BOB}", 403, user=ADMIN, method="DELETE", xsrf=False)
+    assert fetch(f"api/quotas/{BOB}", user=ADMIN) == before
+    fetch(f"api/quotas/{BOB}", user=ADMIN, method="DELETE")
+
+
+def test_usage_counts_gpu_seconds_per_user_and_day_users_see_only_theirs(fetch, hold):
+    hold(ALICE, gpus=2).release()
+    hold(BOB).release()
+    assert {r["user"] for r in fetch("api/usage", user=ALICE)} == {ALICE}
+    every = {r["user"]: r["gpu_seconds"] for r in fetch("api/usage", user=ADMIN)}
+    assert every[ALICE] > 0 and every[BOB] > 0
+    days = fetch("api/usage", user=ADMIN, params={"by": "day", "since": "2020-01-01", "until": "2100-01-01T00:00Z"})
+    assert {r["user"] for r in days} >= {ALICE, BOB} and all(len(r["day"]) == 10 for r in days)
+
+
+def test_bad_usage_parameters_are_400s_naming_the_parameter(fetch):
+    for params, words in [({"by": "week"}, "by must be"), ({"since": "yesterday"}, "since must be"),
+                          ({"until": "-5"}, "until must be"), ({"since": "2024-02-01", "until": "2024-01-01"}, "after until")]:
+        assert words in refused(fetch, "api/usage", 400, params=params), params
+
+
+def test_the_admin_page_is_for_admins_and_brings_its_own_chart_library(fetch):
+    page = fetch("admin", user=ADMIN, raw=True).body.decode()
+    assert "chart.umd.min.js" in page and "admin.js" in page and 'data-xsrf="' in page
+    assert "cdn" not in page.lower()
+    refused_page = pytest.raises(HTTPClientError, fetch, "admin", user=BOB, raw=True)
+    assert refused_page.value.code == 403 and b"c.GPUSession.admin_users" in refused_page.value.response.body
+
+
+def test_metrics_are_prometheus_text_for_logged_in_users_or_public_when_configured(fetch, gs_app, hold):
+    hold(ALICE).release()
+    text = fetch("metrics", user=BOB, raw=True).body.decode()
+    assert "gpusession_gpus_total 4.0" in text and 'gpusession_leases_total{outcome="finished"}' in text
+    assert 'gpusession_gpu_seconds_total{user="alice"}' in text and "gpusession_queue_wait_seconds_bucket" in text
+    refused(fetch, "metrics", 403, user=None, raw=True)
+    gs_app.options.metrics_public = True
+    assert b"gpusession_gpus_leased" in fetch("metrics", user=None, raw=True).body
+
+
+def test_a_bridge_that_died_is_replaced_by_the_next_request(fetch, gs_app):
+    gs_app.backend.link.proc.kill()
+    gs_app.backend.link.proc.wait()
+    assert fetch("api/cluster", user=BOB)["gpus_total"] == 4
+    assert gs_app.backend.link.alive

@@ -1,0 +1,63 @@
+"""The flags of %%gpu and %gpu: every one explained, mistakes rejected before anything runs."""
+from __future__ import annotations
+
+import pytest
+from IPython.core.error import UsageError
+from IPython.core.magic_arguments import parse_argstring
+
+from gpusession.magics import GPUMagics, _run_options
+
+MAGICS = (GPUMagics.gpu_cell, GPUMagics.gpu_line)
+
+
+@pytest.mark.parametrize("magic", MAGICS, ids=lambda m: m.__name__)
+def test_every_flag_has_help_text(magic):
+    for action in magic.parser._actions:
+        assert action.help and len(action.help) > 20, f"{action.dest} of {magic.__name__} has no help"
+
+
+def test_cell_magic_help_shows_usage_and_an_example_transcript():
+    help_text = GPUMagics.gpu_cell.__doc__
+    assert "%%gpu [N] [--min N] [--priority P]" in help_text
+    assert "In [1]: %%gpu 2" in help_text and "Out[1]:" in help_text
+    for flag in ("--min", "--priority", "--timeout", "--queue-timeout", "--out", "--no-out"):
+        assert flag in help_text
+
+
+@pytest.mark.parametrize("line, says", [
+    ("two", "'two' is not a number of GPUs"),
+    ("2 --priority urgent", "invalid choice: 'urgent'"),
+    ("--timeout -5", "'-5' is not a time"),
+    ("--queue-timeout soon", "'soon' is not a time"),
+    ("--out 2x", "'2x' is not a variable name"),
+    ("2 3", "unrecognized arguments: 3"),
+])
+def test_bad_cell_flags_are_usage_errors(line, says):
+    with pytest.raises(UsageError, match=says):
+        parse_argstring(GPUMagics.gpu_cell, line)
+
+
+@pytest.mark.parametrize("line, says", [
+    ("3 --min 4", "min_gpus"),
+    ("0", "gpus must be more than 0"),
+    ("--out a --no-out", "contradict"),
+])
+def test_flags_the_options_reject_are_usage_errors_too(line, says):
+    with pytest.raises(UsageError, match=says):
+        _run_options(parse_argstring(GPUMagics.gpu_cell, line))
+
+
+def test_good_flags_become_run_options():
+    options = _run_options(parse_argstring(GPUMagics.gpu_cell, "4 --min 2 --priority high --timeout 10m "
+                                                               "--queue-timeout 30"))
+    assert options.lease.gpus == 4 and options.lease.min_gpus == 2
+    assert options.lease.priority.label == "high" and options.timeout_s == 600
+    assert options.lease.queue_timeout_s == 30
+
+
+def test_line_magic_takes_status_or_release():
+    assert parse_argstring(GPUMagics.gpu_line, "status").action == "status"
+    with pytest.raises(UsageError):
+        parse_argstring(GPUMagics.gpu_line, "")
+    with pytest.raises(UsageError, match="invalid choice"):
+        parse_argstring(GPUMagics.gpu_line, "stop")

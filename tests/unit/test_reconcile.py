@@ -1,0 +1,78 @@
+"""Reconciliation with Ray's view: every way a caller vanishes closes its lease, nothing else does."""
+from __future__ import annotations
+
+from gpusession.broker.model import Priority
+from gpusession.broker.rayview import GroupState, Snapshot
+from gpusession.broker.reconcile import Close, Force, MarkPlaced, MarkVanished, Timeouts, reconcile
+
+NOW = 1_000.0
+TIMEOUTS = Timeouts(claim_s=15, heartbeat_s=5, vanish_s=0.4)
+
+
+def _row(lease_id=1, state="placed", **extra):
+    row = {"id": lease_id, "state": state, "job_id": "0a000000", "granted_at": NOW - 60,
+           "priority": Priority.NORMAL, "max_hold_s": None, "notice": None}
+    row.update(extra)
+    return row
+
+
+def _snapshot(groups=None, dead_jobs=None):
+    return Snapshot(nodes=[], logical=True, groups=groups or {}, dead_jobs=dead_jobs or {})
+
+
+def _group(state="CREATED"):
+    return GroupState("pg1", state, {"node-a": 2}, {"node-a": 2.0})
+
+
+def _run(rows, snapshot, *, last_seen=None, vanished=None):
+    return reconcile(rows, snapshot, now=NOW, last_seen=last_seen or {}, vanished_since=vanished or {},
+                     timeouts=TIMEOUTS)
+
+
+def test_a_placed_lease_with_its_group_present_needs_nothing():
+    assert _run([_row()], _snapshot({1: _group()})) == []
+
+
+def test_a_placed_lease_whose_group_vanished_is_marked_then_closed_at_the_time_it_vanished():
+    assert _run([_row()], _snapshot()) == [MarkVanished(1, NOW)]
+    assert _run([_row()], _snapshot(), vanished={1: NOW - 0.5}) == [Close(1, "caller gone", NOW - 0.5)]
+
+
+def test_a_vanished_lease_of_a_dead_job_is_closed_at_the_jobs_real_end():
+    snapshot = _snapshot({1: _group("REMOVED")}, dead_jobs={"0a000000": NOW - 30})
+    assert _run([_row()], snapshot, vanished={1: NOW - 1}) == [Close(1, "caller gone", NOW - 30)]
+
+
+def test_a_grant_whose_group_was_created_is_marked_placed_with_its_nodes():
+    assert _run([_row(state="granted")], _snapshot({1: _group()})) == [MarkPlaced(1, {"node-a": 2})]
+
+
+def test_a_grant_nobody_claimed_expires_after_the_claim_timeout():
+    fresh = _row(state="granted", granted_at=NOW - 5)
+    stale = _row(lease_id=2, state="granted", granted_at=NOW - 20)
+    assert _run([fresh, stale], _snapshot()) == [Force(2, "expired")]
+
+
+def test_a_grant_of_a_dead_job_is_closed_at_once():
+    assert _run([_row(state="granted", granted_at=NOW - 1)], _snapshot(dead_jobs={"0a000000": NOW - 1})) == [
+        Close(1, "caller gone", NOW)]
+
+
+def test_a_queued_request_is_dropped_when_its_job_died_or_it_stopped_polling():
+    rows = [_row(1, "queued"), _row(2, "queued", job_id="0b000000"), _row(3, "queued")]
+    actions = _run(rows, _snapshot(dead_jobs={"0b000000": NOW}), last_seen={1: NOW - 1, 3: NOW - 6})
+    assert actions == [Close(2, "caller gone", NOW), Close(3, "caller gone", NOW)]
+
+
+def test_a_notice_past_its_deadline_forces_the_lease_off_its_gpus():
+    row = _row(notice={"kind": "preempt", "deadline": NOW - 0.1, "reason_code": "preempted"})
+    assert _run([row], _snapshot({1: _group()})) == [Force(1, "preempted")]
+
+
+def test_a_run_far_past_its_declared_timeout_is_forced():
+    row = _row(max_hold_s=10, granted_at=NOW - 100)
+    assert _run([row], _snapshot({1: _group()})) == [Force(1, "timeout")]
+
+
+def test_a_group_rescheduling_after_a_node_loss_is_not_treated_as_vanished():
+    assert _run([_row()], _snapshot({1: _group("RESCHEDULING")})) == []
