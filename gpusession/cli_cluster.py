@@ -14,7 +14,7 @@ from .raycluster import local_head_file
 
 
 def register(subparsers) -> None:
-    """Add `cluster start|stop|status` to the `gpusession` CLI; each command's func returns an exit code."""
+    """Add `cluster start|stop|status` to the `gpusession` CLI; each command's handler returns an exit code."""
     cluster = subparsers.add_parser(
         "cluster", help="start, stop or inspect the local Ray head on this machine",
         description="Manage the local Ray head (`ray start --head`) that gpusession on this machine uses.",
@@ -30,13 +30,13 @@ def register(subparsers) -> None:
                             "ignored on a machine with real GPUs, which are all used")
     start.add_argument("--timeout", type=float, default=120.0, metavar="S",
                        help="seconds to wait for the head to come up (default 120)")
-    start.set_defaults(func=_start)
+    start.set_defaults(handler=_start)
     stop = commands.add_parser("stop", help="stop the local Ray head started by `cluster start`",
                                description="Stop the recorded local Ray head and every Ray process it runs.")
-    stop.set_defaults(func=_stop)
+    stop.set_defaults(handler=_stop)
     status = commands.add_parser("status", help="show whether a local Ray head is running, and where",
                                  description="Show the recorded local Ray head; exit status 1 if none runs.")
-    status.set_defaults(func=_status)
+    status.set_defaults(handler=_status)
 
 
 def _positive(text: str) -> int:
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpusession")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["cluster", *(argv if argv is not None else sys.argv[1:])])
-    return args.func(args)
+    return args.handler(args)
 
 
 if __name__ == "__main__":

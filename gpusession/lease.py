@@ -288,13 +288,16 @@ class Lease:
 
 
 def notice_error(lease: Lease, notice: dict) -> GPUSessionError:
-    reason = notice.get("reason") or "ended by the broker"
     if notice.get("kind") == "preempt":
         return Preempted(
-            f"Lease {lease.lease_id} ({lease.gpus:g} GPUs) was {reason}. The run stopped at its last "
-            "checkpoint; call .resume() to continue from it once GPUs are free."
+            f"Lease {lease.lease_id} ({lease.gpus:g} GPUs) was {notice.get('reason')}. The run stopped at its "
+            "last checkpoint; call .resume() to continue from it once GPUs are free."
         )
-    return LeaseRevoked(f"Lease {lease.lease_id} ({lease.gpus:g} GPUs) was {reason}. The workers were stopped.")
+    if notice.get("kind") == "revoke":
+        return LeaseRevoked(f"Lease {lease.lease_id} ({lease.gpus:g} GPUs) was {notice.get('reason')}. "
+                            "The workers were stopped.")
+    return LeaseRevoked(f"The broker ended lease {lease.lease_id} ({lease.gpus:g} GPUs): "
+                        f"{notice.get('reason') or 'no reason given'}. The workers were stopped.")
 
 
 def _error_for_end(view: dict) -> GPUSessionError:

@@ -20,7 +20,13 @@ from pathlib import Path
 
 import psutil
 
-from .raycluster import DEFAULT_LOCAL_GPUS, _reachable, local_head_file, machine_gpu_count, state_dir
+from .raycluster import (
+    DEFAULT_LOCAL_GPUS,
+    _reachable,
+    local_head_file,
+    machine_gpu_count,
+    state_dir,
+)
 
 READY_LINE = "Ray runtime started"
 
@@ -129,7 +135,7 @@ def _ensure_ray_token(env: dict) -> None:
     """Ray's own `ray get-auth-token --generate`: keeps an existing token (RAY_AUTH_TOKEN,
     RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token), else writes a new ~/.ray/auth_token."""
     done = subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "get-auth-token", "--generate"], env=env,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False)
     if done.returncode != 0:
         raise LocalHeadError(f"Could not find or make Ray's authentication token: {done.stderr.strip()[-500:]}")
 

@@ -14,7 +14,7 @@ from jupyter_server.extension.application import ExtensionApp, ExtensionAppJinja
 
 from gpusession.identity import current_user
 
-from . import handlers, kernelenv
+from . import handlers, kernelenv, pages
 from .backend import Backend
 from .config import GPUSession
 
@@ -36,8 +36,19 @@ class GPUSessionApp(ExtensionAppJinjaMixin, ExtensionApp):
         kernelenv.install(self.serverapp.kernel_manager, self.backend.kernel_env)
 
     def initialize_handlers(self) -> None:
-        self.handlers.extend(handlers.routes(self.name))
+        self.handlers.extend([
+            (rf"/{self.name}/api/cluster", handlers.ClusterHandler),
+            (rf"/{self.name}/api/leases", handlers.LeasesHandler),
+            (rf"/{self.name}/api/leases/([^/]+)", handlers.LeaseHandler),
+            (rf"/{self.name}/api/quotas", handlers.QuotasHandler),
+            (rf"/{self.name}/api/quotas/([^/]+)", handlers.QuotaHandler),
+            (rf"/{self.name}/api/usage", handlers.UsageHandler),
+            (rf"/{self.name}/admin", pages.AdminPageHandler),
+            (rf"/{self.name}/metrics", pages.MetricsHandler),
+        ])
 
     async def stop_extension(self) -> None:
         """Called by the server at shutdown: stop the bridge, and the local head if we started it."""
-        await asyncio.to_thread(self.backend.stop)
+        backend = getattr(self, "backend", None)  # None when bad config stopped the extension loading
+        if backend is not None:
+            await asyncio.to_thread(backend.stop)

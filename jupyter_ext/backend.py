@@ -15,15 +15,14 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from gpusession import localhead
-from gpusession.broker.secrets import admin_token_path
-from gpusession.errors import NotAuthorized
 from gpusession.identity import SIGNATURE_ENV, USER_ENV, sign
 from gpusession.raycluster import state_dir
 
+from . import bringup
 from .brokerlink import BrokerLink, BrokerUnavailable, settle
 from .config import GPUSession
 
-CALL_TIMEOUT_S = 35.0
+CALL_TIMEOUT_S = bringup.CALL_TIMEOUT_S
 RETRY_AFTER_S = 15.0
 
 
@@ -33,13 +32,6 @@ class Connection:
     info: dict  # the broker's version, db_path, policy, and the Ray address the bridge joined
     admin_token: str | None
     signing_key: bytes | None
-
-
-def _token_beside(db_path: str) -> str | None:
-    try:
-        return admin_token_path(db_path).read_text().strip() or None
-    except OSError:  # the ledger is on another machine
-        return None
 
 
 class Backend:
@@ -124,44 +116,22 @@ class Backend:
             settle(self.connected, error=exc if isinstance(exc, BrokerUnavailable) else BrokerUnavailable(str(exc)))
 
     def _connect(self) -> Connection:
-        ray_env = self._cluster_env()
+        ray_env, started = bringup.cluster_env(self.options, self.log)
+        self.head = started or self.head  # a retry finds the head an earlier attempt started
+        self._unless_stopping()
         policy = self.options.broker_policy() if self.options.embedded else None
         self.link = BrokerLink(env={**os.environ, **ray_env}, policy=policy, log=self.log)
         info = self.link.start()
-        if self.stopping:
-            self.stop()
-            raise BrokerUnavailable("The Jupyter server is shutting down.")
-        token = self.options.admin_token or _token_beside(info["db_path"])
-        key = self._signing_key(token, info) if token else None
-        if key is None:
-            token = None
-            self.log.warning("gpusession has no valid admin token for the broker at %s: the admin page is read-only "
-                             "and kernels carry unsigned identities. Set c.GPUSession.admin_token.", info["address"])
-        self.log.info("gpusession: broker %s on ledger %s, Ray at %s", info["version"], info["db_path"], info["address"])
+        self._unless_stopping()
+        token, key = bringup.credentials(self.link, self.options, self.owner, info, self.log)
+        self.log.info("gpusession: broker %s on ledger %s, Ray at %s",
+                      info["version"], info["db_path"], info["address"])
         return Connection(ray_env, info, token, key)
 
-    def _signing_key(self, token: str, info: dict) -> bytes | None:
-        try:
-            return self.link.call("signing_key", {"user": self.owner, "token": token}).result(CALL_TIMEOUT_S).encode()
-        except NotAuthorized:
-            self.log.error("c.GPUSession.admin_token is not the admin token of the broker at %s (ledger %s); "
-                           "copy it from the file admin_token beside that ledger.", info["address"], info["db_path"])
-            return None
-
-    def _cluster_env(self) -> dict:
-        if not self.options.embedded:
-            ignored = sorted(self.options.broker_policy())
-            if ignored:
-                self.log.warning("Ignoring c.GPUSession.%s: cluster policy belongs to the broker of %s, "
-                                 "which this server did not start.", ", ".join(ignored), self.options.ray_address)
-            return {"RAY_ADDRESS": self.options.ray_address}
-        head, started = localhead.start(gpus=self.options.local_gpus or None)
-        self.head = head if started else None
-        if self.stopping:  # the server shut down while the head was starting
+    def _unless_stopping(self) -> None:
+        if self.stopping:  # the server shut down while we were starting: stop what we just started
             self.stop()
             raise BrokerUnavailable("The Jupyter server is shutting down.")
-        self.log.info("%s %s", "Started" if started else "Using the already running", head.describe())
-        return head.client_env()
 
     def _relink(self) -> None:
         with self.lock:

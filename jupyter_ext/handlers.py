@@ -108,17 +108,3 @@ class UsageHandler(GPUSessionHandler):
         since, until, by = params.usage_query(self.get_query_argument)
         return await self.call("usage", await self.auth(), since, until, by)
 
-
-def routes(name: str) -> list[tuple]:
-    from .pages import AdminPageHandler, MetricsHandler
-
-    return [
-        (rf"/{name}/api/cluster", ClusterHandler),
-        (rf"/{name}/api/leases", LeasesHandler),
-        (rf"/{name}/api/leases/([^/]+)", LeaseHandler),
-        (rf"/{name}/api/quotas", QuotasHandler),
-        (rf"/{name}/api/quotas/([^/]+)", QuotaHandler),
-        (rf"/{name}/api/usage", UsageHandler),
-        (rf"/{name}/admin", AdminPageHandler),
-        (rf"/{name}/metrics", MetricsHandler),
-    ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from jupyter_core.utils import ensure_async
 

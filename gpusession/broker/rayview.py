@@ -33,6 +33,7 @@ class Snapshot:
     logical: bool  # every GPU node declares GPUs with no real accelerator behind them
     groups: dict[int, GroupState] = field(default_factory=dict)  # lease id -> its group
     dead_jobs: dict[str, float] = field(default_factory=dict)  # job id -> when it ended
+    raw_unmanaged: dict[str, float] = field(default_factory=dict)  # this reading, before smoothing
 
 
 def take(ledger_id: str, previous: Snapshot | None = None) -> Snapshot:
@@ -46,18 +47,17 @@ def take(ledger_id: str, previous: Snapshot | None = None) -> Snapshot:
         if group.state == "CREATED":
             for node_id, gpus in group.gpus_by_node.items():
                 ours[node_id] = ours.get(node_id, 0.0) + gpus
-    before = {n.node_id: n.unmanaged for n in previous.nodes} if previous else {}
-    nodes, logical = [], True
+    before = previous.raw_unmanaged if previous else {}
+    nodes, logical, raw = [], True, {}
     for info in alive_nodes():
         if info.gpus <= 0:
             continue
         logical = logical and info.logical
         used = info.gpus - free.get(info.node_id, info.gpus)
-        unmanaged = max(0.0, used - ours.get(info.node_id, 0.0))
-        if info.node_id in before:
-            unmanaged = min(unmanaged, before[info.node_id])
+        raw[info.node_id] = max(0.0, used - ours.get(info.node_id, 0.0))
+        unmanaged = min(raw[info.node_id], before.get(info.node_id, raw[info.node_id]))
         nodes.append(NodeCapacity(info.node_id, info.gpus, round(unmanaged, 6)))
-    return Snapshot(nodes, logical and bool(nodes), groups, _dead_jobs())
+    return Snapshot(nodes, logical and bool(nodes), groups, _dead_jobs(), raw)
 
 
 def _our_groups(ledger_id: str) -> dict[int, GroupState]:

@@ -162,14 +162,20 @@ function quotaRow(q) {
   }
   save.addEventListener("click", async () => {
     save.disabled = true;
-    if (await saveQuota(q.user, quotaBody(maxGpus, gpuHours, priority), error)) { row.classList.remove("dirty"); refresh(true); }
+    if (await saveQuota(q.user, quotaBody(maxGpus, gpuHours, priority), error)) { row.classList.remove("dirty"); settled(); }
     else save.disabled = false;
   });
   reset.addEventListener("click", async () => {
-    try { await api(userPath(q.user), { method: "DELETE" }); banner(`${q.user} is back on the default quota.`); refresh(true); }
+    try { await api(userPath(q.user), { method: "DELETE" }); banner(`${q.user} is back on the default quota.`); settled(); }
     catch (e) { error.textContent = e.message; }
   });
   return row;
+}
+
+// After a change: show the server's values, unless another row still holds unsaved edits.
+function settled() {
+  if (document.activeElement) document.activeElement.blur();
+  refresh();
 }
 
 function renderQuotas(quotas, force) {
@@ -188,7 +194,7 @@ async function addQuota() {
     document.getElementById("gs-add-priority"));
   if (await saveQuota(user, body, null)) {
     for (const id of ["gs-add-user", "gs-add-max-gpus", "gs-add-gpu-hours"]) document.getElementById(id).value = "";
-    refresh(true);
+    settled();
   }
 }
 

@@ -27,9 +27,8 @@ class Server:
     url: str
     token: str
 
-    def admin_page(self, **query: str) -> str:
-        extra = "".join(f"&{k}={v}" for k, v in query.items())
-        return f"{self.url}/gpusession/admin?token={self.token}{extra}"
+    def admin_page(self) -> str:
+        return f"{self.url}/gpusession/admin?token={self.token}"  # the token logs the browser in
 
 
 def _free_port() -> int:

@@ -59,15 +59,25 @@ def _ended(broker, admin, lease_id: int) -> dict:
     return next(l for l in client.call(broker.leases, admin, True) if l["lease_id"] == lease_id)
 
 
-def _acquire_in_background(identity: str, gpus: int) -> tuple[threading.Thread, dict]:
+def _seconds_until_an_entitled_request_holds_gpus_in_ray(broker, admin) -> float:
+    """A within-quota user asks for 2 GPUs; how long until Ray itself holds a group for them."""
+    entitled = f"entitled-{uuid.uuid4().hex[:6]}"
     box: dict = {}
 
     def acquire() -> None:
-        box["lease"] = Lease(validate_run_options(gpus=gpus), identity=Identity(identity)).acquire()
+        box["lease"] = Lease(validate_run_options(gpus=2), identity=Identity(entitled)).acquire()
 
+    asked = time.monotonic()
     thread = threading.Thread(target=acquire)
     thread.start()
-    return thread, box
+    try:
+        wait_for(lambda: _group_created_for(broker, admin, entitled), timeout=GRACE_S + MARGIN_S,
+                 message="the entitled request's GPUs placed in Ray")
+        return time.monotonic() - asked
+    finally:  # a slow handover must not leave a lease behind for the next test
+        thread.join(60)
+        if "lease" in box:
+            box["lease"].release()
 
 
 def _group_created_for(broker, admin, user: str) -> bool:
@@ -83,17 +93,7 @@ def test_an_over_quota_run_is_preempted_by_a_within_quota_request_and_raises_pre
     victim = next(l for l in client.call(broker.leases, admin) if l["user"] == borrower)
     assert victim["over_quota"] and victim["gpus"] == 4
 
-    entitled = f"entitled-{uuid.uuid4().hex[:6]}"
-    asked = time.monotonic()
-    thread, box = _acquire_in_background(entitled, 2)
-    try:
-        wait_for(lambda: _group_created_for(broker, admin, entitled), timeout=GRACE_S + MARGIN_S,
-                 message="the entitled request's GPUs placed in Ray")
-        moved_after = time.monotonic() - asked
-    finally:  # a slow handover must not leave a lease behind for the next test
-        thread.join(60)
-        if "lease" in box:
-            box["lease"].release()
+    moved_after = _seconds_until_an_entitled_request_holds_gpus_in_ray(broker, admin)
 
     assert moved_after < GRACE_S + MARGIN_S
     assert hog.wait_for_line("PREEMPTED").startswith(f"PREEMPTED Lease {victim['lease_id']}")
@@ -105,17 +105,7 @@ def test_a_victim_that_ignores_its_notice_loses_its_gpus_when_the_grace_period_e
     holder = driver(HOLDS_ALL_GPUS_AND_IGNORES_NOTICES, GPUSESSION_USER=borrower)
     lease_id = int(holder.wait_for_line("HOLDING").split()[-1])
 
-    entitled = f"entitled-{uuid.uuid4().hex[:6]}"
-    asked = time.monotonic()
-    thread, box = _acquire_in_background(entitled, 2)
-    try:
-        wait_for(lambda: _group_created_for(broker, admin, entitled), timeout=GRACE_S + MARGIN_S,
-                 message="the entitled request's GPUs placed in Ray")
-        moved_after = time.monotonic() - asked
-    finally:  # a slow handover must not leave a lease behind for the next test
-        thread.join(60)
-        if "lease" in box:
-            box["lease"].release()
+    moved_after = _seconds_until_an_entitled_request_holds_gpus_in_ray(broker, admin)
 
     assert moved_after > GRACE_S - 0.5  # the broker waited out the grace period before forcing
     assert _ended(broker, admin, lease_id)["end_reason"] == "preempted"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from jupyter_server.auth.identity import IdentityProvider, User
-from pytest_jupyter.jupyter_server import *  # noqa: F401,F403  jp_serverapp, jp_fetch and their fixtures
+from pytest_jupyter.jupyter_server import *  # jp_serverapp, jp_fetch and the fixtures they need
 from tornado.httpclient import HTTPClientError
 from traitlets.config import Config
 
@@ -175,9 +175,14 @@ def test_usage_counts_gpu_seconds_per_user_and_day_users_see_only_theirs(fetch, 
     assert {r["user"] for r in days} >= {ALICE, BOB} and all(len(r["day"]) == 10 for r in days)
 
 
+BAD_USAGE = [  # (query, words the message must contain)
+    ({"by": "week"}, "by must be"), ({"since": "yesterday"}, "since must be"), ({"until": "-5"}, "until must be"),
+    ({"since": "2024-02-01", "until": "2024-01-01"}, "after until"),
+]
+
+
 def test_bad_usage_parameters_are_400s_naming_the_parameter(fetch):
-    for params, words in [({"by": "week"}, "by must be"), ({"since": "yesterday"}, "since must be"),
-                          ({"until": "-5"}, "until must be"), ({"since": "2024-02-01", "until": "2024-01-01"}, "after until")]:
+    for params, words in BAD_USAGE:
         assert words in refused(fetch, "api/usage", 400, params=params), params
 
 

@@ -10,36 +10,36 @@ import psutil
 import pytest
 
 from gpusession import localhead
-from gpusession.cli_cluster import main
+from gpusession.cli import main as gpusession
 
 
 @pytest.mark.parametrize("command", [[], ["start"], ["stop"], ["status"]])
 def test_every_cluster_command_has_help(command, capsys):
     with pytest.raises(SystemExit) as done:
-        main([*command, "--help"])
+        gpusession(["cluster", *command, "--help"])
     assert done.value.code == 0 and "Ray head" in capsys.readouterr().out
 
 
 def test_status_without_a_head_says_how_to_start_one(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("GPUSESSION_HOME", str(tmp_path))
-    assert main(["status"]) == 1 and "gpusession cluster start" in capsys.readouterr().out
-    assert main(["stop"]) == 0 and "nothing to stop" in capsys.readouterr().out
+    assert gpusession(["cluster", "status"]) == 1 and "gpusession cluster start" in capsys.readouterr().out
+    assert gpusession(["cluster", "stop"]) == 0 and "nothing to stop" in capsys.readouterr().out
 
 
 def test_start_records_a_head_that_scripts_join_and_stop_ends_it(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("GPUSESSION_HOME", str(tmp_path))
     try:
-        assert main(["start", "--gpus", "2"]) == 0
+        assert gpusession(["cluster", "start", "--gpus", "2"]) == 0
         head = localhead.status()
         assert head is not None and head.gpus == 2 and head.logical
         assert f"Started local Ray head at {head.address}" in capsys.readouterr().out
-        assert main(["start"]) == 0 and "Already running" in capsys.readouterr().out
+        assert gpusession(["cluster", "start"]) == 0 and "Already running" in capsys.readouterr().out
         joined = subprocess.run(
             [sys.executable, "-c", "import ray; ray.init(); print(ray.cluster_resources()['GPU'])"],
-            env={**os.environ, **head.client_env()}, capture_output=True, text=True, timeout=120)
+            env={**os.environ, **head.client_env()}, capture_output=True, text=True, timeout=120, check=False)
         assert joined.stdout.strip().endswith("2.0"), joined.stderr[-2000:]
     finally:
-        assert main(["stop"]) == 0
+        assert gpusession(["cluster", "stop"]) == 0
     assert "Stopped the local Ray head" in capsys.readouterr().out
     assert not psutil.pid_exists(head.pid) and localhead.status() is None
     assert not (tmp_path / "local-head.json").exists()

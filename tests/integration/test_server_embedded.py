@@ -9,7 +9,7 @@ import textwrap
 
 import psutil
 import pytest
-from pytest_jupyter.jupyter_server import *  # noqa: F401,F403  jp_serverapp, jp_fetch and their fixtures
+from pytest_jupyter.jupyter_server import *  # jp_serverapp, jp_fetch and the fixtures they need
 from traitlets.config import Config
 
 OWNER = "alice"

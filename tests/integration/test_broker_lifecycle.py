@@ -1,0 +1,102 @@
+"""The broker across its own life: restarts, replacement by a newer client, foreign GPU use,
+and who may do what."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import ray
+from ray.util.placement_group import placement_group, remove_placement_group
+
+import gpusession as gs
+from gpusession.broker import client
+from gpusession.broker.settings import BrokerConfig
+from gpusession.errors import NotAuthorized
+from gpusession.identity import current_user
+
+from ..conftest import CLUSTER_GPUS, free_gpus, wait_for
+
+HOLDS_ONE_GPU = """
+import time
+import gpusession as gs
+lease = gs.lease(gpus=1)
+print("HOLDING", lease.lease_id, flush=True)
+time.sleep(600)
+"""
+
+
+def _row(broker, admin, lease_id: int) -> dict:
+    return next(l for l in client.call(broker.leases, admin, True) if l["lease_id"] == lease_id)
+
+
+def test_a_restarted_broker_keeps_live_leases_and_closes_one_whose_caller_died_meanwhile(cluster, quiet, driver, broker, admin):
+    mine = gs.lease(gpus=1)
+    other = driver(HOLDS_ONE_GPU)
+    theirs = int(other.wait_for_line("HOLDING").split()[-1])
+    pid = client.call(broker.info)["pid"]
+    ray.kill(broker, no_restart=False)  # crash: Ray restarts it from the same ledger...
+    died_at = time.time()
+    other.kill()  # ...while another user's kernel dies
+    wait_for(lambda: client.call(broker.info)["pid"] != pid, timeout=60, message="the broker restarted")
+    wait_for(lambda: _row(broker, admin, theirs)["state"] == "ended", timeout=10,
+             message="the dead caller's lease closed after the restart")
+    closed = _row(broker, admin, theirs)
+    assert closed["end_reason"] == "caller gone"
+    assert abs(closed["released_at"] - died_at) < 2.0  # its real end (the job's), not the restart time
+    assert _row(broker, admin, mine.lease_id)["state"] == "placed"  # a live lease survives the restart
+    mine.release()
+    assert free_gpus() == CLUSTER_GPUS
+
+
+def test_a_newer_client_replaces_an_older_broker_and_keeps_its_ledger(cluster, quiet, broker, admin):
+    @gs.distributed(gpus=1)
+    def leave_a_row():
+        return gs.context().lease_id
+
+    old_lease = leave_a_row()
+    ray.kill(broker, no_restart=True)
+    client._wait_until_gone()
+    stale = client._create(BrokerConfig(db_path=str(cluster.db_path), version_override="0.0.1"))
+    assert client.call(stale.version) == "0.0.1"
+
+    client.forget()
+    fresh = client.broker()  # what any newer kernel does on its first call
+    assert client.call(fresh.version) == gs.__version__
+    assert _row(fresh, admin, old_lease)["end_reason"] == "finished"  # the ledger came along
+    assert client.call(fresh.info)["policy"]["preemption_grace_s"] == 3.0  # and its settings
+    assert leave_a_row() != old_lease  # and it schedules
+
+
+def test_gpus_used_outside_gpusession_are_counted_and_never_handed_out_twice(cluster, quiet, broker):
+    foreign = placement_group([{"GPU": 1}, {"GPU": 1}])  # someone using Ray directly
+    ray.get(foreign.ready())
+    try:
+        wait_for(lambda: client.call(broker.cluster)["gpus_unmanaged"] == 2, timeout=5,
+                 message="the broker counting 2 GPUs used outside gpusession")
+        with pytest.raises(gs.QueueTimeout, match="waiting for capacity"):
+            gs.distributed(gpus=3, queue_timeout=2)(lambda: None)()
+    finally:
+        remove_placement_group(foreign)
+    wait_for(lambda: client.call(broker.cluster)["gpus_unmanaged"] == 0, timeout=5,
+             message="the foreign GPUs no longer counted")
+    assert gs.distributed(gpus=3, return_all=True)(lambda: gs.context().rank)() == [0, 1, 2]
+
+
+def test_admin_operations_need_the_token_and_owners_may_revoke_only_their_own(cluster, quiet, broker, admin):
+    user = {"user": "mallory"}
+    with pytest.raises(NotAuthorized, match="admin token"):
+        client.call(broker.set_quota, "mallory", {"max_gpus": 100}, user)
+    with pytest.raises(NotAuthorized, match="admin token"):
+        client.call(broker.signing_key, user)
+    with pytest.raises(NotAuthorized, match="admin token"):
+        client.call(broker.set_quota, "mallory", {"max_gpus": 100}, {"user": "mallory", "token": "guess"})
+    held = gs.lease(gpus=1)
+    try:
+        with pytest.raises(NotAuthorized, match="only its owner or an admin"):
+            client.call(broker.revoke, held.lease_id, user)
+        assert [l["user"] for l in client.call(broker.leases, user)] == []  # users see only their own
+        assert client.call(broker.quota, "mallory", user)["user"] == "mallory"
+        with pytest.raises(NotAuthorized, match="Only an admin may read the quota"):
+            client.call(broker.quota, current_user(), user)  # someone else's quota
+    finally:
+        held.release()
