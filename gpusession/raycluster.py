@@ -58,13 +58,33 @@ def _reachable(address: str, timeout: float = 0.5) -> bool:
         return False
 
 
+def _recorded_head() -> dict | None:
+    try:
+        record = json.loads(local_head_file().read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and _reachable(record.get("address", "")) else None
+
+
 def recorded_local_head() -> str | None:
     """The address written by `gpusession cluster start`, if that head still answers."""
-    try:
-        address = json.loads(local_head_file().read_text())["address"]
-    except (OSError, ValueError, KeyError):
-        return None
-    return address if _reachable(address) else None
+    record = _recorded_head()
+    return record["address"] if record else None
+
+
+def _ray_token_available() -> bool:
+    home_token = Path.home() / ".ray" / "auth_token"
+    return bool(os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH") or home_token.exists())
+
+
+def _auth_mode_for(address: str, record: dict | None) -> str | None:
+    """Ray turns token authentication on by itself only for address=None/"auto"; a client of an
+    explicit address must say so, or Ray refuses it ("Authentication token is missing")."""
+    if os.environ.get("RAY_AUTH_MODE"):
+        return None  # the user decided
+    if record and record.get("address") == address:
+        return record.get("auth_mode") or "token"
+    return "token" if _ray_token_available() else None
 
 
 def ensure_connected(*, local_gpus: int | None = None) -> None:
@@ -74,12 +94,28 @@ def ensure_connected(*, local_gpus: int | None = None) -> None:
     with _connect_lock:
         if ray.is_initialized():
             return
-        address = os.environ.get("RAY_ADDRESS") or recorded_local_head()
+        record = _recorded_head()
+        address = os.environ.get("RAY_ADDRESS") or (record or {}).get("address")
         if address:
+            mode = _auth_mode_for(address, record)
+            if mode:
+                _use_auth_mode(mode)
             log.info("Connecting to the Ray cluster at %s", address)
             ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
             return
         start_embedded(local_gpus=local_gpus)
+
+
+def _use_auth_mode(mode: str) -> None:
+    """Set RAY_AUTH_MODE for this process; Ray read its config at import, so refresh it the way
+    Ray itself does when it turns token authentication on."""
+    os.environ["RAY_AUTH_MODE"] = mode
+    try:
+        from ray._private.authentication.authentication_token_setup import Config
+
+        Config.initialize("")
+    except Exception:  # another Ray: it reads the variable at ray.init
+        pass
 
 
 def start_embedded(*, local_gpus: int | None = None) -> None:

@@ -58,7 +58,7 @@ class RankSpec:
 
 
 def scratch_dir(lease_id: int) -> str:
-    return os.path.join(tempfile.gettempdir(), "gpusession", f"lease-{lease_id}")
+    return os.path.join(tempfile.gettempdir(), "gpusession-scratch", f"lease-{lease_id}")
 
 
 class Worker:

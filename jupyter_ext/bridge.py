@@ -20,7 +20,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 METHODS = frozenset({"info", "cluster", "status", "leases", "revoke", "quotas", "quota", "set_quota",
-                     "reset_quota", "usage", "signing_key"})
+                     "reset_quota", "usage", "signing_key", "stats"})
 CALL_TIMEOUT_S = 30.0
 
 

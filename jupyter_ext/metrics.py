@@ -3,19 +3,19 @@
     gpusession_gpus_total 4.0                       capacity (declared GPUs of alive nodes)
     gpusession_gpus_leased 2.0                      held by granted leases
     gpusession_gpus_queued 1.0                      wanted by queued requests
-    gpusession_leases_total{outcome="finished"} 12  leases by state or end reason (last LEASE_WINDOW)
+    gpusession_leases_total{outcome="finished"} 12  leases by state or end reason, whole ledger
     gpusession_gpu_seconds_total{user="alice"} 93.2 since the ledger began
-    gpusession_queue_wait_seconds_bucket{le="1.0"}  request-to-grant wait (last LEASE_WINDOW)
+    gpusession_queue_wait_seconds_bucket{le="1.0"}  request-to-grant wait, whole ledger
+
+The ledger-wide figures come from the broker's `stats`, which needs the admin token: a server
+without it serves only the cluster gauges.
 """
 from __future__ import annotations
-
-from collections import Counter
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-LEASE_WINDOW = 10_000
-WAIT_BUCKETS = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, float("inf"))
+WAIT_BOUNDS = (0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)  # seconds; +Inf is the count
 CLUSTER_GAUGES = (
     ("gpus_total", "GPUs declared by the cluster's alive nodes"),
     ("gpus_leased", "GPUs held by granted leases"),
@@ -30,44 +30,35 @@ CLUSTER_GAUGES = (
 class Snapshot:
     """One scrape's data; a prometheus_client collector."""
 
-    def __init__(self, cluster: dict, leases: list[dict] | None, usage: list[dict] | None) -> None:
-        self.cluster, self.leases, self.usage = cluster, leases, usage
+    def __init__(self, cluster: dict, stats: dict | None) -> None:
+        self.cluster, self.stats = cluster, stats
 
     def collect(self):
         for key, text in CLUSTER_GAUGES:
             yield GaugeMetricFamily(f"gpusession_{key}", text, value=float(self.cluster[key]))
         yield GaugeMetricFamily("gpusession_logical_gpus", "1 if the GPUs are logical (no real accelerator)",
                                 value=1.0 if self.cluster.get("logical_gpus") else 0.0)
-        if self.leases is not None:
-            yield self._outcomes()
-            yield self._waits()
-        if self.usage is not None:
-            seconds = CounterMetricFamily("gpusession_gpu_seconds", "GPU-seconds used, by user", labels=["user"])
-            for row in self.usage:
-                seconds.add_metric([row["user"]], row["gpu_seconds"])
-            yield seconds
-
-    def _outcomes(self) -> CounterMetricFamily:
-        family = CounterMetricFamily("gpusession_leases", f"Leases by state or end reason (last {LEASE_WINDOW})",
-                                     labels=["outcome"])
-        counts = Counter(l["end_reason"] if l["state"] == "ended" else l["state"] for l in self.leases)
-        for outcome, count in sorted(counts.items()):
-            family.add_metric([outcome or "unknown"], count)
-        return family
-
-    def _waits(self) -> HistogramMetricFamily:
-        waits = [l["granted_at"] - l["requested_at"] for l in self.leases if l.get("granted_at")]
-        buckets = [(_label(bound), sum(1 for w in waits if w <= bound)) for bound in WAIT_BUCKETS]
-        return HistogramMetricFamily("gpusession_queue_wait_seconds",
-                                     f"Seconds from request to grant (last {LEASE_WINDOW} leases)",
-                                     buckets=buckets, sum_value=sum(waits))
+        if self.stats is None:
+            return
+        outcomes = CounterMetricFamily("gpusession_leases", "Leases by state or end reason", labels=["outcome"])
+        for outcome, count in sorted(self.stats["outcomes"].items()):
+            outcomes.add_metric([outcome], count)
+        yield outcomes
+        wait = self.stats["queue_wait"]
+        buckets = [(_label(bound), count) for bound, count in wait["buckets"]] + [("+Inf", wait["count"])]
+        yield HistogramMetricFamily("gpusession_queue_wait_seconds", "Seconds from request to grant",
+                                    buckets=buckets, sum_value=wait["sum"])
+        seconds = CounterMetricFamily("gpusession_gpu_seconds", "GPU-seconds used, by user", labels=["user"])
+        for user, value in sorted(self.stats["gpu_seconds"].items()):
+            seconds.add_metric([user], value)
+        yield seconds
 
 
 def _label(bound: float) -> str:
-    return "+Inf" if bound == float("inf") else repr(bound)
+    return repr(float(bound))
 
 
-def render(cluster: dict, leases: list[dict] | None, usage: list[dict] | None) -> bytes:
+def render(cluster: dict, stats: dict | None) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(Snapshot(cluster, leases, usage))
+    registry.register(Snapshot(cluster, stats))
     return generate_latest(registry)

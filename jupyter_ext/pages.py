@@ -39,8 +39,7 @@ class MetricsHandler(GPUSessionHandler):
             raise web.HTTPError(403, "Log in to Jupyter to read metrics, or set c.GPUSession.metrics_public = True.")
         with http_errors():
             cluster = await self.call("cluster")
-            auth = await self.backend.server_auth()  # per-user figures need the admin token
-            leases = await self.call("leases", auth, True, metrics.LEASE_WINDOW) if auth else None
-            usage = await self.call("usage", auth, 0.0, None, "user") if auth else None
+            auth = await self.backend.server_auth()  # ledger-wide figures need the admin token
+            stats = await self.call("stats", auth, list(metrics.WAIT_BOUNDS)) if auth else None
         self.set_header("Content-Type", CONTENT_TYPE_LATEST)
-        self.finish(metrics.render(cluster, leases, usage))
+        self.finish(metrics.render(cluster, stats))

@@ -195,6 +195,21 @@ class Ledger:
             for r in self.db.query(sql, args)
         ]
 
+    def outcome_counts(self) -> dict[str, int]:
+        """Leases by end reason (ended) or state (open), over the whole ledger."""
+        sql = ("select case when state = 'ended' then coalesce(end_reason, 'unknown') else state end as outcome, "
+               "count(*) as n from leases group by outcome")
+        return {row["outcome"]: row["n"] for row in self.db.query(sql)}
+
+    def queue_wait_histogram(self, bounds: tuple[float, ...]) -> dict:
+        """Cumulative counts of request-to-grant waits <= each bound, their sum and count."""
+        cases = ", ".join(f"sum(case when wait <= ? then 1 else 0 end) as b{i}" for i in range(len(bounds)))
+        sql = (f"select {cases}, coalesce(sum(wait), 0) as total, count(*) as n from "
+               "(select granted_at - requested_at as wait from leases where granted_at is not null)")
+        row = next(iter(self.db.query(sql, list(bounds))))
+        return {"buckets": [[b, row[f"b{i}"] or 0] for i, b in enumerate(bounds)],
+                "sum": row["total"], "count": row["n"]}
+
     def gpu_hours_since(self, since: float, now: float) -> dict[str, float]:
         totals: dict[str, float] = {}
         for user, gpus, start, end in self.usage_intervals(since, now):

@@ -159,7 +159,8 @@ class BrokerService:
         admin, user = self._who(auth)
         now = time.time()
         rows = self.ledger.quotas()
-        users = sorted(set(rows) | {r["user"] for r in self.books.rows.values()}) if admin else [user]
+        recent = self.ledger.gpu_hours_since(now - 7 * views.DAY_S, now)  # users who ran lately, row or not
+        users = sorted(set(rows) | {r["user"] for r in self.books.rows.values()} | set(recent)) if admin else [user]
         return [views.quota_view(u, self.books, rows, now) for u in users]
 
     async def quota(self, user: str, auth: dict) -> dict:
@@ -194,6 +195,15 @@ class BrokerService:
         intervals = self.ledger.usage_intervals(since, until, user=None if admin else user)
         return views.usage_report(intervals, by=by)
 
+    async def stats(self, auth: dict, wait_bounds: list[float]) -> dict:
+        """Counters over the whole ledger for monitoring (admins): leases by outcome, the
+        request-to-grant wait histogram (cumulative, finite bounds), GPU-seconds by user."""
+        self._require_admin(auth)
+        usage = views.usage_report(self.ledger.usage_intervals(0.0, time.time()), by="user")
+        return {"outcomes": self.ledger.outcome_counts(),
+                "queue_wait": self.ledger.queue_wait_histogram(tuple(wait_bounds)),
+                "gpu_seconds": {row["user"]: row["gpu_seconds"] for row in usage}}
+
     async def signing_key(self, auth: dict) -> str:
         """The key a Jupyter server signs its kernels' identities with (admins only)."""
         self._require_admin(auth)
@@ -207,7 +217,8 @@ class BrokerService:
 
     def _require_admin(self, auth: dict) -> None:
         if not secrets.token_matches(auth.get("token"), self.admin_token):
-            raise NotAuthorized("This needs the broker's admin token (kept beside its ledger on the head node).")
+            raise NotAuthorized("Only admins may do this: it needs the broker's admin token (kept beside its "
+                                "ledger on the head node).")
 
     def _check_identity(self, auth: dict) -> Identity:
         identity = Identity(auth.get("user") or "", auth.get("signature"))

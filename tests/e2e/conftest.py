@@ -79,8 +79,10 @@ def jupyter(cluster, tmp_path_factory):
     log.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
+    """Module-scoped on purpose: Playwright's sync API keeps its own asyncio loop running while it
+    is open, which would break the event loops of tests that run after this module."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:

@@ -38,6 +38,14 @@ def test_start_records_a_head_that_scripts_join_and_stop_ends_it(tmp_path, monke
             [sys.executable, "-c", "import ray; ray.init(); print(ray.cluster_resources()['GPU'])"],
             env={**os.environ, **head.client_env()}, capture_output=True, text=True, timeout=120, check=False)
         assert joined.stdout.strip().endswith("2.0"), joined.stderr[-2000:]
+        # A gpusession script with no address and no Ray auth settings finds the recorded head.
+        bare = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
+        ran = subprocess.run(
+            [sys.executable, "-c", "import ray, gpusession as gs\n"
+             "print(gs.distributed(gpus=2, return_all=True)(lambda: gs.context().rank)(), "
+             "ray.get_runtime_context().gcs_address)"],
+            env=bare, capture_output=True, text=True, timeout=180, check=False)
+        assert ran.stdout.strip().endswith(f"[0, 1] {head.address}"), ran.stdout[-1000:] + ran.stderr[-2000:]
     finally:
         assert gpusession(["cluster", "stop"]) == 0
     assert "Stopped the local Ray head" in capsys.readouterr().out

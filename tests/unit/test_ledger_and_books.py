@@ -109,3 +109,18 @@ def test_bad_quota_updates_name_the_field(update, message):
 def test_quota_update_keeps_fields_not_given_and_null_means_no_limit():
     base = Quota(max_gpus=2, gpu_hours=10, max_priority=Priority.HIGH)
     assert parse_quota_update({"max_gpus": None}, base) == Quota(None, 10, Priority.HIGH)
+
+
+def test_ledger_wide_stats_count_outcomes_and_cumulative_queue_waits(books):
+    waits = [0.2, 3.0, 40.0]
+    for wait in waits:
+        lease_id, _ = books.add_request(_fields(), NODES, T0)
+        books.rows[lease_id]["requested_at"] = T0 - wait  # waited this long before the grant below
+        books.ledger.db.execute("update leases set requested_at = ? where id = ?", [T0 - wait, lease_id])
+        books.schedule(NODES, T0)
+        books.close(lease_id, "finished", T0 + 1)
+    books.add_request(_fields(workers=9), NODES, T0)  # rejected: never granted, no wait counted
+    assert books.ledger.outcome_counts() == {"finished": 3, "rejected": 1}
+    histogram = books.ledger.queue_wait_histogram((1.0, 10.0, 60.0))
+    assert histogram["buckets"] == [[1.0, 1], [10.0, 2], [60.0, 3]]
+    assert histogram["count"] == 3 and histogram["sum"] == pytest.approx(sum(waits))
