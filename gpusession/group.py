@@ -57,6 +57,7 @@ def rank_specs(lease, workers, *, backend: str, return_all: bool, restarts: int 
             node_gpu_ids=node_gpus, gpu_ids=slot.gpu_ids, lease_id=lease.lease_id,
             logical_gpus=lease.logical_gpus, return_value=return_all or rank == 0,
             caller_host=caller_host, caller_cwd=caller_cwd, pg_timeout_s=pg_timeout, restarts=restarts,
+            group_id=lease.group_id,
         ), slot, worker))
     return specs
 
@@ -74,23 +75,25 @@ def run_function(lease, fn: Callable, args: tuple, kwargs: dict, *, info: RunInf
     options = lease.options
     _reset_run_fields(info, checkpoint_ref)
     call_ref = ray.put(pickle_call(fn, args, kwargs))
-    workers = lease.acquire_workers(options.runtime_env)
     backend = resolve_backend(options.backend, logical=lease.logical_gpus,
                               gpus_per_worker=options.lease.gpus_per_worker)
     info.backend = backend
-    ranks = rank_specs(lease, workers, backend=backend, return_all=options.return_all)
-    checkpoint = [checkpoint_ref] if checkpoint_ref is not None else []
-    launched = time.time()
-    streams = {worker.actor.run.remote(call_ref, spec, checkpoint): spec.rank for spec, _, worker in ranks}
-    rank_nodes = {spec.rank: slot.address for spec, slot, _ in ranks}
-    follower = _Follower(lease, streams, info, observer, launched, options.timeout_s, rank_nodes)
     try:
+        workers = lease.acquire_workers(options.runtime_env)
+        ranks = rank_specs(lease, workers, backend=backend, return_all=options.return_all)
+        checkpoint = [checkpoint_ref] if checkpoint_ref is not None else []
+        launched = time.time()
+        streams = {worker.actor.run.remote(call_ref, spec, checkpoint): spec.rank for spec, _, worker in ranks}
+        rank_nodes = {spec.rank: slot.address for spec, slot, _ in ranks}
+        follower = _Follower(lease, streams, info, observer, launched, options.timeout_s, rank_nodes)
         results = follower.follow()
     except BaseException:
         lease.retire_workers(dirty=True)  # ranks may be stuck in a collective: kill them all
         raise
     if follower.cuda_used:
         lease.retire_workers(dirty=False)
+    else:
+        lease.mark_workers_clean()
     return [results[r] for r in range(len(ranks))] if options.return_all else results.get(0)
 
 
@@ -163,8 +166,8 @@ class _Follower:
         now = time.time()
         if self.deadline is not None and now >= self.deadline and self.streams:
             raise RunTimeout(
-                f"The run exceeded timeout={self.timeout_s:g} s and was stopped; its {self.lease.gpus:g} GPUs "
-                "were released. Raise timeout, or save checkpoints and call .resume()."
+                f"The run exceeded timeout={self.timeout_s:g} s and its workers were stopped. Raise timeout, "
+                "or save checkpoints (gs.save_checkpoint) and resume from the last one."
             )
         if self.stop_at_checkpoint is not None and now >= self.stop_at_checkpoint[0]:
             raise self._preempted(self.stop_at_checkpoint[1])
@@ -219,16 +222,18 @@ class _Follower:
         from .lease import notice_error
 
         notice = self.lease.notice()
+        if notice is None:  # the broker was replaced; the lease now watches the new one
+            return
         if notice.get("kind") == "preempt" and self.checkpoints:
             # stop at the next commit point, or just before the broker takes the GPUs
             self.stop_at_checkpoint = (notice["deadline"] - 1.0, notice)
             return
-        raise notice_error(self.lease, notice)
+        raise notice_error(self.lease, notice, checkpointed=bool(self.checkpoints))
 
     def _preempted(self, notice: dict) -> Preempted:
         from .lease import notice_error
 
-        return notice_error(self.lease, notice)
+        return notice_error(self.lease, notice, checkpointed=True)
 
     def _worker_failed(self, failure: dict) -> WorkerFailed:
         return WorkerFailed(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import dataclasses
 import logging
 import os
 import socket
@@ -30,6 +31,7 @@ from .pool import WorkerHandle, pool
 log = logging.getLogger("gpusession")
 PLACE_TIMEOUT_S = 30.0  # Ray should place a granted group at once; longer means foreign GPU use
 FREE_TIMEOUT_S = 5.0  # bound on waiting for Ray's resource view after removing the group
+CLEANUP_TIMEOUT_S = 2.0  # bound on the workers removing the lease's scratch directory
 _live: "weakref.WeakSet[Lease]" = weakref.WeakSet()
 
 
@@ -73,7 +75,7 @@ class Lease:
         self._notice: dict | None = None
         self._workers: list[WorkerHandle] = []
         self._workers_ready = False
-        self._workers_dirty = False
+        self._workers_clean = False  # only workers whose last run ended normally go back warm
         self._released = False
         self._lock = threading.Lock()
 
@@ -90,6 +92,10 @@ class Lease:
         """Run fn on every worker of this lease; returns rank 0's value (or all with return_all)."""
         from .group import run_function
 
+        if self._released:
+            raise GPUSessionError(
+                f"Lease {self.lease_id} was already released; get GPUs again with gs.lease(...)."
+            )
         self.check_notice()
         error: BaseException | None = None
         try:
@@ -103,11 +109,11 @@ class Lease:
 
     def release(self, reason: str = "finished") -> None:
         """Give the GPUs back now; waits (bounded) until Ray shows them free. Idempotent."""
-        with self._lock:
-            if self._released:
-                return
-            self._released = True
-        with deferred_interrupts():
+        with deferred_interrupts():  # a second Ctrl-C must not cut the release in half
+            with self._lock:
+                if self._released:
+                    return
+                self._released = True
             self._release(reason)
 
     def __enter__(self) -> "Lease":
@@ -136,10 +142,10 @@ class Lease:
             self.info.queued_s = self.granted_at - requested
             self.info.gpus, self.info.workers = self.gpus, self.workers
             self._place(broker, view)
+            self.observer.granted(self.info)
         except BaseException as exc:
             self.release("cancelled" if self.granted_at is None else _end_reason(exc))
             raise
-        self.observer.granted(self.info)
         return self
 
     def _spec(self) -> dict:
@@ -207,13 +213,23 @@ class Lease:
     def watch_ref(self):
         return self._watch
 
+    @property
+    def group_id(self) -> str | None:
+        return self._pg.id.hex() if self._pg is not None else None
+
     def notice(self, *, wait: bool = False) -> dict | None:
         """The broker's notice (preempt / revoke) if one arrived."""
-        if self._notice is None and self._watch is not None:
+        while self._notice is None and self._watch is not None:
             ready, _ = ray.wait([self._watch], timeout=None if wait else 0)
-            if ready:
+            if not ready:
+                break
+            try:
                 view = ray.get(self._watch)
-                self._notice = view.get("notice") or {"kind": "ended", "reason": view.get("end_reason")}
+            except ray.exceptions.RayActorError:  # the broker was replaced: watch through the new one
+                client.forget()
+                self._watch = client.broker().watch.remote(self.lease_id)
+                continue
+            self._notice = view.get("notice") or {"kind": "ended", "reason": view.get("end_reason")}
         return self._notice
 
     def check_notice(self) -> None:
@@ -229,14 +245,18 @@ class Lease:
             self._workers = pool().checkout([slot.node_id for slot in self.slots], runtime_env)
             self._workers_ready = False
         if not self._workers_ready:
-            pool().wait_ready(self._workers)
-            self._workers_ready, self._workers_dirty = True, False
+            self._workers = pool().wait_ready(self._workers)
+            self._workers_ready = True
             client.call(client.broker().placed, self.lease_id, {}, [w.actor for w in self._workers])
         return self._workers
 
+    def mark_workers_clean(self) -> None:
+        """A run finished normally: these workers may serve another lease (logical GPUs only)."""
+        self._workers_clean = True
+
     def retire_workers(self, *, dirty: bool) -> None:
         """Mark the workers unusable (a failed or stopped run); killed now, replaced in the pool."""
-        self._workers_dirty = self._workers_dirty or dirty
+        self._workers_clean = False
         if dirty and self._workers:
             pool().discard(self._workers, replace=True, runtime_env=self.options.runtime_env)
             self._workers = []
@@ -265,9 +285,10 @@ class Lease:
 
     def _release(self, reason: str) -> None:
         if self._workers:
-            for worker in self._workers:
-                worker.actor.cleanup.remote(self.lease_id)
-            if self.logical_gpus and not self._workers_dirty:
+            if self._workers_ready:  # only workers that ran made a scratch directory
+                cleanups = [worker.actor.cleanup.remote(self.lease_id) for worker in self._workers]
+                ray.wait(cleanups, num_returns=len(cleanups), timeout=CLEANUP_TIMEOUT_S)  # before any kill
+            if self.logical_gpus and self._workers_clean:
                 pool().give_back(self._workers)
             else:  # a process that touched a real GPU keeps its memory: never reuse it
                 pool().discard(self._workers, replace=True, runtime_env=self.options.runtime_env)
@@ -287,17 +308,23 @@ class Lease:
         _live.discard(self)
 
 
-def notice_error(lease: Lease, notice: dict) -> GPUSessionError:
+def notice_error(lease: Lease, notice: dict, *, checkpointed: bool | None = None) -> GPUSessionError:
+    """The error a caller sees when the broker took its lease back. checkpointed: None between
+    runs, else whether the stopped run had saved a checkpoint."""
+    what = f"Lease {lease.lease_id} ({lease.gpus:g} GPUs)"
+    if checkpointed is None:
+        then = "Ask for GPUs again with gs.lease(...) or the next call."
+    elif checkpointed:
+        then = ("The run stopped at its last checkpoint (kept in last_run.checkpoint or _gpu.checkpoint); "
+                "a decorated function continues from it with .resume().")
+    else:
+        then = "The run had saved no checkpoint (gs.save_checkpoint), so it stopped where it was."
     if notice.get("kind") == "preempt":
-        return Preempted(
-            f"Lease {lease.lease_id} ({lease.gpus:g} GPUs) was {notice.get('reason')}. The run stopped at its "
-            "last checkpoint; call .resume() to continue from it once GPUs are free."
-        )
+        return Preempted(f"{what} was {notice.get('reason')}. {then}")
     if notice.get("kind") == "revoke":
-        return LeaseRevoked(f"Lease {lease.lease_id} ({lease.gpus:g} GPUs) was {notice.get('reason')}. "
-                            "The workers were stopped.")
-    return LeaseRevoked(f"The broker ended lease {lease.lease_id} ({lease.gpus:g} GPUs): "
-                        f"{notice.get('reason') or 'no reason given'}. The workers were stopped.")
+        return LeaseRevoked(f"{what} was {notice.get('reason')}. The workers were stopped. {then}")
+    return LeaseRevoked(f"The broker ended {what}: {notice.get('reason') or 'no reason given'}. "
+                        f"The workers were stopped. {then}")
 
 
 def _error_for_end(view: dict) -> GPUSessionError:
@@ -334,6 +361,8 @@ def lease(**options: Any) -> Lease:
     from .events import default_observer
 
     run_options = validate_run_options(**options)
+    # `timeout` bounds each run of a held lease, not the lease: declare no hold limit to the broker.
+    run_options = dataclasses.replace(run_options, lease=dataclasses.replace(run_options.lease, max_hold_s=None))
     observer = default_observer(run_options.lease.workers)
     return Lease(run_options, observer=observer).acquire()
 

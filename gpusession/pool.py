@@ -32,6 +32,7 @@ class WorkerHandle:
     node_id: str
     env_key: str
     ready: ray.ObjectRef  # resolves to the worker's info once it imported torch
+    runtime_env: dict | None = None
     idle_since: float = field(default_factory=time.monotonic)
     info: dict | None = None  # node_id, address, pid, host: filled once ready
 
@@ -51,20 +52,43 @@ class WorkerPool:
         """One worker per entry of node_ids, warm ones first; new ones start now, not awaited."""
         key = _env_key(runtime_env)
         with self._lock:
-            return [self._take(node_id, key) or self._start(node_id, runtime_env) for node_id in node_ids]
+            handles = []
+            for node_id in node_ids:
+                handle = self._take(node_id, key)
+                if handle is not None:  # a warm one may have died while idle (OOM killer): ask it
+                    handle.ready = handle.actor.info.remote()
+                handles.append(handle or self._start(node_id, runtime_env))
+            return handles
 
     def wait_ready(self, handles: list[WorkerHandle]) -> list[WorkerHandle]:
-        try:
-            infos = ray.get([h.ready for h in handles])
-        except Exception as exc:
-            self.discard(handles)
-            raise GPUSessionError(
-                f"Could not start the worker processes: {exc}. Check runtime_env and that gpusession "
-                "is installed on every node."
-            ) from exc
-        for handle, info in zip(handles, infos):
+        """The same workers once ready, with any that died replaced once by fresh ones."""
+        dead = self._dead(handles)
+        if dead:
+            for handle, _ in dead:
+                _kill(handle)
+            fresh = {id(h): self._start(h.node_id, h.runtime_env) for h, _ in dead}
+            handles = [fresh.get(id(h), h) for h in handles]
+            still_dead = self._dead(list(fresh.values()))
+            if still_dead:
+                self.discard(handles)
+                reason = str(still_dead[0][1]).strip().splitlines()[-1][:300]
+                raise GPUSessionError(
+                    f"Could not start the worker processes ({reason}). Check runtime_env, the nodes' "
+                    "memory, and that gpusession is installed on every node."
+                )
+        for handle, info in zip(handles, ray.get([h.ready for h in handles])):
             handle.info = info
         return handles
+
+    @staticmethod
+    def _dead(handles: list[WorkerHandle]) -> list[tuple[WorkerHandle, Exception]]:
+        dead = []
+        for handle in handles:
+            try:
+                ray.get(handle.ready)
+            except Exception as exc:
+                dead.append((handle, exc))
+        return dead
 
     def acquire(self, node_ids: list[str], runtime_env: dict | None) -> list[WorkerHandle]:
         return self.wait_ready(self.checkout(node_ids, runtime_env))
@@ -128,7 +152,7 @@ class WorkerPool:
         if runtime_env:
             options["runtime_env"] = runtime_env
         actor = _REMOTE_WORKER.options(**options).remote()
-        return WorkerHandle(actor, node_id, _env_key(runtime_env), actor.info.remote())
+        return WorkerHandle(actor, node_id, _env_key(runtime_env), actor.info.remote(), runtime_env)
 
     def _schedule_reap(self) -> None:
         if self._reaper is None or not self._reaper.is_alive():

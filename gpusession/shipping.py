@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import sysconfig
+import threading
 from contextlib import contextmanager
 from functools import lru_cache
 from importlib import metadata
@@ -53,16 +54,28 @@ def local_modules() -> list:
     return found
 
 
+_registry_lock = threading.RLock()  # cloudpickle's by-value registry is global to the process
+
+
 @contextmanager
 def pickled_by_value(modules) -> Iterator[None]:
-    """Within the block, cloudpickle ships these modules' functions and classes as code."""
-    for module in modules:
-        cloudpickle.register_pickle_by_value(module)
-    try:
-        yield
-    finally:
-        for module in modules:
-            cloudpickle.unregister_pickle_by_value(module)
+    """Within the block, cloudpickle ships these modules' functions and classes as code.
+
+    Held under one lock, so two calls from threads of one process do not undo each other's
+    registrations; modules the user registered themselves stay registered."""
+    with _registry_lock:
+        added = [m for m in modules if not _registered(m)]
+        for module in added:
+            cloudpickle.register_pickle_by_value(module)
+        try:
+            yield
+        finally:
+            for module in added:
+                cloudpickle.unregister_pickle_by_value(module)
+
+
+def _registered(module) -> bool:
+    return module.__name__ in cloudpickle.list_registry_pickle_by_value()
 
 
 def dumps(obj: Any) -> bytes:

@@ -30,9 +30,6 @@ ctx_module = importlib.import_module("gpusession.context")
 
 from .capture import FdCapture, flush_all
 
-TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                      "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "CUDA_VISIBLE_DEVICES",
-                      "GPUSESSION_LEASE_ID")
 _DONE = object()
 
 
@@ -54,6 +51,7 @@ class RankSpec:
     caller_host: str
     caller_cwd: str
     pg_timeout_s: float
+    group_id: str | None = None  # the lease's placement group: if it is removed, this worker stops
     restarts: int = 0
 
 
@@ -88,23 +86,15 @@ class Worker:
         events: queue.Queue = queue.Queue()
         runner = threading.Thread(target=self._execute, args=(call, spec, checkpoint, events),
                                   name=f"gpusession-rank-{spec.rank}", daemon=True)
+        finished = threading.Event()
+        if spec.group_id:
+            threading.Thread(target=_exit_if_group_removed, args=(spec.group_id, spec.lease_id, finished),
+                             name="gpusession-lease-watchdog", daemon=True).start()
         runner.start()
-        held = None
-        while True:
-            item, held = (held if held is not None else events.get()), None
-            if item is _DONE:
-                return
-            if item[0] == "out":
-                item, held = _merge_output(item, events)
-            if item[0] in ("checkpoint", "value"):
-                kind, payload, committed = item
-                if kind == "checkpoint":
-                    yield ("checkpoint",)
-                yield payload
-                if committed is not None:
-                    committed.set()
-                continue
-            yield item
+        try:
+            yield from _stream(events)
+        finally:
+            finished.set()
 
     def _execute(self, call: bytes, spec: RankSpec, checkpoint: list, events: queue.Queue) -> None:
         def emit(event: tuple):
@@ -160,6 +150,45 @@ class Worker:
         return ("ok", result)
 
 
+def _stream(events: queue.Queue):
+    held = None
+    while True:
+        item, held = (held if held is not None else events.get()), None
+        if item is _DONE:
+            return
+        if item[0] == "out":
+            item, held = _merge_output(item, events)
+        if item[0] in ("checkpoint", "value"):
+            kind, payload, committed = item
+            if kind == "checkpoint":
+                yield ("checkpoint",)
+            yield payload
+            if committed is not None:
+                committed.set()
+            continue
+        yield item
+
+
+WATCHDOG_POLL_S = 1.0
+
+
+def _exit_if_group_removed(group_id: str, lease_id: int, finished: threading.Event) -> None:
+    """The lease's GPUs are held by its placement group, not by this process: if the broker
+    takes them back by force (the caller ignored a revoke or preemption, and the broker cannot
+    reach this process, e.g. after its own restart), stop computing on GPUs now lent to others."""
+    from ray.util.placement_group import PlacementGroup
+
+    group = PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group_id)))
+    while not finished.wait(WATCHDOG_POLL_S):
+        try:
+            state = ray.util.placement_group_table(group).get("state")
+        except Exception:  # GCS briefly unreachable: ask again next time
+            continue
+        if state == "REMOVED" and not finished.is_set():
+            os.write(2, f"gpusession: lease {lease_id} was taken back; stopping this worker.\n".encode())
+            os._exit(1)
+
+
 def _merge_output(first: tuple, events: queue.Queue) -> tuple[tuple, object]:
     """Coalesce output already waiting, so chatty code costs a few stream items, not thousands.
     Returns the merged item and the first non-output item taken off the queue (or None)."""
@@ -187,9 +216,13 @@ def _error_info(exc: BaseException, spec: RankSpec) -> dict:
 
 @contextmanager
 def _environment(spec: RankSpec):
-    """torchrun's variables, the lease's GPUs, the caller's directory when on the same host."""
-    saved_env = {name: os.environ.get(name) for name in TORCHRUN_VARIABLES}
-    saved_cwd = os.getcwd()
+    """torchrun's variables, the lease's GPUs, the caller's directory when on the same host.
+
+    A warm worker serves many calls, so everything a run may change is put back afterwards:
+    the whole environment, sys.path, the cwd, and modules it imported from the caller's
+    directory (so a module the user edits is imported afresh by the next call)."""
+    saved_env, saved_path, saved_cwd = dict(os.environ), list(sys.path), os.getcwd()
+    modules_before = set(sys.modules)
     os.environ.update({
         "RANK": str(spec.rank), "LOCAL_RANK": str(spec.local_rank),
         "WORLD_SIZE": str(spec.world_size), "LOCAL_WORLD_SIZE": str(spec.local_world_size),
@@ -206,13 +239,18 @@ def _environment(spec: RankSpec):
         yield
     finally:
         os.chdir(saved_cwd)
-        if sys.path and sys.path[0] == spec.caller_cwd:
-            sys.path.pop(0)
-        for name, value in saved_env.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
+        sys.path[:] = saved_path
+        os.environ.clear()
+        os.environ.update(saved_env)
+        _forget_modules_from(spec.caller_cwd, set(sys.modules) - modules_before)
+
+
+def _forget_modules_from(directory: str, names: set[str]) -> None:
+    root = os.path.realpath(directory) + os.sep
+    for name in names:
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if file and os.path.realpath(file).startswith(root):
+            del sys.modules[name]
 
 
 def _init_process_group(spec: RankSpec) -> None:

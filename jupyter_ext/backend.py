@@ -72,11 +72,16 @@ class Backend:
                                     "it may be overloaded or restarting. Try again.") from None
 
     async def auth_for(self, user: str) -> dict:
-        """Admins act with the admin token; everyone else with their own server-signed name."""
+        """Admins act with the admin token; everyone else with their own server-signed name.
+
+        A server without the signing key (a JupyterHub user server: the Hub signed its owner's
+        name at spawn, see cluster/jupyterhub-values.yaml) can vouch only for its owner."""
         conn = await self.connection()
         if user in self.options.admin_users and conn.admin_token:
             return {"user": user, "token": conn.admin_token, "by": user}
-        return {"user": user, "signature": sign(user, conn.signing_key) if conn.signing_key else None}
+        if conn.signing_key:
+            return {"user": user, "signature": sign(user, conn.signing_key)}
+        return {"user": user, "signature": os.environ.get(SIGNATURE_ENV) if user == self.owner else None}
 
     async def server_auth(self) -> dict | None:
         conn = await self.connection()

@@ -30,7 +30,13 @@ def call(method, *args: Any, timeout: float | None = _CALL_TIMEOUT_S, **kwargs: 
     Calls survive a broker restart: Ray retries them on the restarted actor (every method is
     idempotent, and `request` is deduplicated by its request_id)."""
     try:
-        return ray.get(method.options(max_task_retries=-1).remote(*args, **kwargs), timeout=timeout)
+        try:
+            return ray.get(method.options(max_task_retries=-1).remote(*args, **kwargs), timeout=timeout)
+        except ray.exceptions.RayActorError:
+            # The broker was replaced (a newer client killed it for good): find the new one, once.
+            forget()
+            fresh = getattr(broker(), method._method_name)
+            return ray.get(fresh.options(max_task_retries=-1).remote(*args, **kwargs), timeout=timeout)
     except ray.exceptions.RayTaskError as exc:
         cause = getattr(exc, "cause", None)
         if isinstance(cause, (GPUSessionError, ValueError, TypeError, KeyError)):

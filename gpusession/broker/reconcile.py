@@ -11,14 +11,18 @@ from dataclasses import dataclass
 
 from .rayview import Snapshot
 
-RUN_DEADLINE_SLACK_S = 60.0  # setup time on top of a run's timeout before the broker steps in
+# The caller enforces a run's timeout itself; the broker steps in only for a caller that failed to,
+# counting from the placement with room for setup (worker start, a runtime_env's pip install).
+RUN_DEADLINE_SLACK_S = 600.0
 
 
 @dataclass(frozen=True)
 class Timeouts:
     claim_s: float = 15.0  # a grant whose group was never created expires after this
     heartbeat_s: float = 5.0  # a queued request whose caller stopped polling is dropped after this
-    vanish_s: float = 0.4  # a placed lease whose group is missing this long is closed
+    # A placed lease whose group is gone while its caller lives: the caller is probably releasing
+    # (it waits up to 5 s for Ray's view before telling the broker), so give it longer than that.
+    vanish_s: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -78,8 +82,9 @@ def _reconcile_one(row, snapshot, now, last_seen, vanished_since, timeouts) -> l
     notice = row.get("notice") or {}
     if notice.get("deadline") is not None and now >= notice["deadline"]:
         return [Force(lease_id, notice.get("reason_code", "revoked"))]
-    if row.get("max_hold_s") and row.get("granted_at") is not None:
-        if now > row["granted_at"] + row["max_hold_s"] + RUN_DEADLINE_SLACK_S:
+    held_since = row.get("placed_at") or row.get("granted_at")
+    if row.get("max_hold_s") and held_since is not None:
+        if now > held_since + row["max_hold_s"] + RUN_DEADLINE_SLACK_S:
             return [Force(lease_id, "timeout")]
     if group is not None and group.state == "CREATED":
         if state == "granted":
@@ -96,10 +101,13 @@ def _reconcile_one(row, snapshot, now, last_seen, vanished_since, timeouts) -> l
     if group is not None and group.state != "REMOVED":
         return []  # RESCHEDULING after a node loss: the run itself will notice
     # placed, but its group is missing or removed
+    ended = snapshot.dead_jobs.get(row.get("job_id"))
+    if ended is not None:  # the kernel died and Ray removed its group: close at its real end
+        since = vanished_since.get(lease_id, now)
+        return [Close(lease_id, "caller gone", min(since, ended) if ended else since)]
     since = vanished_since.get(lease_id)
     if since is None:
         return [MarkVanished(lease_id, now)]
     if now - since >= timeouts.vanish_s:
-        ended = snapshot.dead_jobs.get(row.get("job_id"))  # the kernel's real death, if Ray knows it
-        return [Close(lease_id, "caller gone", min(since, ended) if ended else since)]
+        return [Close(lease_id, "lost", since)]  # removed under a living caller that never said
     return []

@@ -120,7 +120,7 @@ class BrokerService:
         return {
             "user": user,
             "cluster": views.cluster_view(self.snapshot, self.books),
-            "quota": views.quota_view(user, self.books, self.ledger.quotas(), now),
+            "quota": views.quota_view(user, self.books, self.ledger.quotas(), self._hours_7d(now)),
             "leases": mine,
             "allow_borrowing": self.books.settings.allow_borrowing,
         }
@@ -159,15 +159,15 @@ class BrokerService:
         admin, user = self._who(auth)
         now = time.time()
         rows = self.ledger.quotas()
-        recent = self.ledger.gpu_hours_since(now - 7 * views.DAY_S, now)  # users who ran lately, row or not
+        recent = self._hours_7d(now)  # users who ran lately appear even without a quota row
         users = sorted(set(rows) | {r["user"] for r in self.books.rows.values()} | set(recent)) if admin else [user]
-        return [views.quota_view(u, self.books, rows, now) for u in users]
+        return [views.quota_view(u, self.books, rows, recent) for u in users]
 
     async def quota(self, user: str, auth: dict) -> dict:
         admin, caller = self._who(auth)
         if not admin and user != caller:
             raise NotAuthorized(f"Only an admin may read the quota of {user}; you are {caller}.")
-        return views.quota_view(user, self.books, self.ledger.quotas(), time.time())
+        return views.quota_view(user, self.books, self.ledger.quotas(), self._hours_7d(time.time()))
 
     async def set_quota(self, user: str, update: dict, auth: dict) -> dict:
         self._require_admin(auth)
@@ -176,14 +176,14 @@ class BrokerService:
         self.books.reload_quotas()
         log.info("Quota of %s set to %s", user, views.quota_dict(quota))
         self._schedule()
-        return views.quota_view(user, self.books, self.ledger.quotas(), time.time())
+        return views.quota_view(user, self.books, self.ledger.quotas(), self._hours_7d(time.time()))
 
     async def reset_quota(self, user: str, auth: dict) -> dict:
         self._require_admin(auth)
         self.ledger.reset_quota(user)
         self.books.reload_quotas()
         self._schedule()
-        return views.quota_view(user, self.books, self.ledger.quotas(), time.time())
+        return views.quota_view(user, self.books, self.ledger.quotas(), self._hours_7d(time.time()))
 
     async def usage(self, auth: dict, since: float | None = None, until: float | None = None,
                     by: str = "user") -> list[dict]:
@@ -210,6 +210,9 @@ class BrokerService:
         return self.identity_key.decode()
 
     # ----- internals ---------------------------------------------------------------------------
+    def _hours_7d(self, now: float) -> dict[str, float]:
+        return self.ledger.gpu_hours_since(now - 7 * views.DAY_S, now)
+
     def _who(self, auth: dict) -> tuple[bool, str | None]:
         if secrets.token_matches(auth.get("token"), self.admin_token):
             return True, auth.get("user")

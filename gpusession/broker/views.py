@@ -66,7 +66,8 @@ def quota_dict(quota: Quota) -> dict:
     return {"max_gpus": quota.max_gpus, "gpu_hours": quota.gpu_hours, "max_priority": quota.max_priority.label}
 
 
-def quota_view(user: str, books: Books, rows: dict[str, QuotaRow], now: float) -> dict:
+def quota_view(user: str, books: Books, rows: dict[str, QuotaRow], hours_7d: dict[str, float]) -> dict:
+    """hours_7d: GPU-hours per user over the last 7 days (computed once per call, not per user)."""
     quota = books.quota_for(user)
     held = sum(l.gpus for l in books.active() if l.user == user)
     row = rows.get(user)
@@ -75,7 +76,7 @@ def quota_view(user: str, books: Books, rows: dict[str, QuotaRow], now: float) -
         **quota_dict(quota),
         "is_default": row is None,
         "gpus_in_use": held,
-        "gpu_hours_7d": round(books.ledger.gpu_hours_since(now - 7 * DAY_S, now).get(user, 0.0), 6),
+        "gpu_hours_7d": round(hours_7d.get(user, 0.0), 6),
         "updated_at": row.updated_at if row else None,
         "updated_by": row.updated_by if row else None,
     }

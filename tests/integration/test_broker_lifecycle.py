@@ -100,3 +100,76 @@ def test_admin_operations_need_the_token_and_owners_may_revoke_only_their_own(cl
             client.call(broker.quota, current_user(), user)  # someone else's quota
     finally:
         held.release()
+
+
+def test_a_run_in_flight_survives_its_broker_being_replaced_by_another_client(cluster, quiet, broker, admin, tmp_path):
+    import threading
+
+    gate = tmp_path / "gate"
+
+    @gs.distributed(gpus=2)
+    def waits_for_gate(path):
+        import os
+        import time as t
+
+        while not os.path.exists(path):
+            t.sleep(0.02)
+        return gs.context().lease_id
+
+    result: dict = {}
+    caller = threading.Thread(target=lambda: result.setdefault("lease", waits_for_gate(str(gate))))
+    caller.start()
+    wait_for(lambda: any(l["state"] == "placed" for l in client.call(broker.leases, admin)), timeout=60,
+             message="the run placed")
+    # Another (newer) client replaces the broker; this process still holds the old handle.
+    ray.kill(broker, no_restart=True)
+    client._wait_until_gone()
+    replacement = client._create(BrokerConfig(db_path=str(cluster.db_path)))
+    gate.touch()
+    caller.join(120)
+    assert "lease" in result  # the run finished normally, no ActorDiedError
+    assert _row(replacement, admin, result["lease"])["end_reason"] == "finished"
+    assert gs.distributed(gpus=1)(lambda: "still works")() == "still works"
+
+
+def test_a_worker_stops_by_itself_when_its_leases_group_is_taken_back(cluster, quiet, broker, admin, tmp_path):
+    import os
+    import threading
+
+    import psutil
+
+    pid_file = tmp_path / "pid"
+
+    @gs.distributed(gpus=1)
+    def computes_forever(path):
+        import os
+        import time as t
+
+        open(path, "w").write(str(os.getpid()))
+        while True:
+            t.sleep(0.05)
+
+    outcome: dict = {}
+
+    def call() -> None:
+        try:
+            computes_forever(str(pid_file))
+        except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
+            outcome["error"] = exc
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    wait_for(lambda: pid_file.exists() and pid_file.read_text(), timeout=60, message="the worker running")
+    worker_pid = int(pid_file.read_text())
+    lease = next(l for l in client.call(broker.leases, admin) if l["state"] == "placed")
+    group = next(pg for pg in ray.util.placement_group_table().values() if pg["name"] == lease["pg_name"])
+    taken_at = time.monotonic()
+    from gpusession.broker.rayview import remove_group
+
+    remove_group(group["placement_group_id"])  # what the broker does when it forces a lease off
+    wait_for(lambda: not psutil.pid_exists(worker_pid) or psutil.Process(worker_pid).status() == "zombie",
+             timeout=10, message="the worker process gone")
+    assert time.monotonic() - taken_at < 5  # WATCHDOG_POLL_S is 1 s
+    caller.join(60)
+    assert isinstance(outcome.get("error"), gs.WorkerFailed)
+    assert free_gpus() == CLUSTER_GPUS

@@ -159,3 +159,19 @@ def test_calls_from_two_threads_of_one_process_each_get_their_own_lease(cluster,
     for t in threads:
         t.join(120)
     assert len(results) == 2 and results[0] != results[1]
+
+
+def test_warm_workers_killed_while_idle_are_replaced_and_the_next_call_succeeds(cluster, quiet):
+    from gpusession.pool import pool
+
+    @gs.distributed(gpus=2, return_all=True)
+    def pids():
+        return os.getpid()
+
+    first = pids()
+    for pid in first:  # what the OOM killer does to idle processes
+        os.kill(pid, signal.SIGKILL)
+    second = pids()
+    assert len(second) == 2 and not set(second) & set(first)
+    assert set(pids()) == set(second)  # and the replacements are warm again for the call after
+    assert pool().idle_count() >= 2

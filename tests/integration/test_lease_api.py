@@ -80,3 +80,32 @@ def test_a_lease_revoked_between_runs_raises_on_the_next_run(cluster, quiet, bro
         lease.notice(wait=True)
         lease.run(lambda: None)
     assert free_gpus() == CLUSTER_GPUS
+
+
+def test_a_warm_worker_forgets_what_the_last_call_changed(cluster, quiet, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "helper_by_name.py").write_text("VALUE = 1\n")
+
+    @gs.distributed(gpus=1)
+    def imports_by_name_and_sets_env():
+        import os
+
+        import helper_by_name  # imported on the worker from the caller's directory, by name
+
+        seen = os.environ.get("LEFT_BY_LAST_CALL")
+        os.environ["LEFT_BY_LAST_CALL"] = "yes"
+        return helper_by_name.VALUE, seen, os.getpid()
+
+    value, seen, pid = imports_by_name_and_sets_env()
+    assert (value, seen) == (1, None)
+    (tmp_path / "helper_by_name.py").write_text("VALUE = 2\n")
+    value, seen, same_pid = imports_by_name_and_sets_env()
+    assert same_pid == pid  # the same warm process served both calls
+    assert (value, seen) == (2, None)  # fresh code, and no variable left behind
+
+
+def test_running_on_a_released_lease_says_so(cluster, quiet):
+    with gs.lease(gpus=1) as lease:
+        pass
+    with pytest.raises(gs.GPUSessionError, match="already released; get GPUs again with gs.lease"):
+        lease.run(lambda: None)

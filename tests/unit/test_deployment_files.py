@@ -29,3 +29,27 @@ def test_the_jupyterhub_values_point_user_servers_at_the_head_service():
     config = single["extraFiles"]["gpusession-server-config"]["data"]["GPUSession"]
     assert config["ray_address"] == single["extraEnv"]["RAY_ADDRESS"]
     assert config["admin_users"]
+
+
+def test_the_hub_signs_each_user_as_the_broker_verifies_and_gives_only_admins_the_token():
+    from types import SimpleNamespace
+
+    from gpusession.identity import Identity, verify
+
+    values = yaml.safe_load((CLUSTER / "jupyterhub-values.yaml").read_text())
+    files = {"/etc/gpusession/identity_key": "k3y\n", "/etc/gpusession/admin_token": "t0ken\n"}
+    config = SimpleNamespace(Spawner=SimpleNamespace())
+    namespace = {"c": config, "open": lambda path: SimpleNamespace(read=lambda: files[path])}
+    exec(values["hub"]["extraConfig"]["gpusession"], namespace)
+    environments = {}
+    for name in ("alice", "bob"):
+        spawner = SimpleNamespace(user=SimpleNamespace(name=name), environment={})
+        config.Spawner.pre_spawn_hook(spawner)
+        environments[name] = spawner.environment
+    for name, env in environments.items():
+        assert env["GPUSESSION_USER"] == name
+        assert verify(Identity(name, env["GPUSESSION_IDENTITY"]), b"k3y")
+    assert environments["alice"]["GPUSESSION_ADMIN_TOKEN"] == "t0ken"  # an admin
+    assert "GPUSESSION_ADMIN_TOKEN" not in environments["bob"]  # an ordinary user never sees it
+    admins = values["singleuser"]["extraFiles"]["gpusession-server-config"]["data"]["GPUSession"]["admin_users"]
+    assert set(admins) == namespace["GPUSESSION_ADMINS"]

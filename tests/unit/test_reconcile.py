@@ -6,7 +6,7 @@ from gpusession.broker.rayview import GroupState, Snapshot
 from gpusession.broker.reconcile import Close, Force, MarkPlaced, MarkVanished, Timeouts, reconcile
 
 NOW = 1_000.0
-TIMEOUTS = Timeouts(claim_s=15, heartbeat_s=5, vanish_s=0.4)
+TIMEOUTS = Timeouts(claim_s=15, heartbeat_s=5, vanish_s=10)
 
 
 def _row(lease_id=1, state="placed", **extra):
@@ -33,14 +33,15 @@ def test_a_placed_lease_with_its_group_present_needs_nothing():
     assert _run([_row()], _snapshot({1: _group()})) == []
 
 
-def test_a_placed_lease_whose_group_vanished_is_marked_then_closed_at_the_time_it_vanished():
+def test_a_group_gone_under_a_living_caller_waits_for_its_release_before_closing_as_lost():
     assert _run([_row()], _snapshot()) == [MarkVanished(1, NOW)]
-    assert _run([_row()], _snapshot(), vanished={1: NOW - 0.5}) == [Close(1, "caller gone", NOW - 0.5)]
+    assert _run([_row()], _snapshot(), vanished={1: NOW - 5}) == []  # the caller is still releasing
+    assert _run([_row()], _snapshot(), vanished={1: NOW - 10}) == [Close(1, "lost", NOW - 10)]
 
 
-def test_a_vanished_lease_of_a_dead_job_is_closed_at_the_jobs_real_end():
+def test_a_vanished_lease_of_a_dead_job_is_closed_at_once_at_the_jobs_real_end():
     snapshot = _snapshot({1: _group("REMOVED")}, dead_jobs={"0a000000": NOW - 30})
-    assert _run([_row()], snapshot, vanished={1: NOW - 1}) == [Close(1, "caller gone", NOW - 30)]
+    assert _run([_row()], snapshot) == [Close(1, "caller gone", NOW - 30)]
 
 
 def test_a_grant_whose_group_was_created_is_marked_placed_with_its_nodes():
@@ -69,9 +70,12 @@ def test_a_notice_past_its_deadline_forces_the_lease_off_its_gpus():
     assert _run([row], _snapshot({1: _group()})) == [Force(1, "preempted")]
 
 
-def test_a_run_far_past_its_declared_timeout_is_forced():
-    row = _row(max_hold_s=10, granted_at=NOW - 100)
-    assert _run([row], _snapshot({1: _group()})) == [Force(1, "timeout")]
+def test_a_run_far_past_its_declared_timeout_is_forced_counting_from_its_placement():
+    from gpusession.broker.reconcile import RUN_DEADLINE_SLACK_S
+
+    late = _row(max_hold_s=10, granted_at=NOW - 2000, placed_at=NOW - 11 - RUN_DEADLINE_SLACK_S)
+    in_setup = _row(lease_id=2, max_hold_s=10, granted_at=NOW - 2000, placed_at=NOW - 20)
+    assert _run([late, in_setup], _snapshot({1: _group(), 2: _group()})) == [Force(1, "timeout")]
 
 
 def test_a_group_rescheduling_after_a_node_loss_is_not_treated_as_vanished():

@@ -1,0 +1,66 @@
+"""Which code ships by value, and that doing so is safe from several threads."""
+from __future__ import annotations
+
+import sys
+import threading
+import types
+
+import cloudpickle
+
+from gpusession.shipping import dumps, local_modules, pickled_by_value
+
+
+def test_a_module_in_the_callers_directory_is_local_and_an_installed_one_is_not(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "notebook_helpers.py").write_text("def f():\n    return 7\n")
+    import notebook_helpers
+
+    try:
+        names = {m.__name__ for m in local_modules()}
+        assert "notebook_helpers" in names
+        assert not names & {"cloudpickle", "json", "gpusession", "pytest"}
+        payload = dumps(notebook_helpers.f)
+    finally:
+        sys.modules.pop("notebook_helpers", None)
+    (tmp_path / "notebook_helpers.py").unlink()  # a worker elsewhere has no such file
+    assert cloudpickle.loads(payload)() == 7  # it travelled as code, not as an import by name
+
+
+def test_a_registration_the_user_made_stays_after_gpusession_pickles():
+    module = types.ModuleType("users_own_registration")
+    sys.modules[module.__name__] = module
+    try:
+        cloudpickle.register_pickle_by_value(module)
+        with pickled_by_value([module]):
+            pass
+        assert module.__name__ in cloudpickle.list_registry_pickle_by_value()
+    finally:
+        cloudpickle.unregister_pickle_by_value(module)
+        sys.modules.pop(module.__name__)
+
+
+def test_calls_pickling_from_several_threads_do_not_undo_each_others_registrations():
+    module = types.ModuleType("shared_between_threads")
+    exec("def f():\n    return 1\n", module.__dict__)
+    sys.modules[module.__name__] = module
+    errors: list[BaseException] = []
+
+    def pickle_many() -> None:
+        try:
+            for _ in range(100):
+                with pickled_by_value([module]):
+                    assert cloudpickle.loads(cloudpickle.dumps(module.f))() == 1
+        except BaseException as exc:  # recorded for the assertion
+            errors.append(exc)
+
+    threads = [threading.Thread(target=pickle_many) for _ in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        sys.modules.pop(module.__name__)
+    assert errors == []
+    assert module.__name__ not in cloudpickle.list_registry_pickle_by_value()
