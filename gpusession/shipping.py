@@ -37,21 +37,24 @@ def _user_roots() -> tuple[str, ...]:
     return tuple(os.path.realpath(r) + os.sep for r in roots)
 
 
+def is_user_file(file: str | None, user_roots: tuple[str, ...]) -> bool:
+    """A file the user wrote: under one of their directories, not inside an interpreter's
+    libraries (a virtualenv often lives inside the project directory)."""
+    if not file:
+        return False
+    path = os.path.realpath(file)
+    return path.startswith(user_roots) and not path.startswith(_library_roots())
+
+
 def local_modules() -> list:
     """Top-level modules and packages imported from the caller's own directory."""
-    user_roots, library_roots = _user_roots(), _library_roots()
+    user_roots = _user_roots()
     installed = _installed_top_level_names()
-    found = []
-    for name, module in list(sys.modules.items()):
-        if "." in name or name in ("__main__", "gpusession") or name in installed:
-            continue
-        file = getattr(module, "__file__", None)
-        if not file:
-            continue
-        path = os.path.realpath(file)
-        if path.startswith(user_roots) and not path.startswith(library_roots):
-            found.append(module)
-    return found
+    return [
+        module for name, module in list(sys.modules.items())
+        if "." not in name and name not in ("__main__", "gpusession") and name not in installed
+        and is_user_file(getattr(module, "__file__", None), user_roots)
+    ]
 
 
 _registry_lock = threading.RLock()  # cloudpickle's by-value registry is global to the process

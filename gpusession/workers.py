@@ -29,6 +29,7 @@ import ray
 ctx_module = importlib.import_module("gpusession.context")
 
 from .capture import FdCapture, flush_all
+from .shipping import is_user_file
 
 _DONE = object()
 
@@ -246,10 +247,11 @@ def _environment(spec: RankSpec):
 
 
 def _forget_modules_from(directory: str, names: set[str]) -> None:
-    root = os.path.realpath(directory) + os.sep
+    """Drop the user's own modules this run imported; never a library's (torch registers
+    operators at import and must not be imported twice)."""
+    roots = (os.path.realpath(directory) + os.sep,)
     for name in names:
-        file = getattr(sys.modules.get(name), "__file__", None)
-        if file and os.path.realpath(file).startswith(root):
+        if is_user_file(getattr(sys.modules.get(name), "__file__", None), roots):
             del sys.modules[name]
 
 

@@ -64,3 +64,15 @@ def test_calls_pickling_from_several_threads_do_not_undo_each_others_registratio
         sys.modules.pop(module.__name__)
     assert errors == []
     assert module.__name__ not in cloudpickle.list_registry_pickle_by_value()
+
+
+def test_a_virtualenv_inside_the_project_directory_is_a_library_not_user_code(tmp_path):
+    import os
+    import torch
+
+    from gpusession.shipping import is_user_file
+
+    project = (os.path.dirname(os.path.dirname(torch.__file__)),)  # a root that contains the venv
+    assert not is_user_file(torch.__file__, project)
+    (tmp_path / "mine.py").write_text("")
+    assert is_user_file(str(tmp_path / "mine.py"), (str(tmp_path) + os.sep,))
