@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+import uuid
 from typing import Any, Callable
 
 import ray
@@ -41,9 +42,10 @@ def rank_specs(lease, workers, *, backend: str, return_all: bool, restarts: int 
         if slot.node_id not in node_order:
             node_order.append(slot.node_id)
     ordered = sorted(zip(lease.slots, workers), key=lambda pair: (node_order.index(pair[0].node_id), pair[0].index))
-    master_addr, master_port = ray.get(ordered[0][1].actor.free_port.remote())
-    caller_host, caller_cwd = socket.gethostname(), os.getcwd()
     pg_timeout = float(os.environ.get(PG_TIMEOUT_ENV, DEFAULT_PG_TIMEOUT_S))
+    master_addr, master_port = ray.get(ordered[0][1].actor.open_rendezvous.remote(len(ordered), pg_timeout))
+    caller_host, caller_cwd = socket.gethostname(), os.getcwd()
+    run_id = uuid.uuid4().hex
     specs, local_counts = [], {n: sum(1 for s in lease.slots if s.node_id == n) for n in node_order}
     seen_on_node: dict[str, int] = {}
     for rank, (slot, worker) in enumerate(ordered):
@@ -57,7 +59,7 @@ def rank_specs(lease, workers, *, backend: str, return_all: bool, restarts: int 
             node_gpu_ids=node_gpus, gpu_ids=slot.gpu_ids, lease_id=lease.lease_id,
             logical_gpus=lease.logical_gpus, return_value=return_all or rank == 0,
             caller_host=caller_host, caller_cwd=caller_cwd, pg_timeout_s=pg_timeout, restarts=restarts,
-            group_id=lease.group_id,
+            run_id=run_id, group_id=lease.group_id,
         ), slot, worker))
     return specs
 
@@ -155,6 +157,10 @@ class _Follower:
         best = min(self.failures, key=lambda f: f[0])
         waited = time.monotonic() - self.failing_since
         if best[0] == 0 or waited >= FAILURE_GRACE_S or not self.streams:
+            others = [f for _, f in self.failures if f is not best[1]]
+            if best[0] != 0 and others:  # no root cause found: show what every rank reported
+                best[1].args = (best[1].args[0] + " Other ranks: " + "; ".join(
+                    f"rank {f.rank}: {f.remote_type}: {(f.remote_message or '')[:300]}" for f in others),)
             raise best[1]
 
     def _poll_timeout(self) -> float:

@@ -52,6 +52,7 @@ class RankSpec:
     caller_host: str
     caller_cwd: str
     pg_timeout_s: float
+    run_id: str = ""  # unique per run: the rendezvous keys live under it
     group_id: str | None = None  # the lease's placement group: if it is removed, this worker stops
     restarts: int = 0
 
@@ -67,15 +68,22 @@ class Worker:
 
         self.node_id = ray.get_runtime_context().get_node_id()
         self.address = ray.util.get_node_ip_address()
+        self._store = None  # rank 0's TCPStore between open_rendezvous and the run
+        self._served_store = None  # the store of rank 0's last run
 
     def info(self) -> dict:
         return {"node_id": self.node_id, "address": self.address, "pid": os.getpid(),
                 "host": socket.gethostname()}
 
-    def free_port(self) -> tuple[str, int]:
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            return self.address, sock.getsockname()[1]
+    def open_rendezvous(self, world_size: int, timeout_s: float) -> tuple[str, int]:
+        """Rank 0 only: bind the run's TCPStore on a port the OS picks, and keep it for the run.
+        Binding here (not "find a free port, close it, bind it later") leaves no gap in which
+        another process, or another run, could take the port."""
+        from torch.distributed import TCPStore
+
+        self._store = TCPStore(self.address, 0, world_size, is_master=True,
+                               timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
+        return self.address, self._store.port
 
     def cleanup(self, lease_id: int) -> None:
         shutil.rmtree(scratch_dir(lease_id), ignore_errors=True)
@@ -133,7 +141,10 @@ class Worker:
 
         try:
             fn, args, kwargs = cloudpickle.loads(call)
-            _init_process_group(spec)
+            store, self._store = self._store, None
+            if store is not None:  # rank 0 serves the rendezvous until its next run, so no peer
+                self._served_store = store  # still waiting on its last answer is ever cut off
+            _init_process_group(spec, store)
             run = ctx_module._Run(_make_context(spec), emit, checkpoint)
             ctx_module._current = run
             emit(("started", time.time()))
@@ -255,7 +266,7 @@ def _forget_modules_from(directory: str, names: set[str]) -> None:
             del sys.modules[name]
 
 
-def _init_process_group(spec: RankSpec) -> None:
+def _init_process_group(spec: RankSpec, store) -> None:
     import torch.distributed as dist
 
     if spec.backend == "nccl":
@@ -267,10 +278,19 @@ def _init_process_group(spec: RankSpec) -> None:
                 f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}). Use backend='gloo'."
             )
         torch.cuda.set_device(_local_devices(spec)[0])
-    dist.init_process_group(
-        spec.backend, init_method="env://", rank=spec.rank, world_size=spec.world_size,
-        timeout=timedelta(seconds=spec.pg_timeout_s),
-    )
+    timeout = timedelta(seconds=spec.pg_timeout_s)
+    if store is None:  # every rank but 0 joins the store rank 0 opened
+        store = dist.TCPStore(spec.master_addr, spec.master_port, spec.world_size, is_master=False,
+                              timeout=timeout)
+    # Keys under this run's own prefix: nothing of another run can ever be read by mistake.
+    scoped = dist.PrefixStore(f"gpusession/{spec.lease_id}/{spec.run_id}/", store)
+    dist.init_process_group(spec.backend, store=scoped, rank=spec.rank, world_size=spec.world_size,
+                            timeout=timeout)
+    # Each rank connects its own side of gloo's mesh. Without this barrier a rank whose function
+    # does no collective could finish, close its sockets, and fail a peer still connecting
+    # ("Gloo connectFullMesh failed ... Connection closed by peer").
+    scoped.set(f"connected/{spec.rank}", "1")
+    scoped.wait([f"connected/{rank}" for rank in range(spec.world_size)], timeout)
 
 
 def _local_devices(spec: RankSpec) -> list[int]:

@@ -106,7 +106,16 @@ class _InterruptWhen(events.Observer):
             os.kill(os.getpid(), signal.SIGINT)
 
 
-def test_interrupt_stops_every_worker_and_frees_the_gpus_before_keyboard_interrupt_arrives(cluster):
+@pytest.fixture
+def sigint_raises_keyboard_interrupt():
+    """A process started in the background inherits SIGINT ignored; a kernel never runs that way."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_interrupt_stops_every_worker_and_frees_the_gpus_before_keyboard_interrupt_arrives(
+        cluster, sigint_raises_keyboard_interrupt):
     observer = _InterruptWhen("training started")
     events.set_observer_factory(lambda world_size: observer)
 
