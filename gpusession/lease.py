@@ -35,7 +35,7 @@ CLEANUP_TIMEOUT_S = 2.0  # bound on the workers removing the lease's scratch dir
 _live: "weakref.WeakSet[Lease]" = weakref.WeakSet()
 
 
-@ray.remote(num_cpus=0, max_calls=0)
+@ray.remote(num_cpus=0, max_calls=0, max_retries=0)  # a probe whose group vanished must fail, not wait
 def _probe() -> tuple[str, str, list[str]]:
     """Runs inside one bundle: which node, and which GPU ids Ray reserved for that bundle."""
     context = ray.get_runtime_context()
@@ -176,6 +176,29 @@ class Lease:
         return view
 
     def _place(self, broker, view: dict) -> None:
+        try:
+            self._place_group(broker, view)
+        except (ray.exceptions.RayError, Infeasible):
+            # A grant can be preempted or revoked while it is being placed (a busy caller may
+            # take longer than the grace): then the group vanishes under the probes, and the
+            # broker's reason is what the caller should see, not Ray's.
+            taken = self._taken_back(broker)
+            if taken is not None:
+                raise taken from None
+            raise
+
+    def _taken_back(self, broker) -> GPUSessionError | None:
+        try:
+            view = client.call(broker.wait, self.lease_id, -1, 0.0)
+        except Exception:  # the broker is away: the original error stands
+            return None
+        if view.get("notice"):
+            return notice_error(self, view["notice"])
+        if view["state"] == "ended":
+            return notice_error(self, {"kind": "ended", "reason": view.get("end_reason")})
+        return None
+
+    def _place_group(self, broker, view: dict) -> None:
         lease = self.options.lease
         self._pg = placement_group(
             [{"GPU": lease.gpus_per_worker}] * lease.workers,

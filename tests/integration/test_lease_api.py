@@ -4,8 +4,11 @@ from __future__ import annotations
 import importlib
 import sys
 import textwrap
+import threading
+import time
 
 import pytest
+import ray
 
 import gpusession as gs
 
@@ -79,6 +82,43 @@ def test_a_lease_revoked_between_runs_raises_on_the_next_run(cluster, quiet, bro
     with pytest.raises(gs.LeaseRevoked, match="revoked by admin"):
         lease.notice(wait=True)
         lease.run(lambda: None)
+    assert free_gpus() == CLUSTER_GPUS
+
+
+@ray.remote(num_cpus=0, max_calls=0, max_retries=0)
+def _probe_that_never_answers() -> None:
+    time.sleep(600)
+
+
+def test_a_grant_revoked_while_it_is_being_placed_raises_the_brokers_reason(cluster, quiet, broker, admin,
+                                                                           monkeypatch):
+    """A busy caller can take longer to place its group than the broker's grace; the group then
+    vanishes under it. The caller must see why (not a raw Ray error), and nothing stays held."""
+    from gpusession.broker import client
+
+    monkeypatch.setattr(sys.modules["gpusession.lease"], "_probe", _probe_that_never_answers)
+    outcome: dict = {}
+
+    def acquire() -> None:
+        try:
+            outcome["lease"] = gs.lease(gpus=2)
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            outcome["error"] = exc
+
+    caller = threading.Thread(target=acquire)
+    caller.start()
+    deadline = time.monotonic() + 60
+    while free_gpus() != CLUSTER_GPUS - 2:  # the caller's group is placed: its probes are running
+        assert time.monotonic() < deadline, "the grant was never placed"
+        time.sleep(0.05)
+    [granted] = [l for l in client.call(broker.leases, admin) if l["state"] == "granted"]
+    client.call(broker.revoke, granted["lease_id"], admin)
+    caller.join(60)
+    assert isinstance(outcome.get("error"), gs.LeaseRevoked), outcome
+    assert "revoked by admin" in str(outcome["error"])
+    freed_by = time.monotonic() + 5.0  # the broker removed the group: Ray's view follows within moments
+    while free_gpus() != CLUSTER_GPUS and time.monotonic() < freed_by:
+        time.sleep(0.02)
     assert free_gpus() == CLUSTER_GPUS
 
 
