@@ -26,6 +26,7 @@ class RunInfo:
     history: list[dict] = field(default_factory=list)  # rank 0's gs.report calls, in order
     restarts: int = 0
     resizes: int = 0
+    over_quota: bool = False  # on borrowed GPUs: preempted first when their owner wants them
     end_reason: str | None = None  # finished | failed | interrupted | timeout | revoked | preempted
     released: bool = False
     _checkpoint_ref: Any = field(default=None, repr=False)
@@ -63,6 +64,19 @@ class Observer:
     def report(self, metrics: dict, info: RunInfo) -> None:
         """Rank 0 called gs.report; info.history already holds it."""
 
+    def running(self, info: RunInfo) -> None:
+        """Every rank of the current attempt runs the function (info.setup_s is set)."""
+
+    def transition(self, info: RunInfo, line: str) -> None:
+        """The run changed course: a restart or a resize, told in one line, e.g.
+        "rank 3 died on node 10.0.0.4 (SIGKILL): restarting from step 120 (attempt 2 of 4)"."""
+
+    def poll(self) -> None:
+        """Called by the run's loop a few times a second while the run is queued or running.
+        It may raise to stop the run (a sweep pruning a trial, a stop flag set by another
+        thread): the run then ends as if interrupted, every GPU released, and the exception
+        propagates to the caller."""
+
     def finished(self, info: RunInfo, error: BaseException | None) -> None:
         """The run ended and its GPUs were released."""
 
@@ -86,6 +100,18 @@ class Fanout(Observer):
     def report(self, metrics, info):
         for o in self.observers:
             o.report(metrics, info)
+
+    def running(self, info):
+        for o in self.observers:
+            o.running(info)
+
+    def transition(self, info, line):
+        for o in self.observers:
+            o.transition(info, line)
+
+    def poll(self):
+        for o in self.observers:
+            o.poll()
 
     def finished(self, info, error):
         for o in self.observers:

@@ -143,6 +143,7 @@ class _Follower:
                     self._advance(item)
             self._check_failures()
             self._check_clocks()
+            self.observer.poll()
         return self.results
 
     def _fail(self, failure: WorkerFailed, *, collateral: bool) -> None:
@@ -216,6 +217,7 @@ class _Follower:
             if len(self.started) == self.world_size:
                 self.run_started = time.time()
                 self.info.setup_s = self.run_started - (self.lease.granted_at or self.run_started)
+                self.observer.running(self.info)
         elif kind in ("checkpoint", "result"):
             if kind == "checkpoint" or event[1]:
                 self.payload_kind[rank] = kind

@@ -141,6 +141,7 @@ class Lease:
             self.granted_at = time.time()
             self.info.queued_s = self.granted_at - requested
             self.info.gpus, self.info.workers = self.gpus, self.workers
+            self.info.over_quota = bool(view.get("over_quota"))
             self._place(broker, view)
             self.observer.granted(self.info)
         except BaseException as exc:
@@ -163,6 +164,7 @@ class Lease:
         while view["state"] == "queued":
             elapsed = time.time() - requested
             self.observer.queued(view, elapsed)
+            self.observer.poll()
             if timeout is not None and elapsed >= timeout:
                 raise QueueTimeout(
                     f"No {self.gpus:g} GPUs within queue_timeout={timeout:g} s (position "
