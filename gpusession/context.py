@@ -27,16 +27,20 @@ class RunContext:
     scratch_dir: str  # per lease and node, removed when the lease ends
     gpu_ids: tuple[str, ...]  # the GPU ids Ray gave this worker
     logical_gpus: bool  # the cluster's GPUs are logical: training runs on the CPU
-    restarts: int = 0
+    restarts: int = 0  # attempts before this one (same as `attempt`)
+    attempt: int = 0  # 0 first; each restart after a fault starts the next attempt
+    host: str = ""  # this rank's host name
+    address: str = ""  # this rank's Ray node IP
 
 
 @dataclass
 class _Run:
     context: RunContext
-    emit: Callable[[tuple], threading.Event | None]
-    checkpoint_ref: list = field(default_factory=list)  # [ObjectRef] of the checkpoint to resume from
+    channel: Any  # run.child.Channel: the pipe to this rank's worker actor
+    checkpoint_bytes: bytes | None = None  # pickled checkpoint to resume from
     checkpoint_value: Any = None
     checkpoint_loaded: bool = False
+    checkpoints_saved: int = 0
 
 
 _current: _Run | None = None
@@ -59,29 +63,43 @@ def report(metrics: dict | None = None, /, **values: Any) -> None:
     if run.context.rank != 0:
         return
     merged = {**(metrics or {}), **values}
-    run.emit(("report", {k: _plain(v) for k, v in merged.items()}))
+    from .run import messages
+
+    run.channel.send(messages.Report({k: _plain(v) for k, v in merged.items()}))
 
 
 def save_checkpoint(state: Any) -> None:
-    """Commit point: rank 0's object is kept by the caller (other ranks' calls do nothing)."""
+    """Commit point: rank 0's object is kept by the caller (other ranks' calls do nothing).
+    Returns once the caller holds it, so a restart after this line resumes from it."""
     run = _run("gs.save_checkpoint")
     if run.context.rank != 0:
         return
-    committed = run.emit(("checkpoint", state))
-    if committed is not None:
-        committed.wait()
+    import cloudpickle
+
+    from .run import messages
+
+    data = cloudpickle.dumps(state)
+    run.checkpoints_saved += 1
+    run.channel.send(messages.CheckpointSaved(run.checkpoints_saved), messages.Pickled(data))
+    run.channel.wait_ack()
 
 
 def load_checkpoint() -> Any:
-    """The latest checkpoint of this run (after a restart or `resume()`), or None."""
+    """The latest checkpoint of this run (after a restart, a resize or `resume()`), or None."""
     run = _run("gs.load_checkpoint")
     if not run.checkpoint_loaded:
-        if run.checkpoint_ref:
-            import ray
+        if run.checkpoint_bytes is not None:
+            import cloudpickle
 
-            run.checkpoint_value = ray.get(run.checkpoint_ref[0])
+            run.checkpoint_value = cloudpickle.loads(run.checkpoint_bytes)
         run.checkpoint_loaded = True
     return run.checkpoint_value
+
+
+def should_checkpoint() -> bool:
+    """True once the run is about to stop or change size (a preemption or revoke notice):
+    save a checkpoint now; the run then stops or resizes at that commit, losing no step."""
+    return _run("gs.should_checkpoint").channel.checkpoint_requested.is_set()
 
 
 def prepare_model(model, **ddp_options: Any):

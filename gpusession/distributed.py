@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 from .errors import GPUSessionError
 from .events import RunInfo, default_observer
-from .group import run_function
+from .run.controller import run_function
 from .lease import Lease, _end_reason
 from .options import RunOptions, validate_run_options
 

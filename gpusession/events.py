@@ -27,6 +27,10 @@ class RunInfo:
     restarts: int = 0
     resizes: int = 0
     over_quota: bool = False  # on borrowed GPUs: preempted first when their owner wants them
+    steps_lost: int = 0  # reports made after the last checkpoint by attempts that then failed
+    transitions: list[str] = field(default_factory=list)  # restart and resize lines, in order
+    rank_hosts: dict[int, str] = field(default_factory=dict)  # rank -> "host (ip)" it ran on
+    state: str | None = None  # the run's state (run.policies.RunState value)
     end_reason: str | None = None  # finished | failed | interrupted | timeout | revoked | preempted
     released: bool = False
     _checkpoint_ref: Any = field(default=None, repr=False)
@@ -36,9 +40,10 @@ class RunInfo:
         """The last checkpoint rank 0 saved (fetched from the object store), or None."""
         if self._checkpoint_ref is None:
             return None
+        import cloudpickle
         import ray
 
-        return ray.get(self._checkpoint_ref)
+        return cloudpickle.loads(ray.get(self._checkpoint_ref).data)
 
     def receipt(self) -> str:
         kind = " logical" if self.logical_gpus else ""

@@ -32,6 +32,7 @@ log = logging.getLogger("gpusession")
 PLACE_TIMEOUT_S = 30.0  # Ray should place a granted group at once; longer means foreign GPU use
 FREE_TIMEOUT_S = 5.0  # bound on waiting for Ray's resource view after removing the group
 CLEANUP_TIMEOUT_S = 2.0  # bound on the workers removing the lease's scratch directory
+STOP_TIMEOUT_S = 2.0  # bound on the workers killing their rank processes
 _live: "weakref.WeakSet[Lease]" = weakref.WeakSet()
 
 
@@ -75,7 +76,6 @@ class Lease:
         self._notice: dict | None = None
         self._workers: list[WorkerHandle] = []
         self._workers_ready = False
-        self._workers_clean = False  # only workers whose last run ended normally go back warm
         self._released = False
         self._lock = threading.Lock()
 
@@ -90,7 +90,7 @@ class Lease:
 
     def run(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
         """Run fn on every worker of this lease; returns rank 0's value (or all with return_all)."""
-        from .group import run_function
+        from .run.controller import run_function
 
         if self._released:
             raise GPUSessionError(
@@ -219,12 +219,7 @@ class Lease:
         bundle_nodes = ray.util.placement_group_table(self._pg)["bundles_to_node_id"]
         self._workers = pool().checkout([bundle_nodes[i] for i in range(lease.workers)], self.options.runtime_env)
         self._workers_ready = False
-        probes = [
-            _probe.options(num_gpus=lease.gpus_per_worker, scheduling_strategy=PlacementGroupSchedulingStrategy(
-                self._pg, placement_group_bundle_index=i)).remote()
-            for i in range(lease.workers)
-        ]
-        self.slots = [Slot(i, node, address, tuple(gpus)) for i, (node, address, gpus) in enumerate(ray.get(probes))]
+        self.slots = self._probe_slots(self._pg)
         logical_nodes = {n.node_id for n in raycluster.nodes() if n.logical}
         self.logical_gpus = all(slot.node_id in logical_nodes for slot in self.slots)
         self.info.logical_gpus = self.logical_gpus
@@ -232,6 +227,22 @@ class Lease:
         node_workers = dict(collections.Counter(slot.node_id for slot in self.slots))
         client.call(broker.placed, self.lease_id, node_workers)
         self._watch = broker.watch.remote(self.lease_id)
+
+    def _probe_slots(self, group) -> list[Slot]:
+        lease = self.options.lease
+        probes = [
+            _probe.options(num_gpus=lease.gpus_per_worker, scheduling_strategy=PlacementGroupSchedulingStrategy(
+                group, placement_group_bundle_index=i)).remote()
+            for i in range(lease.workers)
+        ]
+        try:
+            found = ray.get(probes, timeout=PLACE_TIMEOUT_S)
+        except ray.exceptions.GetTimeoutError:
+            raise Infeasible(
+                f"Ray could not place the {self.gpus:g} GPUs of lease {self.lease_id} within "
+                f"{PLACE_TIMEOUT_S:.0f} s (a node was lost and no other has room). Try again later."
+            ) from None
+        return [Slot(i, node, address, tuple(gpus)) for i, (node, address, gpus) in enumerate(found)]
 
     # ----- during runs ----------------------------------------------------------------------------
     @property
@@ -266,7 +277,7 @@ class Lease:
             raise error
 
     def acquire_workers(self, runtime_env: dict | None) -> list[WorkerHandle]:
-        if not self._workers:  # the last run's workers were retired: take fresh ones
+        if not self._workers:
             self._workers = pool().checkout([slot.node_id for slot in self.slots], runtime_env)
             self._workers_ready = False
         if not self._workers_ready:
@@ -275,16 +286,35 @@ class Lease:
             client.call(client.broker().placed, self.lease_id, {}, [w.actor for w in self._workers])
         return self._workers
 
-    def mark_workers_clean(self) -> None:
-        """A run finished normally: these workers may serve another lease (logical GPUs only)."""
-        self._workers_clean = True
+    def stop_ranks(self) -> None:
+        """Kill every rank process of the current attempt now (a survivor may be blocked in a
+        collective whose peer is gone); the worker actors stay, warm for the next attempt."""
+        if self._workers:
+            stops = [worker.actor.stop.remote() for worker in self._workers]
+            ray.wait(stops, num_returns=len(stops), timeout=STOP_TIMEOUT_S)
 
-    def retire_workers(self, *, dirty: bool) -> None:
-        """Mark the workers unusable (a failed or stopped run); killed now, replaced in the pool."""
-        self._workers_clean = False
-        if dirty and self._workers:
-            pool().discard(self._workers, replace=True, runtime_env=self.options.runtime_env)
-            self._workers = []
+    def request_checkpoints(self, reason: str) -> None:
+        """Make gs.should_checkpoint() true in every rank of the current attempt."""
+        for worker in self._workers:
+            worker.actor.request_checkpoint.remote(reason)
+
+    def replace_lost_workers(self, lost_ranks: set[int]) -> None:
+        """After a worker actor died (killed, or its node lost): find where the group's bundles
+        are now (Ray moves a lost node's bundles when it can) and give each a live worker."""
+        if not lost_ranks:
+            return
+        alive = pool().alive(self._workers)
+        self.slots = self._probe_slots(self._pg)
+        spare: dict[str, list[WorkerHandle]] = collections.defaultdict(list)
+        for handle in alive:
+            spare[handle.node_id].append(handle)
+        workers = []
+        for slot in self.slots:
+            handle = spare[slot.node_id].pop() if spare[slot.node_id] else None
+            workers.append(handle or pool().checkout([slot.node_id], self.options.runtime_env)[0])
+        pool().give_back([h for handles in spare.values() for h in handles])
+        self._workers, self._workers_ready = workers, False
+        self.info.nodes = sorted({slot.address for slot in self.slots})
 
     # ----- releasing ------------------------------------------------------------------------------
     def _remove_group_and_wait(self) -> None:
@@ -313,10 +343,9 @@ class Lease:
             if self._workers_ready:  # only workers that ran made a scratch directory
                 cleanups = [worker.actor.cleanup.remote(self.lease_id) for worker in self._workers]
                 ray.wait(cleanups, num_returns=len(cleanups), timeout=CLEANUP_TIMEOUT_S)  # before any kill
-            if self.logical_gpus and self._workers_clean:
-                pool().give_back(self._workers)
-            else:  # a process that touched a real GPU keeps its memory: never reuse it
-                pool().discard(self._workers, replace=True, runtime_env=self.options.runtime_env)
+            # The actors never run user code (each rank is a process of its own that has exited),
+            # so they go back warm, on real GPUs too; a dead one is replaced at its next checkout.
+            pool().give_back(self._workers)
             self._workers = []
         released = time.time()
         if self._pg is not None:

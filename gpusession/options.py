@@ -80,6 +80,7 @@ class RunOptions:
     max_failures: int = 3
     return_all: bool = False
     runtime_env: dict | None = None
+    retry_exceptions: bool | tuple[str, ...] = False  # qualified class names when a tuple
 
 
 def validate_lease_options(
@@ -136,6 +137,7 @@ def validate_run_options(
     max_failures: Any = 3,
     return_all: Any = False,
     runtime_env: Any = None,
+    retry_exceptions: Any = False,
 ) -> RunOptions:
     timeout_s = parse_duration(timeout, field_name="timeout")
     lease = validate_lease_options(
@@ -171,4 +173,19 @@ def validate_run_options(
         max_failures=max_failures,
         return_all=return_all,
         runtime_env=dict(runtime_env) if runtime_env else None,
+        retry_exceptions=_retry_exceptions(retry_exceptions),
     )
+
+
+def _retry_exceptions(value: Any) -> bool | tuple[str, ...]:
+    """False, True, an exception class or a tuple of them -> False, True or qualified names
+    (the exception happens in another process: it is matched by its classes' names)."""
+    if isinstance(value, bool):
+        return value
+    classes = value if isinstance(value, tuple) else (value,)
+    if not classes or not all(isinstance(c, type) and issubclass(c, BaseException) for c in classes):
+        raise TypeError(
+            "retry_exceptions must be True, False, an exception class or a tuple of them "
+            f"(e.g. retry_exceptions=(TimeoutError,)); got {value!r}."
+        )
+    return tuple(f"{c.__module__}.{c.__qualname__}" for c in classes)

@@ -1,9 +1,9 @@
 """Warm worker processes kept by this kernel between calls, per node and runtime_env.
 
 Workers are actors owned by this process (they die with it) that hold no Ray resources; the
-lease's placement group holds the GPUs. A worker goes back to the pool only if it never touched
-a real GPU; otherwise it is killed (freeing its GPU memory) and a fresh one is pre-started so
-the next call finds it warm.
+lease's placement group holds the GPUs. A worker never runs user code itself (each rank is a
+fresh process forked from the worker's warm zygote, see workers.py), so every worker that is
+still alive goes back to the pool after a call, on real GPUs too.
 """
 from __future__ import annotations
 
@@ -23,7 +23,9 @@ IDLE_S_ENV = "GPUSESSION_WARM_WORKER_IDLE_S"
 DEFAULT_IDLE_S = 600.0  # an idle warm worker costs ~300 MB of RAM; give it back after this
 MAX_IDLE_PER_NODE = 16
 REPLACE_DELAY_S = 3.0  # start replacements after the release, not during the next lease's start
-_REMOTE_WORKER = ray.remote(num_cpus=0, max_restarts=0)(Worker)
+# Threads: `stop` and `request_checkpoint` must reach the actor while its `run` streams.
+_REMOTE_WORKER = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=4)(Worker)
+ALIVE_TIMEOUT_S = 2.0
 
 
 @dataclass(eq=False)
@@ -89,6 +91,23 @@ class WorkerPool:
             except Exception as exc:
                 dead.append((handle, exc))
         return dead
+
+    def alive(self, handles: list[WorkerHandle]) -> list[WorkerHandle]:
+        """The handles whose actor still answers; the others are killed for good."""
+        answers = {id(h): h.actor.info.remote() for h in handles}
+        ready, _ = ray.wait(list(answers.values()), num_returns=len(answers), timeout=ALIVE_TIMEOUT_S)
+        alive = []
+        for handle in handles:
+            ref = answers[id(handle)]
+            try:
+                if ref in ready:
+                    ray.get(ref)
+                    alive.append(handle)
+                    continue
+            except Exception:
+                pass
+            _kill(handle)
+        return alive
 
     def acquire(self, node_ids: list[str], runtime_env: dict | None) -> list[WorkerHandle]:
         return self.wait_ready(self.checkout(node_ids, runtime_env))

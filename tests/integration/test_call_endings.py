@@ -66,7 +66,7 @@ def test_exception_on_rank_1_stops_rank_0_in_a_collective_and_shows_the_remote_t
 
 
 def test_a_worker_process_that_dies_raises_worker_failed_naming_its_rank(cluster, quiet):
-    @gs.distributed(gpus=2)
+    @gs.distributed(gpus=2, max_failures=0)
     def dies():
         import torch
         import torch.distributed as dist
@@ -77,8 +77,9 @@ def test_a_worker_process_that_dies_raises_worker_failed_naming_its_rank(cluster
 
     with pytest.raises(gs.WorkerFailed) as failure:
         dies()
-    assert failure.value.rank == 1 and "died" in str(failure.value)
+    assert failure.value.rank == 1 and "died (exit code 3)" in str(failure.value)
     assert free_gpus() == CLUSTER_GPUS
+    assert dies.last_run.restarts == 0
 
 
 def test_the_next_call_after_a_failure_gets_fresh_workers_and_succeeds(cluster, quiet):
@@ -170,17 +171,24 @@ def test_calls_from_two_threads_of_one_process_each_get_their_own_lease(cluster,
     assert len(results) == 2 and results[0] != results[1]
 
 
-def test_warm_workers_killed_while_idle_are_replaced_and_the_next_call_succeeds(cluster, quiet):
-    from gpusession.pool import pool
-
+def test_every_call_runs_in_fresh_processes_forked_from_warm_parents(cluster, quiet):
     @gs.distributed(gpus=2, return_all=True)
     def pids():
-        return os.getpid()
+        return os.getpid(), os.getppid()
 
-    first = pids()
+    first, second = pids(), pids()
+    assert not {pid for pid, _ in first} & {pid for pid, _ in second}  # new rank processes
+    assert {parent for _, parent in first} == {parent for _, parent in second}  # the same warm parents
+
+
+def test_warm_parents_killed_while_idle_are_replaced_and_the_next_call_succeeds(cluster, quiet):
+    @gs.distributed(gpus=2, return_all=True)
+    def parents():
+        return os.getppid()
+
+    first = parents()
     for pid in first:  # what the OOM killer does to idle processes
         os.kill(pid, signal.SIGKILL)
-    second = pids()
+    second = parents()
     assert len(second) == 2 and not set(second) & set(first)
-    assert set(pids()) == set(second)  # and the replacements are warm again for the call after
-    assert pool().idle_count() >= 2
+    assert set(parents()) == set(second)  # and the replacements are warm again for the call after

@@ -63,7 +63,8 @@ def _rank(rank: int, ports, barrier, results) -> None:
     """One rank of runs whose function does nothing: join, leave at once; ROUNDS times."""
     import torch.distributed as dist
 
-    from gpusession.workers import RankSpec, _init_process_group
+    from gpusession.run.child import _init_process_group
+    from gpusession.workers import RankSpec
 
     store = None
     if rank == 0:  # opens the store on a port the OS picks and tells the others

@@ -1,0 +1,214 @@
+"""One rank of one attempt, in a fresh process forked from the node's zygote.
+
+It receives its Launch over the pipe to its worker actor, sets torchrun's variables and its GPUs
+before anything can touch CUDA, joins the process group, runs the user's function with stdout
+and stderr captured at the file-descriptor level, sends what happens as typed messages, and
+exits. Nothing it changes (module globals, library state, environment, working directory,
+threads) outlives it, and exiting gives its GPU memory back.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from datetime import timedelta
+from multiprocessing.connection import Connection
+
+from . import messages as m
+
+ACCELERATE_CPU_ENV = {"ACCELERATE_USE_CPU": "true"}  # what `accelerate launch --cpu` sets
+
+
+class Channel:
+    """The rank's side of the pipe: sends are atomic across threads (capture pumps, the user's
+    thread); replies (checkpoint acks, checkpoint requests) are read by one thread."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self._send_lock = threading.Lock()
+        self._acks = threading.Semaphore(0)
+        self.checkpoint_requested = threading.Event()
+        self.checkpoint_reason = ""
+
+    def send(self, *items) -> None:
+        with self._send_lock:
+            for item in items:
+                self.conn.send(item)
+
+    def listen(self) -> None:
+        threading.Thread(target=self._read, name="gpusession-rank-control", daemon=True).start()
+
+    def wait_ack(self) -> None:
+        self._acks.acquire()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                item = self.conn.recv()
+            except (EOFError, OSError):
+                os._exit(75)  # the worker actor is gone: nobody will ever read our results
+            if isinstance(item, m.CheckpointAck):
+                self._acks.release()
+            elif isinstance(item, m.ShouldCheckpoint):
+                self.checkpoint_reason = item.reason
+                self.checkpoint_requested.set()
+
+
+def main(fd: int) -> None:
+    """Entry point in the forked process; never returns."""
+    conn = Connection(fd)
+    code = 0
+    try:
+        launch: m.Launch = conn.recv()
+        channel = Channel(conn)
+        channel.listen()
+        code = _run(launch, channel)
+    except BaseException:  # gpusession's own machinery failed before the function could run
+        traceback.print_exc()
+        code = 71
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _run(launch: m.Launch, channel: Channel) -> int:
+    from ..capture import FdCapture, flush_all
+
+    spec = launch.spec
+    _set_environment(spec)
+    with FdCapture(lambda stream, text: channel.send(m.Output(((stream, text),)))):
+        try:
+            outcome = _call(launch, channel)
+        finally:
+            flush_all()
+    if isinstance(outcome, m.RankError):
+        channel.send(outcome)
+        return 0
+    channel.send(*outcome)
+    return 0
+
+
+def _call(launch: m.Launch, channel: Channel):
+    import importlib
+
+    import cloudpickle
+    import torch.distributed as dist
+
+    ctx_module = importlib.import_module("gpusession.context")  # gpusession.context is a function
+    spec = launch.spec
+    try:
+        fn, args, kwargs = cloudpickle.loads(launch.call)
+        _init_process_group(spec)
+        run = ctx_module._Run(_make_context(spec), channel, launch.checkpoint)
+        ctx_module._current = run
+        channel.send(m.Started(time.time(), socket.gethostname(), spec.address, os.getpid()))
+        result = fn(*args, **kwargs)
+    except BaseException as exc:
+        # The process group is left alone: the process exits right after this, which closes
+        # its sockets; the caller tells this root cause from the peers' echoes of it.
+        return _error(exc, spec)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    if not spec.return_value:
+        return (m.Result(False),)
+    try:
+        data = cloudpickle.dumps(result)
+    except Exception as exc:
+        return _error(TypeError(f"The function's return value could not be pickled: {exc}"), spec)
+    return (m.Result(True), m.Pickled(data))
+
+
+def _error(exc: BaseException, spec) -> m.RankError:
+    names = tuple(f"{c.__module__}.{c.__qualname__}" for c in type(exc).__mro__)
+    return m.RankError(
+        rank=spec.rank, host=socket.gethostname(), type=type(exc).__name__, message=str(exc),
+        traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        at=time.time(), mro=names,
+    )
+
+
+def _set_environment(spec) -> None:
+    """torchrun's variables and the lease's GPUs first; then the caller's directory when the
+    rank runs on the caller's host, so code next to the notebook imports as it does there."""
+    from ..workers import scratch_dir
+
+    os.environ.update({
+        "RANK": str(spec.rank), "LOCAL_RANK": str(spec.local_rank),
+        "WORLD_SIZE": str(spec.world_size), "LOCAL_WORLD_SIZE": str(spec.local_world_size),
+        "GROUP_RANK": str(spec.node_rank), "NODE_RANK": str(spec.node_rank),
+        "ROLE_RANK": str(spec.rank), "ROLE_WORLD_SIZE": str(spec.world_size),
+        "MASTER_ADDR": spec.master_addr, "MASTER_PORT": str(spec.master_port),
+        "TORCHELASTIC_RESTART_COUNT": str(spec.attempt),
+        "CUDA_VISIBLE_DEVICES": ",".join(spec.node_gpu_ids),
+        "GPUSESSION_LEASE_ID": str(spec.lease_id), "GPUSESSION_ATTEMPT": str(spec.attempt),
+    })
+    if spec.logical_gpus:
+        for key, value in ACCELERATE_CPU_ENV.items():
+            os.environ.setdefault(key, value)
+    try:
+        from ..netif import collective_env
+    except ImportError:  # the interface rule lands separately
+        collective_env = None
+    if collective_env is not None and spec.address:
+        os.environ.update(collective_env(spec.address, os.environ))
+    os.makedirs(scratch_dir(spec.lease_id), exist_ok=True)
+    if spec.caller_host == socket.gethostname() and os.path.isdir(spec.caller_cwd):
+        os.chdir(spec.caller_cwd)
+        sys.path.insert(0, spec.caller_cwd)
+
+
+def _init_process_group(spec, store=None) -> None:
+    """Join the attempt's process group through the store rank 0's actor serves (`store` is for
+    tests that bring their own)."""
+    import torch.distributed as dist
+
+    if spec.backend == "nccl":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RuntimeError(
+                f"backend='nccl' needs CUDA, but torch on {socket.gethostname()} sees no GPU "
+                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}). Use backend='gloo'."
+            )
+        torch.cuda.set_device(_local_devices(spec)[0])
+    timeout = timedelta(seconds=spec.pg_timeout_s)
+    if store is None:
+        store = dist.TCPStore(spec.master_addr, spec.master_port, spec.world_size, is_master=False,
+                              timeout=timeout)
+    # Keys under this attempt's own prefix: nothing of another run can ever be read by mistake.
+    scoped = dist.PrefixStore(f"gpusession/{spec.lease_id}/{spec.run_id}/", store)
+    dist.init_process_group(spec.backend, store=scoped, rank=spec.rank, world_size=spec.world_size,
+                            timeout=timeout)
+    # Each rank connects its own side of gloo's mesh. Without this barrier a rank whose function
+    # does no collective could finish, close its sockets, and fail a peer still connecting
+    # ("Gloo connectFullMesh failed ... Connection closed by peer").
+    scoped.set(f"connected/{spec.rank}", "1")
+    scoped.wait([f"connected/{rank}" for rank in range(spec.world_size)], timeout)
+
+
+def _local_devices(spec) -> list[int]:
+    return [spec.node_gpu_ids.index(gpu) for gpu in spec.gpu_ids]
+
+
+def _make_context(spec):
+    import torch
+
+    from ..context import RunContext
+    from ..workers import scratch_dir
+
+    if not spec.logical_gpus and torch.cuda.is_available():
+        devices = tuple(torch.device("cuda", i) for i in _local_devices(spec))
+    else:
+        devices = (torch.device("cpu"),)
+    return RunContext(
+        rank=spec.rank, world_size=spec.world_size, local_rank=spec.local_rank,
+        local_world_size=spec.local_world_size, node_rank=spec.node_rank, device=devices[0],
+        devices=devices, backend=spec.backend, lease_id=spec.lease_id,
+        scratch_dir=scratch_dir(spec.lease_id), gpu_ids=spec.gpu_ids,
+        logical_gpus=spec.logical_gpus, restarts=spec.attempt, attempt=spec.attempt,
+        host=socket.gethostname(), address=spec.address,
+    )

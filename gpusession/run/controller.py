@@ -1,0 +1,192 @@
+"""A run: a sequence of attempts on one lease, until the function returns or the run must end.
+
+The controller starts every rank of an attempt as a fresh process (through the worker actors),
+follows the attempt (follower.py), and when a rank fails asks the failure policy (policies.py)
+what to do: a fault (a process or a node lost, a broken collective) tears the attempt down on
+every rank and starts the next one from the last checkpoint commit; an exception in user code
+fails the call at once unless the user asked to retry it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from typing import Any, Callable
+
+import ray
+
+from ..events import Observer, RunInfo
+from ..shipping import pickle_call
+from ..workers import RankSpec
+from .follower import AttemptFailed, Follower
+from .policies import Action, FailurePolicy, RunState, can_move, restart_line
+
+log = logging.getLogger("gpusession")
+PG_TIMEOUT_ENV = "GPUSESSION_PG_TIMEOUT_S"
+DEFAULT_PG_TIMEOUT_S = 1800.0  # backstop only: a failing rank makes the caller stop all ranks
+
+
+def resolve_backend(requested: str | None, *, logical: bool, gpus_per_worker: float) -> str:
+    if requested:
+        return requested
+    return "nccl" if not logical and gpus_per_worker >= 1 else "gloo"
+
+
+def rank_specs(lease, workers, *, backend: str, return_all: bool, attempt: int = 0) -> list[RankSpec]:
+    """One spec per worker, ranks grouped by node (contiguous local ranks, like torchrun); rank 0
+    is on the first node. Returns [(spec, worker)] in rank order."""
+    node_order: list[str] = []
+    for slot in lease.slots:
+        if slot.node_id not in node_order:
+            node_order.append(slot.node_id)
+    ordered = sorted(zip(lease.slots, workers), key=lambda pair: (node_order.index(pair[0].node_id), pair[0].index))
+    pg_timeout = float(os.environ.get(PG_TIMEOUT_ENV, DEFAULT_PG_TIMEOUT_S))
+    master_addr, master_port = ray.get(ordered[0][1].actor.open_rendezvous.remote(len(ordered), pg_timeout))
+    caller_host, caller_cwd = socket.gethostname(), os.getcwd()
+    run_id = uuid.uuid4().hex
+    local_counts = {n: sum(1 for s in lease.slots if s.node_id == n) for n in node_order}
+    seen_on_node: dict[str, int] = {}
+    specs = []
+    for rank, (slot, worker) in enumerate(ordered):
+        local_rank = seen_on_node.get(slot.node_id, 0)
+        seen_on_node[slot.node_id] = local_rank + 1
+        node_gpus = _unique(g for s, _ in ordered if s.node_id == slot.node_id for g in s.gpu_ids)
+        specs.append((RankSpec(
+            rank=rank, world_size=len(ordered), local_rank=local_rank,
+            local_world_size=local_counts[slot.node_id], node_rank=node_order.index(slot.node_id),
+            master_addr=master_addr, master_port=master_port, backend=backend,
+            node_gpu_ids=node_gpus, gpu_ids=slot.gpu_ids, lease_id=lease.lease_id,
+            logical_gpus=lease.logical_gpus, return_value=return_all or rank == 0,
+            caller_host=caller_host, caller_cwd=caller_cwd, pg_timeout_s=pg_timeout,
+            run_id=run_id, group_id=lease.group_id, attempt=attempt, address=slot.address,
+        ), worker))
+    return specs
+
+
+def _unique(items) -> tuple[str, ...]:
+    seen: list[str] = []
+    for item in items:
+        if item not in seen:
+            seen.append(item)
+    return tuple(seen)
+
+
+class RunController:
+    def __init__(self, lease, fn: Callable, args: tuple, kwargs: dict, *, info: RunInfo,
+                 observer: Observer, checkpoint_ref=None) -> None:
+        self.lease, self.info, self.observer = lease, info, observer
+        self.options = lease.options
+        self.policy = FailurePolicy(self.options.max_failures, self.options.retry_exceptions)
+        self.call_bytes = pickle_call(fn, args, kwargs)
+        self.state = RunState.STARTING
+        self.failures = 0
+        _reset_run_fields(info, checkpoint_ref)
+
+    def run(self) -> Any:
+        backend = resolve_backend(self.options.backend, logical=self.lease.logical_gpus,
+                                  gpus_per_worker=self.options.lease.gpus_per_worker)
+        self.info.backend = backend
+        started = time.time()
+        deadline = started + self.options.timeout_s if self.options.timeout_s else None
+        attempt = 0
+        while True:
+            try:
+                results = self._attempt(backend, attempt, deadline)
+            except AttemptFailed as failed:
+                self.lease.stop_ranks()
+                self._recover_or_raise(failed, attempt)
+                attempt += 1
+                continue
+            except BaseException as exc:
+                self.lease.stop_ranks()  # ranks may be stuck in a collective: stop them all
+                self._move(_terminal_state(exc), type(exc).__name__)
+                raise
+            self._move(RunState.FINISHED, "the function returned")
+            if self.options.return_all:
+                return [_loads(results.get(r)) for r in range(len(results))]
+            return _loads(results.get(0))
+
+    def _attempt(self, backend: str, attempt: int, deadline: float | None) -> dict:
+        workers = self.lease.acquire_workers(self.options.runtime_env)
+        ranks = rank_specs(self.lease, workers, backend=backend, return_all=self.options.return_all,
+                           attempt=attempt)
+        checkpoint = [self.info._checkpoint_ref] if self.info._checkpoint_ref is not None else []
+        launches = [(spec, (self.call_bytes, spec, checkpoint), worker) for spec, worker in ranks]
+        follower = Follower(self.lease, launches, self.info, self.observer, launched=time.time(),
+                            deadline=deadline, timeout_s=self.options.timeout_s, attempt=attempt)
+        self._follower = follower
+        if self.state != RunState.RUNNING:
+            self._move(RunState.RUNNING, f"attempt {attempt}")
+        return follower.follow()
+
+    def _recover_or_raise(self, failed: AttemptFailed, attempt: int) -> None:
+        decision = self.policy.decide(failed.fault, self.failures)
+        if decision.action is Action.RAISE:
+            if self.failures:
+                failed.error.args = (failed.error.args[0] + f" The run had restarted {self.failures} "
+                                     f"time(s) before; {decision.why}.",)
+            self._move(RunState.FAILED, decision.why)
+            raise failed.error
+        self.failures += 1
+        follower = self._follower
+        self.lease.replace_lost_workers(follower.lost_ranks)
+        where = _resume_point(self.info)
+        line = restart_line(failed.fault, resume_step=where, attempt=attempt + 2,
+                            max_attempts=self.options.max_failures + 1)
+        self.info.restarts += 1
+        self.info.transitions.append(line)
+        self._move(RunState.RESTARTING, line)
+        log.info("Lease %s: %s", self.lease.lease_id, line)
+        self.observer.transition(self.info, line)
+        self._move(RunState.STARTING, f"attempt {attempt + 1}")
+
+    def _move(self, target: RunState, why: str) -> None:
+        if not can_move(self.state, target):
+            log.debug("Run of lease %s: unexpected move %s -> %s", self.lease.lease_id, self.state.value,
+                      target.value)
+        log.debug("Run of lease %s: %s -> %s (%s)", self.lease.lease_id, self.state.value, target.value, why)
+        self.state = target
+        self.info.state = target.value
+
+
+def _resume_point(info: RunInfo) -> str:
+    if info._checkpoint_ref is None:
+        return "the start (no checkpoint yet)"
+    steps = [r.get("step") for r in info.history if isinstance(r.get("step"), (int, float))]
+    return f"step {steps[-1]:g}" if steps else "the last checkpoint"
+
+
+def _terminal_state(exc: BaseException) -> RunState:
+    from ..errors import LeaseRevoked, Preempted
+
+    if isinstance(exc, Preempted):
+        return RunState.PREEMPTED
+    if isinstance(exc, (KeyboardInterrupt, LeaseRevoked)):
+        return RunState.STOPPED
+    return RunState.FAILED
+
+
+def _loads(data: bytes | None) -> Any:
+    if data is None:
+        return None
+    import cloudpickle
+
+    return cloudpickle.loads(data)
+
+
+def _reset_run_fields(info: RunInfo, checkpoint_ref) -> None:
+    info.history = []
+    info.setup_s = info.run_s = 0.0
+    info.end_reason = None
+    info.restarts = 0
+    info.steps_lost = 0
+    info.transitions = []
+    info._checkpoint_ref = checkpoint_ref
+
+
+def run_function(lease, fn: Callable, args: tuple, kwargs: dict, *, info: RunInfo,
+                 observer: Observer, checkpoint_ref=None) -> Any:
+    return RunController(lease, fn, args, kwargs, info=info, observer=observer,
+                         checkpoint_ref=checkpoint_ref).run()

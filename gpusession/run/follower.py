@@ -1,0 +1,263 @@
+"""Follow one attempt: every rank's message stream and the broker's notice, in one loop.
+
+One loop in the caller's thread waits on all ranks' streams and the broker's notice at once
+(ray.wait), so output and metrics arrive as they happen, Ctrl-C is noticed within a poll, and
+the first failing rank ends the attempt: the controller then stops every other rank (they may be
+stuck in a collective) and decides whether to restart.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import ray
+
+from ..errors import Preempted, RunTimeout, WorkerFailed
+from ..events import Observer, RunInfo
+from . import messages as m
+from .policies import Fault, FaultKind, signal_name
+
+POLL_S = 0.2  # how often the loop looks at the clock when no rank says anything
+FAILURE_GRACE_S = 1.0  # after a rank's communication error, how long to wait for the root cause
+DRAIN_S = 0.3  # after a failure, how long to keep taking what the other ranks already sent
+_COLLATERAL_TYPES = ("DistBackendError", "DistNetworkError", "DistStoreError")
+_COLLATERAL_WORDS = ("connection closed", "connection reset", "broken pipe", "socket timeout",
+                     "gloo/transport", "nccl communicator was aborted", "timed out")
+
+
+class AttemptFailed(Exception):
+    """An attempt ended because a rank failed; `error` is what the user sees if it is not retried."""
+
+    def __init__(self, fault: Fault, error: WorkerFailed) -> None:
+        super().__init__(str(error))
+        self.fault, self.error = fault, error
+
+
+class Follower:
+    def __init__(self, lease, ranks: list, info: RunInfo, observer: Observer, *, launched: float,
+                 deadline: float | None, timeout_s: float | None, attempt: int) -> None:
+        self.lease, self.info, self.observer = lease, info, observer
+        self.streams = {worker.actor.run.remote(*launch): spec.rank for spec, launch, worker in ranks}
+        self.rank_nodes = {spec.rank: spec.address for spec, _, _ in ranks}
+        self.world_size = len(ranks)
+        self.deadline, self.timeout_s, self.attempt = deadline, timeout_s, attempt
+        self.launched = launched
+        self.payload_kind: dict[int, str] = {}
+        self.results: dict[int, Any] = {}
+        self.started: set[int] = set()
+        self.run_started: float | None = None
+        self.checkpoints = 0
+        self.reported = False  # this attempt's first report marks where it resumed
+        self.stop_at_checkpoint: tuple[float, dict] | None = None
+        self.failures: list[tuple[int, Fault, WorkerFailed]] = []  # (0 root cause .. 2 collateral)
+        self.failing_since: float | None = None
+        self.lost_ranks: set[int] = set()  # ranks whose worker actor died
+
+    def follow(self) -> dict[int, Any]:
+        try:
+            return self._follow()
+        finally:  # a failed or interrupted run still says how long the function ran
+            if self.run_started is not None:
+                self.info.run_s += time.time() - self.run_started
+
+    def _follow(self) -> dict[int, Any]:
+        while self.streams:
+            watch = self.lease.watch_ref
+            waitables = list(self.streams) + ([watch] if watch is not None and self.lease._notice is None else [])
+            ready, _ = ray.wait(waitables, num_returns=1, timeout=self._poll_timeout())
+            for item in ready:
+                if item is watch:
+                    self._on_notice()
+                else:
+                    self._advance(item)
+            self._check_failures()
+            self._check_clocks()
+            self.observer.poll()
+        self._check_failures()
+        return {rank: ray.get(ref).data if ref is not None else None for rank, ref in self.results.items()}
+
+    # ----- failures -------------------------------------------------------------------------------
+    def _fail(self, fault: Fault, error: WorkerFailed, *, collateral: bool) -> None:
+        self.failures.append((2 if collateral else 0, fault, error))
+        self.failing_since = self.failing_since or time.monotonic()
+
+    def _check_failures(self) -> None:
+        """End the attempt on the root cause: a rank's own error or death at once; a
+        communication error (often the echo of a peer's failure) only after the peers had a
+        moment to report."""
+        if not self.failures:
+            return
+        best = min(self.failures, key=lambda f: f[0])
+        waited = time.monotonic() - self.failing_since
+        if best[0] == 0 or waited >= FAILURE_GRACE_S or not self.streams:
+            self._drain(DRAIN_S)
+            error = best[2]
+            others = [e for _, _, e in self.failures if e is not error]
+            if best[0] != 0 and others:  # no root cause found: show what every rank reported
+                error.args = (error.args[0] + " Other ranks: " + "; ".join(
+                    f"rank {e.rank}: {e.remote_type}: {(e.remote_message or '')[:300]}" for e in others),)
+            raise AttemptFailed(best[1], error)
+
+    def _drain(self, budget_s: float) -> None:
+        """Take what the other ranks already sent before their attempt is torn down: above all a
+        checkpoint rank 0 committed just before a peer died, so the restart loses no step."""
+        deadline = time.monotonic() + budget_s
+        while self.streams:
+            left = deadline - time.monotonic()
+            ready, _ = ray.wait(list(self.streams), num_returns=1, timeout=max(0.0, left))
+            if not ready:
+                return
+            self._advance(ready[0])
+
+    def _poll_timeout(self) -> float:
+        if self.deadline is None:
+            return POLL_S
+        return max(0.0, min(POLL_S, self.deadline - time.time()))
+
+    def _check_clocks(self) -> None:
+        now = time.time()
+        if self.deadline is not None and now >= self.deadline and self.streams:
+            raise RunTimeout(
+                f"The run exceeded timeout={self.timeout_s:g} s and its workers were stopped. Raise timeout, "
+                "or save checkpoints (gs.save_checkpoint) and resume from the last one."
+            )
+        if self.stop_at_checkpoint is not None and now >= self.stop_at_checkpoint[0]:
+            raise self._preempted(self.stop_at_checkpoint[1])
+
+    # ----- messages ------------------------------------------------------------------------------
+    def _advance(self, stream) -> None:
+        rank = self.streams[stream]
+        try:
+            ref = next(stream)
+        except StopIteration:
+            del self.streams[stream]
+            return
+        except ray.exceptions.RayError as exc:
+            del self.streams[stream]
+            self._lost(rank, exc)
+            return
+        kind = self.payload_kind.pop(rank, None)
+        if kind == "checkpoint":
+            self.info._checkpoint_ref = ref  # kept, not fetched: the caller owns it
+            self.checkpoints += 1
+            if self.stop_at_checkpoint is not None:
+                raise self._preempted(self.stop_at_checkpoint[1])
+            return
+        if kind == "result":
+            self.results[rank] = ref
+            return
+        try:
+            message = ray.get(ref)
+        except ray.exceptions.RayError as exc:
+            del self.streams[stream]
+            self._lost(rank, exc)
+            return
+        self._on_message(rank, message)
+
+    def _on_message(self, rank: int, message) -> None:
+        if isinstance(message, m.Output):
+            for stream_name, text in message.chunks:
+                self.observer.output(rank, stream_name, text)
+        elif isinstance(message, m.Report):
+            if self.attempt and not self.reported:
+                self._drop_redone_steps(message.metrics)
+            self.reported = True
+            self.info.history.append(message.metrics)
+            self.observer.report(message.metrics, self.info)
+        elif isinstance(message, m.Started):
+            self._on_started(rank, message)
+        elif isinstance(message, m.CheckpointSaved):
+            self.payload_kind[rank] = "checkpoint"
+        elif isinstance(message, m.Result):
+            if message.has_value:
+                self.payload_kind[rank] = "result"
+            else:
+                self.results[rank] = None
+        elif isinstance(message, m.RankError):
+            self._on_error(message)
+        elif isinstance(message, m.RankExited) and not message.clean:
+            how = signal_name(message.signal) or f"exit code {message.exit_code}"
+            fault = Fault(FaultKind.PROCESS_DIED, rank, self._where(rank, message.host), how)
+            self._fail(fault, WorkerFailed(
+                f"The process of rank {rank} on {fault.host} died ({how}) before its function returned. "
+                f"Every worker was stopped and the {self.lease.gpus:g} GPUs released.",
+                rank=rank, node=fault.host, remote_type="ProcessDied", remote_message=how,
+            ), collateral=False)
+
+    def _drop_redone_steps(self, first: dict) -> None:
+        """A restarted attempt resumes from the last checkpoint: the steps the failed attempt
+        reported after it are done again, so their old reports leave the history (and count as
+        lost), keeping one report per step across attempts."""
+        step = first.get("step")
+        if not isinstance(step, (int, float)) or isinstance(step, bool):
+            return
+        history = self.info.history
+        kept = [r for r in history if not (isinstance(r.get("step"), (int, float)) and r["step"] >= step)]
+        self.info.steps_lost += len(history) - len(kept)
+        history[:] = kept
+
+    def _on_started(self, rank: int, message: m.Started) -> None:
+        self.started.add(rank)
+        self.info.rank_hosts[rank] = f"{message.host} ({message.address})" if message.address else message.host
+        if len(self.started) == self.world_size:
+            self.run_started = time.time()
+            if self.attempt == 0:
+                self.info.setup_s = self.run_started - (self.lease.granted_at or self.run_started)
+            self.observer.running(self.info)
+
+    def _on_error(self, error: m.RankError) -> None:
+        collateral = _is_collateral(error)
+        kind = FaultKind.COLLECTIVE if collateral else FaultKind.USER_ERROR
+        fault = Fault(kind, error.rank, self._where(error.rank, error.host), f"{error.type}: {error.message[:200]}",
+                      error.mro)
+        self._fail(fault, WorkerFailed(
+            f"Rank {error.rank} on {error.host} raised {error.type}: {error.message}. "
+            f"Every worker was stopped and the {self.lease.gpus:g} GPUs released.",
+            rank=error.rank, node=error.host, remote_type=error.type,
+            remote_message=error.message, remote_traceback=error.traceback,
+        ), collateral=collateral)
+
+    def _lost(self, rank: int, exc: Exception) -> None:
+        self.lost_ranks.add(rank)
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        where = self._where(rank, "")
+        fault = Fault(FaultKind.WORKER_LOST, rank, where, type(exc).__name__)
+        self._fail(fault, WorkerFailed(
+            f"The worker of rank {rank} on {where} was lost ({type(exc).__name__}: {message}). Every worker "
+            f"was stopped and the {self.lease.gpus:g} GPUs released.",
+            rank=rank, node=where, remote_type=type(exc).__name__, remote_message=message,
+        ), collateral=False)
+
+    def _where(self, rank: int, host: str) -> str:
+        address = self.rank_nodes.get(rank) or ""
+        if host and address:
+            return f"{host} ({address})"
+        return host or address or "?"
+
+    # ----- the broker's notice --------------------------------------------------------------------
+    def _on_notice(self) -> None:
+        from ..lease import notice_error
+
+        notice = self.lease.notice()
+        if notice is None:  # the broker was replaced; the lease now watches the new one
+            return
+        if notice.get("kind") == "preempt":
+            self.lease.request_checkpoints(f"preempted: {notice.get('reason') or ''}".strip())
+            if self.checkpoints:
+                # stop at the next commit point, or just before the broker takes the GPUs
+                self.stop_at_checkpoint = (notice["deadline"] - 1.0, notice)
+                return
+        raise notice_error(self.lease, notice, checkpointed=bool(self.checkpoints))
+
+    def _preempted(self, notice: dict) -> Preempted:
+        from ..lease import notice_error
+
+        return notice_error(self.lease, notice, checkpointed=True)
+
+
+def _is_collateral(error: m.RankError) -> bool:
+    """A collective that failed because a peer went away, rather than this rank's own error."""
+    if error.type in _COLLATERAL_TYPES:
+        return True
+    message = error.message.lower()
+    return error.type == "RuntimeError" and any(word in message for word in _COLLATERAL_WORDS)

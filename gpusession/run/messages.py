@@ -1,0 +1,114 @@
+"""Typed messages of a run: rank process -> worker actor -> controller, and back.
+
+The rank process (child.py) sends these over its pipe to its worker actor (worker.py), which
+relays them to the controller as items of a Ray streaming generator. Checkpoints and results
+travel as pickled bytes, so the actor never unpickles user objects and the caller keeps them in
+the object store without fetching them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+# ----- rank -> controller ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Output:
+    """Chunks of the rank's stdout/stderr, in order: [(stream name, text), ...]."""
+
+    chunks: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class Report:
+    """Rank 0 called gs.report."""
+
+    metrics: dict
+
+
+@dataclass(frozen=True)
+class Started:
+    """The rank joined the process group and entered the user's function."""
+
+    at: float
+    host: str = ""
+    address: str = ""
+    pid: int = 0
+
+
+@dataclass(frozen=True)
+class CheckpointSaved:
+    """Rank 0 committed a checkpoint; the next stream item is its pickled bytes."""
+
+    step: int  # how many checkpoints this attempt has committed, this one included
+
+
+@dataclass(frozen=True)
+class Result:
+    """The function returned; with `has_value` the next stream item is the pickled value."""
+
+    has_value: bool
+
+
+@dataclass(frozen=True)
+class RankError:
+    """The rank raised: in user code (`fault=False`) or in a collective whose peer went away
+    (`fault=True`, decided by the controller from type and message)."""
+
+    rank: int
+    host: str
+    type: str
+    message: str
+    traceback: str
+    at: float
+    mro: tuple[str, ...] = ()  # qualified names of the exception's classes, for retry_exceptions
+
+
+@dataclass(frozen=True)
+class RankExited:
+    """The rank's process ended. `signal` is set when it was killed (SIGKILL by the OOM killer or
+    a user, SIGSEGV); `clean` when it ended after reporting its result or error."""
+
+    rank: int
+    host: str
+    exit_code: int | None
+    signal: int | None
+    clean: bool
+    at: float
+
+
+@dataclass(frozen=True)
+class Pickled:
+    """User bytes (a checkpoint or a result) as they travel: pickled once in the rank process."""
+
+    data: bytes
+
+
+# ----- controller -> rank ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Launch:
+    """Everything a fresh rank process needs, sent once over its pipe."""
+
+    spec: Any  # worker.RankSpec
+    call: bytes  # cloudpickle of (fn, args, kwargs)
+    checkpoint: bytes | None  # pickled checkpoint to resume from
+
+
+@dataclass(frozen=True)
+class CheckpointAck:
+    """The actor handed the checkpoint bytes on: gs.save_checkpoint may return."""
+
+
+@dataclass(frozen=True)
+class ShouldCheckpoint:
+    """The run is about to change size or stop: commit at the next gs.save_checkpoint."""
+
+    reason: str = ""
+
+
+@dataclass
+class Hello:
+    """First message of a zygote: it imported what ranks need and is ready to fork."""
+
+    pid: int
+    imported: list = field(default_factory=list)

@@ -1,0 +1,123 @@
+"""PURE: what a run does when an attempt fails, and the states a run moves through.
+
+No Ray, no clock, no I/O: the controller describes what happened as a Fault and applies the
+decision it gets back. Tested without a cluster (tests/unit/test_run_policies.py).
+"""
+from __future__ import annotations
+
+import enum
+import signal
+from dataclasses import dataclass
+
+
+class RunState(enum.Enum):
+    QUEUED = "queued"
+    STARTING = "starting"
+    RUNNING = "running"
+    RESTARTING = "restarting"
+    RESIZING = "resizing"
+    FINISHED = "finished"
+    FAILED = "failed"
+    STOPPED = "stopped"
+    PREEMPTED = "preempted"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (RunState.FINISHED, RunState.FAILED, RunState.STOPPED, RunState.PREEMPTED)
+
+
+_ALLOWED = {
+    RunState.QUEUED: {RunState.STARTING, RunState.FAILED, RunState.STOPPED},
+    RunState.STARTING: {RunState.RUNNING, RunState.RESTARTING, RunState.FAILED, RunState.STOPPED,
+                        RunState.PREEMPTED},
+    RunState.RUNNING: {RunState.FINISHED, RunState.RESTARTING, RunState.RESIZING, RunState.FAILED,
+                       RunState.STOPPED, RunState.PREEMPTED},
+    RunState.RESTARTING: {RunState.STARTING, RunState.FAILED, RunState.STOPPED, RunState.PREEMPTED},
+    RunState.RESIZING: {RunState.STARTING, RunState.FAILED, RunState.STOPPED, RunState.PREEMPTED},
+}
+
+
+def can_move(current: RunState, target: RunState) -> bool:
+    return target in _ALLOWED.get(current, set())
+
+
+class FaultKind(enum.Enum):
+    USER_ERROR = "user error"  # the user's code raised: a bug, not a fault of the cluster
+    PROCESS_DIED = "process died"  # a rank's process ended without a result (killed, OOM, segfault)
+    WORKER_LOST = "worker lost"  # a rank's worker actor or its node went away
+    COLLECTIVE = "collective failed"  # a collective lost its peer or timed out
+
+    @property
+    def is_fault(self) -> bool:
+        return self is not FaultKind.USER_ERROR
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: FaultKind
+    rank: int
+    host: str
+    detail: str  # "SIGKILL", "ValueError: bad lr", ...
+    exception_names: tuple[str, ...] = ()  # qualified names of the raised exception's classes
+
+
+class Action(enum.Enum):
+    RETRY = "retry"
+    RAISE = "raise"
+
+
+@dataclass(frozen=True)
+class FailureDecision:
+    action: Action
+    why: str
+
+
+@dataclass(frozen=True)
+class FailurePolicy:
+    """Faults are retried up to `max_failures` times; user errors fail at once unless the user
+    asked to retry them (`retry_exceptions=True`, or names of exception classes)."""
+
+    max_failures: int
+    retry_exceptions: bool | tuple[str, ...] = False
+
+    def decide(self, fault: Fault, failures_so_far: int) -> FailureDecision:
+        if not fault.kind.is_fault and not self._retries(fault):
+            return FailureDecision(Action.RAISE, "an exception in user code is not retried "
+                                                 "(pass retry_exceptions= to retry it)")
+        if failures_so_far >= self.max_failures:
+            return FailureDecision(Action.RAISE, f"max_failures={self.max_failures} reached")
+        return FailureDecision(Action.RETRY, f"failure {failures_so_far + 1} of at most {self.max_failures}")
+
+    def _retries(self, fault: Fault) -> bool:
+        if self.retry_exceptions is True:
+            return True
+        if not self.retry_exceptions:
+            return False
+        return any(_matches(name, fault.exception_names) for name in self.retry_exceptions)
+
+
+def _matches(wanted: str, names: tuple[str, ...]) -> bool:
+    """`wanted` is a qualified class name ("builtins.ValueError", "mypkg.Flaky") or a bare one."""
+    return any(name == wanted or name.rsplit(".", 1)[-1] == wanted for name in names)
+
+
+def signal_name(number: int | None) -> str:
+    if number is None:
+        return ""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def restart_line(fault: Fault, *, resume_step: str, attempt: int, max_attempts: int) -> str:
+    """The cell's line for a restart, e.g. "rank 3 died on node 10.0.0.4 (SIGKILL): restarting
+    from step 120 (attempt 2 of 4)"."""
+    what = {
+        FaultKind.PROCESS_DIED: "died",
+        FaultKind.WORKER_LOST: "was lost",
+        FaultKind.COLLECTIVE: "lost its peers",
+        FaultKind.USER_ERROR: "raised",
+    }[fault.kind]
+    return (f"rank {fault.rank} {what} on {fault.host} ({fault.detail}): restarting from {resume_step} "
+            f"(attempt {attempt} of {max_attempts})")

@@ -1,0 +1,114 @@
+"""A run survives its workers: faults restart the attempt from the last checkpoint, user errors
+fail fast, and a survivor blocked in a collective is never left hanging."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+import gpusession as gs
+
+from ..conftest import CLUSTER_GPUS, free_gpus
+from .recovery_train import train
+
+DETECT_AND_STEP_MARGIN_S = 15.0  # target 5 s from the kill to the next step; loaded CI machines are slower
+
+
+def test_a_rank_killed_mid_run_restarts_from_its_checkpoint_and_ends_with_uninterrupted_weights(
+        cluster, quiet, tmp_path):
+    import torch
+
+    marker = str(tmp_path / "killed")
+    run = gs.distributed(gpus=2)(train)
+    expected = run()
+    resumed = run(kill_rank=1, kill_at_step=5, marker=marker)
+
+    info = run.last_run
+    assert all(torch.equal(expected[k], resumed[k]) for k in expected)
+    assert info.restarts == 1 and info.end_reason == "finished" and info.steps_lost == 0
+    assert [r["step"] for r in info.history] == list(range(12))  # none repeated, none lost
+    assert [r["attempt"] for r in info.history] == [0] * 6 + [1] * 6
+    line = info.transitions[0]
+    assert line.startswith("rank 1 died on ") and "(SIGKILL)" in line
+    assert "restarting from step 5 (attempt 2 of 4)" in line
+    killed_at = float(open(marker).read())
+    first_step_after = info.history[6]["at"]
+    assert first_step_after - killed_at < DETECT_AND_STEP_MARGIN_S
+    assert free_gpus() == CLUSTER_GPUS
+
+
+def test_an_exception_in_user_code_fails_fast_without_a_retry(cluster, quiet):
+    @gs.distributed(gpus=2)  # max_failures=3, but a bug is not a fault
+    def bug():
+        import torch
+        import torch.distributed as dist
+
+        if gs.context().rank == 1:
+            raise ValueError(f"bad learning rate at {time.time()!r}")
+        dist.all_reduce(torch.ones(1))  # rank 0 waits for a peer that never comes
+
+    with pytest.raises(gs.WorkerFailed) as failure:
+        bug()
+    caught = time.time()
+    raised = float(failure.value.remote_message.rsplit(" ", 1)[-1])
+    assert failure.value.rank == 1 and failure.value.remote_type == "ValueError"
+    assert caught - raised < 2.0 + 3.0  # target 2 s; 3 s of margin for a loaded machine
+    assert bug.last_run.restarts == 0 and bug.last_run.end_reason == "failed"
+
+
+def test_retry_exceptions_retries_the_named_exception_types(cluster, quiet, tmp_path):
+    flag = str(tmp_path / "failed-once")
+
+    @gs.distributed(gpus=2, retry_exceptions=(TimeoutError,))
+    def flaky_io(flag):
+        if gs.context().rank == 0 and not os.path.exists(flag):
+            open(flag, "w").close()
+            raise TimeoutError("the data server did not answer")
+        return gs.context().attempt
+
+    assert flaky_io(flag) == 1
+    assert flaky_io.last_run.restarts == 1
+    assert "TimeoutError" in flaky_io.last_run.transitions[0]
+
+
+def test_a_survivor_blocked_in_a_collective_is_torn_down_when_its_peer_dies(cluster, quiet):
+    @gs.distributed(gpus=2, max_failures=0, return_all=True)
+    def peer_dies():
+        import torch
+        import torch.distributed as dist
+
+        if gs.context().rank == 1:
+            time.sleep(0.5)
+            os.kill(os.getpid(), signal.SIGKILL)
+        dist.all_reduce(torch.ones(1))  # rank 0 blocks here; its peer never arrives
+
+    started = time.monotonic()
+    with pytest.raises(gs.WorkerFailed) as failure:
+        peer_dies()
+    assert time.monotonic() - started < 30  # seconds, not gloo's 30-minute timeout
+    assert failure.value.rank == 1 and "SIGKILL" in str(failure.value)  # the dead rank, never the survivor
+    assert free_gpus() == CLUSTER_GPUS
+
+
+def test_nothing_a_call_changes_in_its_processes_reaches_the_next_call(cluster, quiet, tmp_path):
+    @gs.distributed(gpus=2, return_all=True)
+    def change_everything(directory):
+        import json
+
+        import torch
+
+        before = {"threads": torch.get_num_threads(), "env": os.environ.get("GS_TEST_LEAK"),
+                  "cwd": os.getcwd(), "global": getattr(json, "_gs_leak", None)}
+        torch.set_num_threads(1)
+        os.environ["GS_TEST_LEAK"] = "leaked"
+        os.chdir(directory)
+        json._gs_leak = "leaked"  # a module global of a library
+        return before
+
+    first = change_everything(str(tmp_path))
+    second = change_everything(str(tmp_path))
+    assert second == first
+    assert all(b["env"] is None and b["global"] is None for b in second)
+    assert all(b["cwd"] != str(tmp_path) for b in second)
