@@ -31,6 +31,7 @@ class RunContext:
     attempt: int = 0  # 0 first; each restart after a fault starts the next attempt
     host: str = ""  # this rank's host name
     address: str = ""  # this rank's Ray node IP
+    node_id: str = ""  # this rank's Ray node id (the rank is a plain process, not a Ray worker)
 
 
 @dataclass

@@ -50,6 +50,7 @@ class RankSpec:
     group_id: str | None = None  # the lease's placement group: if it is removed, this worker stops
     attempt: int = 0
     address: str = ""  # this rank's Ray node IP
+    node_id: str = ""  # this rank's Ray node id
 
 
 def scratch_dir(lease_id: int) -> str:

@@ -210,5 +210,5 @@ def _make_context(spec):
         devices=devices, backend=spec.backend, lease_id=spec.lease_id,
         scratch_dir=scratch_dir(spec.lease_id), gpu_ids=spec.gpu_ids,
         logical_gpus=spec.logical_gpus, restarts=spec.attempt, attempt=spec.attempt,
-        host=socket.gethostname(), address=spec.address,
+        host=socket.gethostname(), address=spec.address, node_id=spec.node_id,
     )

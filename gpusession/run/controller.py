@@ -61,6 +61,7 @@ def rank_specs(lease, workers, *, backend: str, return_all: bool, attempt: int =
             logical_gpus=lease.logical_gpus, return_value=return_all or rank == 0,
             caller_host=caller_host, caller_cwd=caller_cwd, pg_timeout_s=pg_timeout,
             run_id=run_id, group_id=lease.group_id, attempt=attempt, address=slot.address,
+            node_id=slot.node_id,
         ), worker))
     return specs
 

@@ -26,7 +26,7 @@ report: dict = {}
 def where():
     ctx = gs.context()
     return {"rank": ctx.rank, "node_rank": ctx.node_rank, "local_rank": ctx.local_rank,
-            "local_world_size": ctx.local_world_size, "node": ray.get_runtime_context().get_node_id(),
+            "local_world_size": ctx.local_world_size, "node": ctx.node_id,
             "visible": os.environ["CUDA_VISIBLE_DEVICES"], "world_size": ctx.world_size}
 
 
@@ -47,6 +47,44 @@ except gs.Infeasible as exc:
     report["strict_pack_3"] = str(exc)
 report["strict_pack_2"] = gs.distributed(gpus=2, placement="strict_pack", return_all=True)(where)()
 report["free_after"] = ray.available_resources().get("GPU", 0.0)
+
+
+def node_loss() -> dict:
+    """A 2-GPU run on one node; that node is removed mid-run; the run must finish on the other
+    node from its last checkpoint with the weights of an uninterrupted run."""
+    import threading
+    import time
+
+    import torch
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from recovery_train import train
+
+    run = gs.distributed(gpus=2, placement="strict_pack")(train)
+    expected = run()
+    marker = os.path.join(tempfile.mkdtemp(), "held")
+    removed = {}
+
+    def remove_the_node_when_told():
+        while not os.path.exists(marker):
+            time.sleep(0.05)
+        node_id, _ = open(marker).read().split()
+        [node] = [n for n in nodes if n.node_id == node_id]
+        removed["at"] = time.time()
+        cluster.remove_node(node)
+
+    remover = threading.Thread(target=remove_the_node_when_told, daemon=True)
+    remover.start()
+    resumed = run(hold_at_step=5, marker=marker)
+    info = run.last_run
+    return {"same_weights": all(torch.equal(expected[k], resumed[k]) for k in expected),
+            "restarts": info.restarts, "transitions": info.transitions,
+            "steps": [r["step"] for r in info.history], "node_removed": bool(removed),
+            "first_step_after_s": info.history[6]["at"] - removed.get("at", 0.0),
+            "free_after": ray.available_resources().get("GPU", 0.0)}
+
+
+report["node_loss"] = node_loss()
 ray.shutdown()
 cluster.shutdown()
 json.dump(report, open(sys.argv[1], "w"))

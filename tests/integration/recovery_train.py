@@ -13,9 +13,11 @@ STEPS = 12
 
 
 def train(steps: int = STEPS, kill_rank: int | None = None, kill_at_step: int | None = None,
-          marker: str | None = None, step_s: float = 0.0):
+          marker: str | None = None, step_s: float = 0.0, hold_at_step: int | None = None):
     """Returns rank 0's final weights. With kill_rank/kill_at_step/marker: that rank SIGKILLs its
-    own process at that step, once (the marker file says it happened and when)."""
+    own process at that step, once (the marker file says it happened and when). With
+    hold_at_step/marker: rank 0 writes its node id and the time to the marker at that step, once,
+    and every rank then waits there (for the test to take the node away)."""
     import torch
 
     ctx = gs.context()
@@ -40,6 +42,13 @@ def train(steps: int = STEPS, kill_rank: int | None = None, kill_at_step: int | 
         gs.save_checkpoint({"step": step + 1, "model": gs.unwrap(model).state_dict(), "opt": opt.state_dict()})
         if step_s:
             time.sleep(step_s)
+        if step == hold_at_step and marker is not None and not os.path.exists(marker):
+            torch.distributed.barrier()  # rank 0 has committed this step's checkpoint
+            if ctx.rank == 0:
+                with open(marker + ".tmp", "w") as f:
+                    f.write(f"{ctx.node_id} {time.time()!r}")
+                os.rename(marker + ".tmp", marker)
+            time.sleep(120)
         if step == kill_at_step and marker is not None and not os.path.exists(marker):
             torch.distributed.barrier()  # rank 0 has committed this step's checkpoint
             if ctx.rank == kill_rank:

@@ -17,7 +17,7 @@ def report(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("multinode") / "report.json"
     env = {k: v for k, v in __import__("os").environ.items() if k != "RAY_ADDRESS"}
     result = subprocess.run([sys.executable, str(HERE / "multinode_script.py"), str(out)], env=env,
-                            capture_output=True, text=True, timeout=240)
+                            capture_output=True, text=True, timeout=420)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -50,3 +50,11 @@ def test_strict_pack_is_judged_per_node(report):
 
 def test_every_gpu_is_free_after_the_calls(report):
     assert report["free_after"] == 4.0
+
+
+def test_a_run_whose_node_is_removed_finishes_on_the_other_node_with_uninterrupted_weights(report):
+    loss = report["node_loss"]
+    assert loss["node_removed"] and loss["same_weights"]
+    assert loss["restarts"] == 1 and loss["steps"] == list(range(12))
+    assert "was lost" in loss["transitions"][0] and "restarting from step 5" in loss["transitions"][0]
+    assert loss["free_after"] == 2.0  # the lost node's GPUs are gone; the survivor's are free

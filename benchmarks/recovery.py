@@ -1,0 +1,156 @@
+"""A worker killed mid-run -> the next completed training step: gpusession's restart from the
+last checkpoint vs Ray Train's FailureConfig(max_failures=1), the same 2-rank DDP loop on the
+same cluster (gloo, logical GPUs), measured side by side in one run.
+
+    .venv/bin/python benchmarks/recovery.py [--repeat 3]
+
+Both loops checkpoint every step (gpusession: gs.save_checkpoint into the caller's object store;
+Ray Train: ray.train.report with a Checkpoint directory) and rank 1 SIGKILLs its own process
+after step 5. Measured from the kill (a timestamp the dying rank writes) to the end of the first
+step of the new attempt. Target: gpusession <= 5 s here, ratio <= 0.3.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _cluster import local_cluster, median  # noqa: E402
+
+STEPS, KILL_AT, STEP_S = 10, 5, 0.05
+
+
+def _step(model, opt, step: int, rank: int):
+    import torch
+
+    generator = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(16, 8, generator=generator)
+    loss = torch.nn.functional.mse_loss(model(x), x.sum(dim=1, keepdim=True))
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    time.sleep(STEP_S)
+
+
+def _die_once(marker: str, step: int, rank: int) -> None:
+    if step == KILL_AT and rank == 1 and not os.path.exists(marker):
+        with open(marker, "w") as f:
+            f.write(repr(time.time()))
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def gpusession_recovery_s(marker: str) -> tuple[float, float]:
+    """(kill -> restart decided, kill -> first step of the new attempt done)"""
+    import torch
+
+    import gpusession as gs
+    from gpusession import events
+
+    transitions: list[float] = []
+
+    class Clock(events.Observer):
+        def transition(self, info, line):
+            transitions.append(time.time())
+
+    events.set_observer_factory(lambda world_size: Clock())
+
+    @gs.distributed(gpus=2)
+    def train(marker):
+        ctx = gs.context()
+        torch.manual_seed(0)
+        model = gs.prepare_model(torch.nn.Linear(8, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        state = gs.load_checkpoint() or {"step": 0}
+        if "model" in state:
+            gs.unwrap(model).load_state_dict(state["model"])
+            opt.load_state_dict(state["opt"])
+        for step in range(state["step"], STEPS):
+            _step(model, opt, step, ctx.rank)
+            gs.report(step=step, at=time.time(), attempt=ctx.attempt)
+            gs.save_checkpoint({"step": step + 1, "model": gs.unwrap(model).state_dict(), "opt": opt.state_dict()})
+            _die_once(marker, step, ctx.rank)
+
+    train(marker + ".warmup-never")  # warm: workers and parents started, as in a working session
+    train(marker)
+    killed = float(open(marker).read())
+    after = [r["at"] for r in train.last_run.history if r["attempt"] == 1]
+    return transitions[0] - killed, after[0] - killed
+
+
+def ray_train_recovery_s(marker: str) -> float:
+    from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    steps_log = marker + ".steps"
+
+    def train_loop(config):
+        import json
+        import tempfile as tf
+
+        import ray.train
+        import torch
+        from ray.train.torch import prepare_model
+
+        rank = ray.train.get_context().get_world_rank()
+        torch.manual_seed(0)
+        model = prepare_model(torch.nn.Linear(8, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        start = 0
+        checkpoint = ray.train.get_checkpoint()
+        if checkpoint:
+            with checkpoint.as_directory() as d:
+                state = torch.load(os.path.join(d, "state.pt"))
+            model.module.load_state_dict(state["model"])
+            opt.load_state_dict(state["opt"])
+            start = state["step"]
+        for step in range(start, STEPS):
+            _step(model, opt, step, rank)
+            with tf.TemporaryDirectory() as d:
+                if rank == 0:
+                    torch.save({"step": step + 1, "model": model.module.state_dict(), "opt": opt.state_dict()},
+                               os.path.join(d, "state.pt"))
+                ray.train.report({"step": step}, checkpoint=Checkpoint.from_directory(d) if rank == 0 else None)
+            if rank == 0:
+                with open(config["log"], "a") as f:
+                    f.write(json.dumps({"step": step, "at": time.time()}) + "\n")
+            _die_once(config["marker"], step, rank)
+
+    trainer = TorchTrainer(
+        train_loop, train_loop_config={"marker": marker, "log": steps_log},
+        torch_config=TorchConfig(backend="gloo"),
+        scaling_config=ScalingConfig(num_workers=2, use_gpu=True, resources_per_worker={"GPU": 1, "CPU": 0}),
+        run_config=RunConfig(storage_path=tempfile.mkdtemp(prefix="raytrain-recovery-"),
+                             failure_config=FailureConfig(max_failures=1)),
+    )
+    trainer.fit()
+    import json
+
+    killed = float(open(marker).read())
+    done = [json.loads(line)["at"] for line in open(steps_log)]
+    return min(t for t in done if t > killed) - killed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=3, help="kills to time on each side")
+    args = parser.parse_args()
+    work = tempfile.mkdtemp(prefix="gpusession-recovery-")
+    with local_cluster():
+        gs_runs = [gpusession_recovery_s(os.path.join(work, f"gs-{i}")) for i in range(args.repeat)]
+        rt_runs = [ray_train_recovery_s(os.path.join(work, f"rt-{i}")) for i in range(args.repeat)]
+    detect = median([d for d, _ in gs_runs])
+    gs_step = median([s for _, s in gs_runs])
+    rt_step = median(rt_runs)
+    print(f"gpusession: kill -> restart decided, median {detect:.2f} s; kill -> next step done, median "
+          f"{gs_step:.2f} s over {len(gs_runs)} kills ({', '.join(f'{s:.2f}' for _, s in gs_runs)})")
+    print(f"Ray Train FailureConfig(max_failures=1): kill -> next step done, median {rt_step:.2f} s over "
+          f"{len(rt_runs)} kills ({', '.join(f'{s:.2f}' for s in rt_runs)})")
+    print(f"ratio gpusession/ray_train: {gs_step / rt_step:.3f} (target <= 0.3)")
+
+
+if __name__ == "__main__":
+    main()
