@@ -29,6 +29,7 @@ import ray
 ctx_module = importlib.import_module("gpusession.context")
 
 from .capture import FdCapture, flush_all
+from .netif import socket_ifname_env
 from .shipping import is_user_file
 
 _DONE = object()
@@ -243,6 +244,8 @@ def _environment(spec: RankSpec):
         "CUDA_VISIBLE_DEVICES": ",".join(spec.node_gpu_ids),
         "GPUSESSION_LEASE_ID": str(spec.lease_id),
     })
+    # gloo/nccl on the interface of this node's Ray IP, unless the user or admin chose one
+    os.environ.update(socket_ifname_env(ray.util.get_node_ip_address()))
     os.makedirs(scratch_dir(spec.lease_id), exist_ok=True)
     if spec.caller_host == socket.gethostname() and os.path.isdir(spec.caller_cwd):
         os.chdir(spec.caller_cwd)
