@@ -3,7 +3,6 @@ shared by every multi-host scenario of the session; skipped where namespaces can
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -28,13 +27,10 @@ def sim_cluster():
 
 def run_driver(cluster: SimCluster, script: str, *args: str, timeout: float = 300) -> dict:
     """Run a script of this folder on the head (as a user's kernel there); its `RESULT` line."""
-    proc = cluster.python(cluster.head, str(HERE / script), *args)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
-        pytest.fail(f"{script} {' '.join(args)} did not finish within {timeout:.0f} s; output:\n{out[-4000:]}")
+    status, out = cluster.run_python(cluster.head, str(HERE / script), *args, timeout=timeout)
+    what = f"{script} {' '.join(args)}"
+    if status is None:
+        pytest.fail(f"{what} did not finish within {timeout:.0f} s and was killed; output:\n{out[-4000:]}")
     results = [line for line in out.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and results, f"{script} {' '.join(args)} failed ({proc.returncode}):\n{out[-4000:]}"
+    assert status == 0 and results, f"{what} failed (exit status {status}):\n{out[-4000:]}"
     return json.loads(results[-1][len("RESULT "):])

@@ -196,6 +196,17 @@ class SimCluster:
         return self.popen(host, argv, env=self.env(host, RAY_ADDRESS=self.address, **env),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
+    def run_python(self, host: SimHost, path: str, *args: str, timeout: float) -> tuple[int | None, str]:
+        """Run a Python script on `host` to its end: (exit status, or None if it ran past
+        `timeout` and was killed; its output)."""
+        proc = self.python(host, path, *args)
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+            return proc.returncode, out
+        except subprocess.TimeoutExpired:
+            kill_session(proc)
+            return None, proc.communicate()[0]
+
     def start_node(self, host: SimHost, *, attempts: int = 3) -> None:
         """Start the host's Ray node and wait until it is up. On a loaded machine a raylet can
         give up on its own agents (it waits ~15 s for them, not configurable): then the host's
@@ -270,6 +281,12 @@ class SimCluster:
     def restore_link(self, host: SimHost) -> None:
         _run(["ip", "link", "set", host.veth, "up"])
 
+    def restart_host(self, host: SimHost) -> None:
+        """The host back again, with a fresh Ray node (a new node id) and its link up."""
+        kill_namespace(host.netns)
+        self.restore_link(host)
+        self.start_node(host)
+
 
 # ---- helpers, also for cleaning up after a run that was killed --------------------------
 def can_run() -> str | None:
@@ -342,11 +359,16 @@ def _alive(pid: int) -> bool:
     return Path(f"/proc/{pid}").exists()
 
 
-def _reap(proc: subprocess.Popen) -> None:
+def kill_session(proc: subprocess.Popen) -> None:
+    """SIGKILL a process started by SimCluster.popen and its session (whatever it started)."""
     try:
-        os.killpg(proc.pid, signal.SIGKILL)  # its session: whatever it started outside the namespace
+        os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _reap(proc: subprocess.Popen) -> None:
+    kill_session(proc)
     try:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
