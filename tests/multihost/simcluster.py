@@ -345,6 +345,10 @@ def remove_leftovers() -> None:
             kill_namespace(netns)
             _run(["ip", "netns", "del", netns], check=False)
             shutil.rmtree(f"/etc/netns/{netns}", ignore_errors=True)
+    for path in Path("/etc/netns").glob(f"{PREFIX}*-*"):
+        match = re.match(rf"{PREFIX}(\d+)-", path.name)
+        if match and not _alive(int(match.group(1))):
+            shutil.rmtree(path, ignore_errors=True)
     links = _run(["ip", "-o", "link", "show", "type", "bridge"], check=False).stdout
     for bridge, pid in re.findall(rf"\d+: ({PREFIX}(\d+)br)[:@]", links):
         if not _alive(int(pid)):
@@ -360,7 +364,10 @@ def _alive(pid: int) -> bool:
 
 
 def kill_session(proc: subprocess.Popen) -> None:
-    """SIGKILL a process started by SimCluster.popen and its session (whatever it started)."""
+    """SIGKILL a process started by SimCluster.popen and its session (whatever it started).
+    Only while it is not reaped: after that its pid may belong to someone else."""
+    if proc.poll() is not None:
+        return
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):

@@ -6,6 +6,9 @@ import pytest
 from .conftest import run_driver
 from .simcluster import INNER_IF
 
+# the first test also waits for the shared cluster (~30 s here, up to a few minutes when loaded)
+pytestmark = pytest.mark.timeout(900)
+
 def known_sum(world_size: int) -> float:
     return world_size * (world_size + 1) / 2  # all_reduce of rank + 1
 
