@@ -83,11 +83,12 @@ def report(r: dict, how: str, lost_at: float, victim, survivor) -> None:
         return next((s["t"] for s in r.get("samples", []) if pred(s)), None)
 
     blamed = re.search(r"Rank (\d+) on (\S+)", r.get("error", ""))
-    names_victim = victim.name in r.get("error", "") or victim.ip in r.get("error", "")
+    message = r.get("error", "")
+    names_victim = f"name {victim.name in message}, IP {victim.ip in message}"
     nxt = r["next_request"]
     print(f"--- host {victim.name} ({victim.ip}) lost by {how}; rank 0 on {survivor.name}")
     print(f"error after {after(r.get('error_time'))}: {r.get('error_type')}; blames "
-          f"{'rank %s on %s' % blamed.groups() if blamed else 'no rank'}; names the lost host: {names_victim}")
+          f"{'rank %s on %s' % blamed.groups() if blamed else 'no rank'}; mentions the lost host's {names_victim}")
     print(f"  message: {r.get('error', '')[:400]!r}")
     print(f"  run: {r['run_info']}")
     print(f"Ray marks {victim.name} dead: {after(first(lambda s: not s['alive'].get(victim.ip, False)))}; "
