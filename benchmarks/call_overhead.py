@@ -1,11 +1,14 @@
-"""Call-to-result of a trivial 2-worker allreduce on a warm cluster: @gs.distributed vs Ray
-Train's TorchTrainer.fit() (gloo, the same logical GPUs), measured side by side in one run.
+"""Call-to-result of a trivial 2-worker allreduce: @gs.distributed on a warm cluster vs Ray
+Train's TorchTrainer.fit() (gloo, the same logical GPUs), and the first call of a new Python
+process vs `torchrun` cold on the same function, measured side by side in one run.
 
-    .venv/bin/python benchmarks/call_overhead.py [--calls 20] [--fits 2]
+    .venv/bin/python benchmarks/call_overhead.py [--calls 20] [--fits 2] [--cold 3]
 
 Both sides reserve 2 GPUs, start 2 ranks with a gloo process group, all-reduce one tensor and
-return. gpusession's warm path reuses worker processes that already imported torch; Ray Train
-starts a trainer, a controller and fresh workers on every fit(). Target ratio: <= 0.10.
+return. Every call of gpusession forks 2 fresh rank processes from warm parents (torch already
+imported); Ray Train starts a trainer, a controller and fresh workers on every fit(). Targets:
+warm median <= 0.2 s, ratio to Ray Train <= 0.10; a new process's first call no slower than
+torchrun cold (ratio <= 1.0).
 """
 from __future__ import annotations
 
@@ -63,15 +66,80 @@ def ray_train_fit_seconds(fits: int) -> list[float]:
     return timed(fit, fits)
 
 
+_FIRST_CALL = """
+import time
+started = time.perf_counter()
+import gpusession as gs
+from gpusession import events
+events.set_observer_factory(lambda world_size: events.Observer())
+
+@gs.distributed(gpus=2)
+def allreduce():
+    import torch
+    import torch.distributed as dist
+
+    value = torch.ones(1)
+    dist.all_reduce(value)
+    return value.item()
+
+assert allreduce() == 2.0
+print("SECONDS", time.perf_counter() - started)
+"""
+
+_TORCHRUN_SCRIPT = """
+import torch
+import torch.distributed as dist
+
+dist.init_process_group("gloo")
+value = torch.ones(1)
+dist.all_reduce(value)
+assert value.item() == 2.0
+dist.destroy_process_group()
+"""
+
+
+def first_call_seconds(runs: int) -> list[float]:
+    """A new Python process (a fresh kernel) that joins the running cluster and calls once:
+    import, connect, lease, start ranks, result."""
+    import subprocess
+
+    import ray
+
+    env = dict(os.environ, RAY_ADDRESS=ray.get_runtime_context().gcs_address)
+    times = []
+    for _ in range(runs):
+        out = subprocess.run([sys.executable, "-c", _FIRST_CALL], env=env, capture_output=True, text=True,
+                             check=True, timeout=300).stdout
+        times.append(float(out.split("SECONDS", 1)[1]))
+    return times
+
+
+def torchrun_cold_seconds(runs: int) -> list[float]:
+    import subprocess
+
+    script = os.path.join(tempfile.mkdtemp(prefix="torchrun-cold-"), "allreduce.py")
+    with open(script, "w") as f:
+        f.write(_TORCHRUN_SCRIPT)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-port=0", script]
+    return timed(lambda: subprocess.run(command, check=True, capture_output=True, timeout=300), runs)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=20, help="warm @gs.distributed calls to time")
     parser.add_argument("--fits", type=int, default=2, help="TorchTrainer.fit() calls to time")
+    parser.add_argument("--cold", type=int, default=3, help="first calls of new processes, and torchrun runs")
     args = parser.parse_args()
     with local_cluster():
         gs_times = gpusession_call_seconds(args.calls)
+        first_times = first_call_seconds(args.cold)
         rt_times = ray_train_fit_seconds(args.fits)
+    torchrun_times = torchrun_cold_seconds(args.cold)
     gs_median, rt_median = median(gs_times), median(rt_times)
+    first_median, torchrun_median = median(first_times), median(torchrun_times)
+    print(f"first call of a new process (import, connect, lease, 2 fresh ranks): median {first_median:.2f} s "
+          f"over {len(first_times)}; torchrun cold, same function: median {torchrun_median:.2f} s "
+          f"(ratio {first_median / torchrun_median:.2f}, target <= 1.0)")
     print(f"@gs.distributed(gpus=2), warm: median {gs_median:.3f} s over {len(gs_times)} calls "
           f"(min {min(gs_times):.3f}, max {max(gs_times):.3f})")
     print(f"TorchTrainer.fit(), 2 workers: median {rt_median:.2f} s over {len(rt_times)} fits "

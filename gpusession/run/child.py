@@ -149,12 +149,10 @@ def _set_environment(spec) -> None:
     if spec.logical_gpus:
         for key, value in ACCELERATE_CPU_ENV.items():
             os.environ.setdefault(key, value)
-    try:
-        from ..netif import collective_env
-    except ImportError:  # the interface rule lands separately
-        collective_env = None
-    if collective_env is not None and spec.address:
-        os.environ.update(collective_env(spec.address, os.environ))
+    if spec.address:  # gloo/nccl bind to the interface of the Ray node IP, whatever the host name says
+        from ..netif import socket_ifname_env
+
+        os.environ.update(socket_ifname_env(spec.address))
     os.makedirs(scratch_dir(spec.lease_id), exist_ok=True)
     if spec.caller_host == socket.gethostname() and os.path.isdir(spec.caller_cwd):
         os.chdir(spec.caller_cwd)

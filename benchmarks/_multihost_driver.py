@@ -1,0 +1,153 @@
+"""Run by benchmarks/multihost.py on the head of the simulated cluster (RAY_ADDRESS is set).
+
+    python _multihost_driver.py calls REPEATS FITS
+    python _multihost_driver.py node-loss MARKER_FILE
+
+Prints one line `RESULT {json}` with absolute times (time.time(): every simulated host shares
+the machine's clock, so the benchmark can subtract the moment it killed a host).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+import ray
+
+import gpusession as gs
+from gpusession import events
+
+
+def allreduce():
+    import torch
+    import torch.distributed as dist
+
+    value = torch.ones(1)
+    dist.all_reduce(value)
+    return value.item()
+
+
+def gpusession_calls(repeats: int) -> dict:
+    from gpusession.broker import client
+
+    client.broker()  # the cluster's broker exists (as it would for any kernel but the first)
+    call = gs.distributed(gpus=4, placement="spread")(allreduce)
+    started = time.perf_counter()
+    assert call() == 4.0
+    first = time.perf_counter() - started
+    hosts = call.last_run.nodes
+    repeat = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        assert call() == 4.0
+        repeat.append(time.perf_counter() - started)
+    return {"first_s": first, "repeat_s": repeat, "repeat_median_s": statistics.median(repeat), "nodes": hosts}
+
+
+def ray_train_fits(fits: int) -> dict:
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    storage = tempfile.mkdtemp(prefix="raytrain-multihost-", dir="/tmp")  # one filesystem for every host
+
+    def loop():
+        allreduce()
+
+    durations = []
+    for _ in range(fits):
+        trainer = TorchTrainer(
+            loop, torch_config=TorchConfig(backend="gloo"),
+            scaling_config=ScalingConfig(num_workers=4, use_gpu=True, placement_strategy="SPREAD",
+                                         resources_per_worker={"GPU": 1, "CPU": 0}),
+            run_config=RunConfig(storage_path=storage),
+        )
+        started = time.perf_counter()
+        trainer.fit()
+        durations.append(time.perf_counter() - started)
+    return {"first_s": durations[0], "repeat_s": durations[1:],
+            "repeat_median_s": statistics.median(durations[1:]) if fits > 1 else None}
+
+
+def steps_until_stopped(marker: str):
+    """Allreduce steps for as long as the run lives; rank 0 names its host once running."""
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
+    ctx = gs.context()
+    for step in range(1_000_000):
+        value = torch.ones(1)
+        dist.all_reduce(value)
+        if step == 20 and ctx.rank == 0:
+            with open(marker, "w") as f:
+                f.write(json.dumps({"host": socket.gethostname(), "time": time.time()}))
+        time.sleep(0.02)
+
+
+def node_loss(marker: str) -> dict:
+    result: dict = {}
+    call = gs.distributed(gpus=4, placement="spread", timeout="600s")(steps_until_stopped)
+    try:
+        call(marker)
+    except BaseException as exc:  # what the user sees, whatever it is
+        result["error_time"] = time.time()
+        result["error_type"] = type(exc).__name__
+        result["error"] = str(exc)[:3000]
+    result["run_info"] = {k: getattr(call.last_run, k) for k in ("gpu_seconds", "setup_s", "run_s", "end_reason")}
+    watcher = threading.Thread(target=_watch_capacity, args=(result, 120.0), daemon=True)
+    watcher.start()
+    result["next_request"] = _four_gpu_request()
+    watcher.join()
+    return result
+
+
+def _four_gpu_request() -> dict:
+    asked = time.time()
+    call = gs.distributed(gpus=4, queue_timeout="60s", timeout="120s")(allreduce)
+    out: dict = {"asked": asked}
+    try:
+        out["value"] = call()
+    except BaseException as exc:
+        out["error_type"] = type(exc).__name__
+        out["error"] = str(exc)[:1500]
+    out["ended"] = time.time()
+    info = call.last_run
+    out["run_info"] = {k: getattr(info, k) for k in ("queued_s", "setup_s", "run_s", "gpu_seconds", "end_reason")}
+    return out
+
+
+def _watch_capacity(result: dict, seconds: float) -> None:
+    """When Ray marks a node dead, and when Ray and the broker show the surviving GPUs free."""
+    from ray._private.state import available_resources_per_node
+
+    deadline, samples = time.time() + seconds, []
+    while time.time() < deadline:
+        now = time.time()
+        nodes = [n for n in ray.nodes() if n["Resources"].get("GPU")]
+        per_node = available_resources_per_node()
+        cluster = gs.status().cluster
+        samples.append({"t": now, "alive": {n["NodeManagerAddress"]: n["Alive"] for n in nodes},
+                        "free": {n["NodeManagerAddress"]: per_node.get(n["NodeID"], {}).get("GPU", 0.0)
+                                 for n in nodes if n["Alive"]},
+                        "broker_total": cluster["gpus_total"], "broker_free": cluster["gpus_free"],
+                        "broker_leased": cluster["gpus_leased"]})
+        time.sleep(0.2)
+    result["samples"] = samples
+
+
+def main() -> None:
+    events.set_observer_factory(lambda world_size: events.Observer())
+    mode = sys.argv[1]
+    if mode == "calls":
+        out = {"gpusession": gpusession_calls(int(sys.argv[2])), "ray_train": ray_train_fits(int(sys.argv[3]))}
+    else:
+        out = node_loss(sys.argv[2])
+    print("RESULT " + json.dumps(out, default=str), flush=True)
+
+
+if __name__ == "__main__":
+    main()

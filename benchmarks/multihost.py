@@ -1,0 +1,125 @@
+"""A 4-rank run spread over 2 hosts: @gs.distributed vs Ray Train's TorchTrainer, side by side
+on one simulated cluster (tests/multihost: a head and 2 hosts x 2 logical GPUs, each host a
+network namespace with its own address and hostname). Needs root.
+
+    sudo .venv/bin/python benchmarks/multihost.py [--repeats 5] [--fits 2]
+    sudo .venv/bin/python benchmarks/multihost.py --node-loss kill|cut [--tries 1]
+
+Both sides run the same function (all-reduce one tensor over 4 gloo ranks, one per logical GPU,
+placement spread) from a driver on the head. "first" is the first call of a new driver process
+on a running cluster (the broker already exists); "repeat" the calls after it.
+
+--node-loss measures (gpusession only, for now) what a user sees when the host that does not
+hold rank 0 dies mid-run (kill: every process on it SIGKILLed) or goes silent (cut: its link
+down): time to the error, which rank and host the error names, when Ray and the broker show the
+survivors' GPUs free, and what a 4-GPU request made right after the error gets.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tests.multihost.simcluster import SimCluster, can_run  # noqa: E402
+
+DRIVER = str(Path(__file__).resolve().parent / "_multihost_driver.py")
+
+
+def driver_result(cluster: SimCluster, *args: str, timeout: float) -> dict:
+    status, out = cluster.run_python(cluster.head, DRIVER, *args, timeout=timeout)
+    results = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    if status != 0 or not results:
+        raise SystemExit(f"driver {' '.join(args)} failed (exit status {status}); output:\n{out[-5000:]}")
+    return json.loads(results[-1][len("RESULT "):])
+
+
+def calls(cluster: SimCluster, repeats: int, fits: int) -> None:
+    out = driver_result(cluster, "calls", str(repeats), str(fits), timeout=900)
+    gs, rt = out["gpusession"], out["ray_train"]
+    print(f"@gs.distributed(gpus=4, placement='spread'): first {gs['first_s']:.2f} s, repeat median "
+          f"{gs['repeat_median_s']:.2f} s over {len(gs['repeat_s'])} "
+          f"({', '.join(f'{t:.2f}' for t in gs['repeat_s'])}); nodes {gs['nodes']}")
+    rt_repeat = rt["repeat_median_s"]
+    print(f"TorchTrainer.fit(), 4 workers SPREAD: first {rt['first_s']:.2f} s"
+          + (f", repeat median {rt_repeat:.2f} s over {len(rt['repeat_s'])}" if rt_repeat else ""))
+    ratios = f"ratio gpusession/ray_train: first {gs['first_s'] / rt['first_s']:.3f}"
+    if rt_repeat:
+        ratios += f", repeat {gs['repeat_median_s'] / rt_repeat:.4f}"
+    print(ratios)
+
+
+def node_loss(cluster: SimCluster, how: str, tries: int) -> None:
+    for attempt in range(1, tries + 1):
+        marker = cluster.base / f"running-{attempt}"
+        proc = cluster.python(cluster.head, DRIVER, "node-loss", str(marker))
+        deadline = time.monotonic() + 300
+        while not marker.exists() or not marker.read_text():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the run never got going; driver output:\n{proc.communicate()[0][-5000:]}")
+            time.sleep(0.1)
+        rank0_host = json.loads(marker.read_text())["host"]
+        victim = next(h for h in cluster.workers if h.name != rank0_host)
+        survivor = cluster.host(rank0_host)
+        lost_at = time.time()
+        cluster.kill_host(victim) if how == "kill" else cluster.cut_link(victim)
+        out, _ = proc.communicate(timeout=600)
+        lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+        if proc.returncode != 0 or not lines:
+            raise SystemExit(f"driver failed (exit status {proc.returncode}); output:\n{out[-5000:]}")
+        report(json.loads(lines[-1][len("RESULT "):]), how, lost_at, victim, survivor)
+        cluster.restart_host(victim)
+
+
+def report(r: dict, how: str, lost_at: float, victim, survivor) -> None:
+    def after(t):
+        return f"{t - lost_at:.1f} s" if t is not None else "not within the watch"
+
+    def first(pred):
+        return next((s["t"] for s in r.get("samples", []) if pred(s)), None)
+
+    blamed = re.search(r"Rank (\d+) on (\S+)", r.get("error", ""))
+    message = r.get("error", "")
+    names_victim = f"name {victim.name in message}, IP {victim.ip in message}"
+    nxt = r["next_request"]
+    print(f"--- host {victim.name} ({victim.ip}) lost by {how}; rank 0 on {survivor.name}")
+    print(f"error after {after(r.get('error_time'))}: {r.get('error_type')}; blames "
+          f"{'rank %s on %s' % blamed.groups() if blamed else 'no rank'}; mentions the lost host's {names_victim}")
+    print(f"  message: {r.get('error', '')[:400]!r}")
+    print(f"  run: {r['run_info']}")
+    print(f"Ray marks {victim.name} dead: {after(first(lambda s: not s['alive'].get(victim.ip, False)))}; "
+          f"survivor's 2 GPUs free in Ray: {after(first(lambda s: s['free'].get(survivor.ip) == 2))}")
+    print(f"broker: nothing leased {after(first(lambda s: s['broker_leased'] == 0))}, "
+          f"capacity down to 2 GPUs {after(first(lambda s: s['broker_total'] <= 2))}")
+    outcome = f"{nxt.get('error_type')}: {nxt.get('error', '')[:300]!r}" if "error_type" in nxt else \
+        f"ran, value {nxt.get('value')}"
+    print(f"4-GPU request at {after(nxt['asked'])}: ended {nxt['ended'] - nxt['asked']:.1f} s later, {outcome}; "
+          f"{nxt['run_info']}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5, help="repeat @gs.distributed calls to time")
+    parser.add_argument("--fits", type=int, default=2, help="TorchTrainer.fit() calls to time (first + repeats)")
+    parser.add_argument("--node-loss", choices=("kill", "cut"), help="measure a host lost mid-run instead")
+    parser.add_argument("--tries", type=int, default=1, help="node-loss tries (the host comes back between)")
+    args = parser.parse_args()
+    reason = can_run()
+    if reason:
+        raise SystemExit(f"cannot simulate hosts: {reason}")
+    started = time.monotonic()
+    with SimCluster(hosts=2, gpus_per_host=2, extra_env={"GPUSESSION_PG_TIMEOUT_S": "120"}) as cluster:
+        print(f"simulated cluster up in {time.monotonic() - started:.0f} s: head {cluster.head.ip}, "
+              + ", ".join(f"{h.name} {h.ip}" for h in cluster.workers), flush=True)
+        if args.node_loss:
+            node_loss(cluster, args.node_loss, args.tries)
+        else:
+            calls(cluster, args.repeats, args.fits)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,424 @@
+"""A Ray cluster of several simulated hosts on one Linux machine (see README.md here).
+
+Each host is a network namespace on a private bridge, with its own address, UTS hostname,
+/etc/hosts (ip netns exec bind-mounts /etc/netns/NS/hosts), HOME, TMPDIR and Ray node. The
+head is a host like the others, in its own namespace: nothing of the simulated cluster is on
+the root namespace's network, so it can never reach, or be reached by, the other Ray clusters
+that run on the same machine, and its ports never collide with theirs. Drivers (a notebook's
+kernel, a benchmark) run on a host with `popen`.
+
+Everything is named after this process's pid (gsmh<pid>...), and torn down by `stop()` on every
+path; `start()` also removes what an earlier run left when its process was killed before it
+could clean up.
+"""
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PREFIX = "gsmh"
+RAY_PORT = 6379
+READY_LINE = "Ray runtime started"
+STARTUP_NICE = -10
+INNER_IF = "simnet0"  # the host's interface on the bridge, as seen inside its namespace
+RESOLVE_MODES = ("own", "loopback")  # a host's own name -> its address, or -> 127.0.1.1 (Debian)
+
+
+class SimClusterError(RuntimeError):
+    """The simulated cluster could not be set up; the message names what did not come up."""
+
+
+@dataclass
+class SimHost:
+    name: str  # its hostname
+    netns: str
+    ip: str
+    veth: str  # its end on the bridge, in the root namespace: down = the host's link is cut
+    base: Path  # HOME and TMPDIR live under it
+    gpus: int
+    cpus: int
+    proc: subprocess.Popen | None = None  # `ray start --block`, leader of its own session
+    log_path: Path | None = None
+
+    @property
+    def home(self) -> Path:
+        return self.base / "home"
+
+    @property
+    def tmp(self) -> Path:
+        return self.base / "tmp"
+
+
+@dataclass
+class SimCluster:
+    """hosts=2 GPU hosts beside the head (which has no GPUs, as in cluster/README.md)."""
+    hosts: int = 2
+    gpus_per_host: int = 2
+    cpus_per_host: int = 1
+    resolve: str = "own"
+    ready_timeout_s: float = 120.0
+    extra_env: dict = field(default_factory=dict)  # for every Ray node (and drivers)
+
+    def __post_init__(self) -> None:
+        if self.resolve not in RESOLVE_MODES:
+            raise ValueError(f"resolve must be one of {RESOLVE_MODES}, not {self.resolve!r}")
+        self.tag = f"{PREFIX}{os.getpid()}"
+        self.subnet = f"10.213.{os.getpid() % 250}"  # private: this bridge is on no other network
+        self.bridge = f"{self.tag}br"
+        self.base = Path(tempfile.mkdtemp(prefix=f"{self.tag}-", dir="/tmp"))  # short: Ray's socket paths
+        self.token = secrets.token_hex(16)
+        names = ["head"] + [f"host{i}" for i in range(1, self.hosts + 1)]
+        self.all_hosts = [
+            SimHost(name=name, netns=f"{self.tag}-{name}", ip=f"{self.subnet}.{10 + i}", veth=f"{self.tag}v{i}",
+                    base=self.base / name, gpus=0 if i == 0 else self.gpus_per_host, cpus=self.cpus_per_host)
+            for i, name in enumerate(names)
+        ]
+        self.started: list[subprocess.Popen] = []
+
+    # ---- the cluster's shape -------------------------------------------------------------
+    @property
+    def head(self) -> SimHost:
+        return self.all_hosts[0]
+
+    @property
+    def workers(self) -> list[SimHost]:
+        return self.all_hosts[1:]
+
+    @property
+    def address(self) -> str:
+        return f"{self.head.ip}:{RAY_PORT}"
+
+    def host(self, name: str) -> SimHost:
+        return next(h for h in self.all_hosts if h.name == name)
+
+    # ---- start and stop ------------------------------------------------------------------
+    def start(self) -> "SimCluster":
+        remove_leftovers()
+        try:
+            self._network()
+            self.set_resolution(self.resolve)
+            for host in self.all_hosts:  # one at a time: starting nodes at once slows them all
+                self.start_node(host)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Every process of every host, the namespaces, the bridge and the files; never raises."""
+        for host in self.all_hosts:
+            kill_namespace(host.netns)
+        for proc in self.started:
+            _reap(proc)
+        for host in self.all_hosts:
+            _run(["ip", "netns", "del", host.netns], check=False)
+            shutil.rmtree(f"/etc/netns/{host.netns}", ignore_errors=True)
+        _run(["ip", "link", "del", self.bridge], check=False)
+        shutil.rmtree(self.base, ignore_errors=True)
+
+    def __enter__(self) -> "SimCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _network(self) -> None:
+        _run(["ip", "link", "add", self.bridge, "type", "bridge"])
+        _run(["ip", "link", "set", self.bridge, "up"])
+        for host in self.all_hosts:
+            for path in (host.home, host.tmp):
+                path.mkdir(parents=True, exist_ok=True)
+            os.makedirs(f"/etc/netns/{host.netns}", exist_ok=True)
+            _run(["ip", "netns", "add", host.netns])
+            peer = f"{host.veth}p"
+            _run(["ip", "link", "add", host.veth, "type", "veth", "peer", "name", peer])
+            _run(["ip", "link", "set", peer, "netns", host.netns])
+            _run(["ip", "-n", host.netns, "link", "set", peer, "name", INNER_IF])
+            _run(["ip", "-n", host.netns, "addr", "add", f"{host.ip}/24", "dev", INNER_IF])
+            _run(["ip", "-n", host.netns, "link", "set", INNER_IF, "up"])
+            _run(["ip", "-n", host.netns, "link", "set", "lo", "up"])
+            _run(["ip", "link", "set", host.veth, "master", self.bridge, "up"])
+
+    def set_resolution(self, mode: str) -> None:
+        """How each host resolves its own name: "own" (its bridge address) or "loopback"
+        (127.0.1.1, the Debian/Ubuntu default). Other hosts' names always resolve to their
+        addresses. The file is rewritten in place, so running hosts see the change at once."""
+        if mode not in RESOLVE_MODES:
+            raise ValueError(f"mode must be one of {RESOLVE_MODES}, not {mode!r}")
+        self.resolve = mode
+        for host in self.all_hosts:
+            lines = ["127.0.0.1 localhost"]
+            for other in self.all_hosts:
+                own = other is host
+                lines.append(f"{'127.0.1.1' if own and mode == 'loopback' else other.ip} {other.name}")
+            with open(f"/etc/netns/{host.netns}/hosts", "w") as f:  # same inode: the bind mount follows
+                f.write("\n".join(lines) + "\n")
+
+    # ---- processes on a host -------------------------------------------------------------
+    def env(self, host: SimHost, **extra: str) -> dict:
+        """The environment of a process on `host`: its HOME and TMPDIR, this repository on
+        PYTHONPATH, Ray's token; nothing of the caller's Ray or collective settings."""
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith(("RAY_", "GPUSESSION_", "GLOO_", "NCCL_"))}
+        env.update({"HOME": str(host.home), "TMPDIR": str(host.tmp), "PYTHONPATH": str(ROOT),
+                    "PYTHONUNBUFFERED": "1", "RAY_USAGE_STATS_ENABLED": "0",
+                    "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": self.token,
+                    "RAY_agent_register_timeout_ms": "120000"})  # a loaded machine starts agents slowly
+        env.update(self.extra_env)
+        env.update(extra)
+        return env
+
+    def popen(self, host: SimHost, argv: list[str], *, env: dict | None = None, **kwargs) -> subprocess.Popen:
+        """Start argv on `host` (its namespace, hostname and /etc/hosts), leader of a new session."""
+        wrapped = ["ip", "netns", "exec", host.netns, "unshare", "--uts", "--",
+                   "sh", "-c", 'hostname "$0" && exec "$@"', host.name, *argv]
+        kwargs.setdefault("stdin", subprocess.DEVNULL)
+        proc = subprocess.Popen(wrapped, env=env or self.env(host), cwd=str(host.home),
+                                start_new_session=True, **kwargs)
+        self.started.append(proc)
+        return proc
+
+    def python(self, host: SimHost, code_or_path: str, *args: str, **env: str) -> subprocess.Popen:
+        """A Python driver on `host` connected to this cluster by RAY_ADDRESS; stdout and stderr
+        merged into one text pipe."""
+        argv = [sys.executable, code_or_path, *args] if code_or_path.endswith(".py") else \
+            [sys.executable, "-c", code_or_path, *args]
+        return self.popen(host, argv, env=self.env(host, RAY_ADDRESS=self.address, **env),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def run_python(self, host: SimHost, path: str, *args: str, timeout: float) -> tuple[int | None, str]:
+        """Run a Python script on `host` to its end: (exit status, or None if it ran past
+        `timeout` and was killed; its output)."""
+        proc = self.python(host, path, *args)
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+            return proc.returncode, out
+        except subprocess.TimeoutExpired:
+            kill_session(proc)
+            return None, proc.communicate()[0]
+
+    def start_node(self, host: SimHost, *, attempts: int = 3) -> None:
+        """Start the host's Ray node and wait until it is up. On a loaded machine a raylet can
+        give up on its own agents (it waits ~15 s for them, not configurable): then the host's
+        processes are killed and the node is started again, up to `attempts` times."""
+        for attempt in range(1, attempts + 1):
+            self._launch_node(host)
+            try:
+                self._wait_ready([host])
+                _set_group_nice(host.proc.pid, 0)  # back to normal once the node is up
+                return
+            except SimClusterError:
+                kill_namespace(host.netns)
+                if attempt == attempts:
+                    raise
+
+    def _launch_node(self, host: SimHost) -> None:
+        ray = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--disable-usage-stats",
+               f"--node-ip-address={host.ip}", f"--num-cpus={host.cpus}", f"--num-gpus={host.gpus}",
+               "--object-store-memory=100000000",
+               # Fixed ports (each host has its own network namespace, so they never collide):
+               # with port 0 the raylet waits for its agents to write their ports to files, and
+               # gives up after ~15 s, which a loaded 2-core machine can exceed.
+               "--dashboard-agent-grpc-port=52366", "--dashboard-agent-listen-port=52365",
+               "--metrics-export-port=52367", "--runtime-env-agent-port=52368",
+               "--node-manager-port=52369", "--object-manager-port=52370"]
+        if host is self.head:
+            ray += ["--head", f"--port={RAY_PORT}", "--include-dashboard=false"]
+        else:
+            ray += [f"--address={self.address}"]
+        host.log_path = host.base / "ray-start.log"
+        with open(host.log_path, "w") as log:
+            host.proc = self.popen(host, ray, stdout=log, stderr=subprocess.STDOUT)
+        # The raylet gives its agents ~15 s (not configurable) to start. Linux schedules each
+        # session as one group (autogroup), so the node's eight-odd Python processes share one
+        # session's slice of a busy 2-core machine and take longer than that to import: the
+        # node's session starts at a raised priority, set back to normal once it is up.
+        _set_group_nice(host.proc.pid, STARTUP_NICE)
+
+    def _wait_ready(self, hosts: list[SimHost]) -> None:
+        deadline = time.monotonic() + self.ready_timeout_s
+        waiting = list(hosts)
+        raylet_seen: set[str] = set()
+        while waiting:
+            for host in list(waiting):
+                text = host.log_path.read_text(errors="replace")
+                raylet = _has_raylet(host.netns)
+                if READY_LINE in text:
+                    waiting.remove(host)
+                elif host.proc.poll() is not None or (host.name in raylet_seen and not raylet):
+                    # `ray start` would go on waiting for a raylet that already died
+                    raise SimClusterError(f"The Ray node of simulated host {host.name} ({host.ip}) failed before "
+                                          f"it was up; its log ends:\n{_tail(text)}{_raylet_errors(host)}")
+                elif raylet:
+                    raylet_seen.add(host.name)
+            if waiting and time.monotonic() > deadline:
+                host = waiting[0]
+                raise SimClusterError(f"The Ray node of simulated host {host.name} ({host.ip}) was not up within "
+                                      f"{self.ready_timeout_s:.0f} s; its log ends:\n"
+                                      f"{_tail(host.log_path.read_text(errors='replace'))}{_raylet_errors(host)}")
+            time.sleep(0.2)
+
+    # ---- faults --------------------------------------------------------------------------
+    def kill_host(self, host: SimHost) -> int:
+        """SIGKILL every process on the host (its Ray node, workers, drivers): a host that died.
+        Returns how many processes were killed."""
+        return kill_namespace(host.netns)
+
+    def cut_link(self, host: SimHost) -> None:
+        """The host's cable pulled: its processes live on and nothing they send arrives."""
+        _run(["ip", "link", "set", host.veth, "down"])
+
+    def restore_link(self, host: SimHost) -> None:
+        _run(["ip", "link", "set", host.veth, "up"])
+
+    def restart_host(self, host: SimHost) -> None:
+        """The host back again, with a fresh Ray node (a new node id) and its link up."""
+        kill_namespace(host.netns)
+        self.restore_link(host)
+        self.start_node(host)
+
+
+# ---- helpers, also for cleaning up after a run that was killed --------------------------
+def can_run() -> str | None:
+    """None if this machine can host a simulated cluster, else why not (a skip reason)."""
+    if sys.platform != "linux":
+        return f"simulated hosts need Linux network namespaces (this is {sys.platform})"
+    if os.geteuid() != 0:
+        return ("simulated hosts need root to create network namespaces and a bridge "
+                f"(running as uid {os.geteuid()}); CI runs these tests as root")
+    if shutil.which("ip") is None or shutil.which("unshare") is None:
+        return "simulated hosts need the `ip` (iproute2) and `unshare` (util-linux) commands"
+    probe = f"{PREFIX}{os.getpid()}-probe"
+    done = _run(["ip", "netns", "add", probe], check=False)
+    _run(["ip", "netns", "del", probe], check=False)
+    if done.returncode != 0:
+        return f"cannot create a network namespace here: {done.stderr.strip()}"
+    return None
+
+
+def namespace_pids(netns: str) -> list[int]:
+    """Every process whose network namespace is `netns`: everything that runs on that host."""
+    try:
+        wanted = os.stat(f"/run/netns/{netns}").st_ino
+    except OSError:
+        return []
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                if os.stat(f"/proc/{entry}/ns/net").st_ino == wanted:
+                    pids.append(int(entry))
+            except OSError:  # gone meanwhile, or a kernel thread
+                pass
+    return pids
+
+
+def kill_namespace(netns: str, timeout_s: float = 5.0) -> int:
+    pids = namespace_pids(netns)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout_s
+    while namespace_pids(netns) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return len(pids)
+
+
+def remove_leftovers() -> None:
+    """Namespaces, bridges and files of earlier simulated clusters whose process is gone."""
+    listed = _run(["ip", "netns", "list"], check=False).stdout
+    for name in re.findall(rf"^({PREFIX}(\d+)-\S+)", listed, flags=re.M):
+        netns, pid = name
+        if not _alive(int(pid)):
+            kill_namespace(netns)
+            _run(["ip", "netns", "del", netns], check=False)
+            shutil.rmtree(f"/etc/netns/{netns}", ignore_errors=True)
+    for path in Path("/etc/netns").glob(f"{PREFIX}*-*"):
+        match = re.match(rf"{PREFIX}(\d+)-", path.name)
+        if match and not _alive(int(match.group(1))):
+            shutil.rmtree(path, ignore_errors=True)
+    links = _run(["ip", "-o", "link", "show", "type", "bridge"], check=False).stdout
+    for bridge, pid in re.findall(rf"\d+: ({PREFIX}(\d+)br)[:@]", links):
+        if not _alive(int(pid)):
+            _run(["ip", "link", "del", bridge], check=False)
+    for path in Path("/tmp").glob(f"{PREFIX}*-*"):
+        match = re.match(rf"{PREFIX}(\d+)-", path.name)
+        if match and not _alive(int(match.group(1))):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists()
+
+
+def kill_session(proc: subprocess.Popen) -> None:
+    """SIGKILL a process started by SimCluster.popen and its session (whatever it started).
+    Only while it is not reaped: after that its pid may belong to someone else."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _reap(proc: subprocess.Popen) -> None:
+    kill_session(proc)
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        pass
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
+def _run(argv: list[str], *, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if check and done.returncode != 0:
+        raise SimClusterError(f"`{' '.join(argv)}` failed ({done.returncode}): {done.stderr.strip()}")
+    return done
+
+
+def _set_group_nice(session_leader: int, niceness: int) -> None:
+    """The scheduling weight of a whole session (sched_autogroup); plain `nice` only orders
+    processes within their session's group. Without autogroup, nothing to do."""
+    try:
+        Path(f"/proc/{session_leader}/autogroup").write_text(str(niceness))
+    except OSError:  # no autogroup on this kernel, or the process is gone
+        pass
+
+
+def _has_raylet(netns: str) -> bool:
+    for pid in namespace_pids(netns):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "raylet":
+                return True
+        except OSError:
+            pass
+    return False
+
+
+def _raylet_errors(host: SimHost) -> str:
+    """The raylet's fatal lines: why a node did not come up is often only there."""
+    lines = []
+    for path in host.tmp.glob("ray/session_*/logs/raylet.out"):
+        lines += [line.rstrip() for line in path.read_text(errors="replace").splitlines()
+                  if " C " in line or " E " in line]
+    return ("\nraylet errors:\n" + "\n".join(lines[-5:])) if lines else ""
+
+
+def _tail(text: str, lines: int = 20) -> str:
+    return "\n".join(text.splitlines()[-lines:])

@@ -1,0 +1,60 @@
+"""A user's script on the head of the simulated cluster (RAY_ADDRESS is set): train across hosts.
+
+    python train_script.py spread|strict_spread [--keep-nccl-ifname VALUE]
+
+Prints one line `RESULT {json}`: what every rank saw (host, addresses, interfaces) and trained.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import gpusession as gs
+from gpusession import events
+
+
+def train():
+    """One DDP step with a known answer: w starts at 1, rank r's loss is w * (r + 1), so the
+    averaged gradient is mean(1..world_size) and every rank ends at 1 - 0.1 * that mean."""
+    import os
+    import socket
+
+    import ray
+    import torch
+    import torch.distributed as dist
+
+    ctx = gs.context()
+    total = torch.tensor([float(ctx.rank + 1)])
+    dist.all_reduce(total)
+    model = gs.prepare_model(torch.nn.Linear(1, 1, bias=False))
+    with torch.no_grad():
+        gs.unwrap(model).weight.fill_(1.0)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.tensor([[float(ctx.rank + 1)]])).sum().backward()
+    opt.step()
+    host = socket.gethostname()
+    return {"rank": ctx.rank, "world_size": ctx.world_size, "host": host,
+            "host_resolves_to": socket.gethostbyname(host), "node_ip": ray.util.get_node_ip_address(),
+            "master_addr": os.environ["MASTER_ADDR"], "gloo_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
+            "nccl_ifname": os.environ.get("NCCL_SOCKET_IFNAME"), "gpus_seen": len(ctx.gpu_ids),
+            "allreduce": total.item(), "weight": gs.unwrap(model).weight.item()}
+
+
+def main() -> None:
+    placement = sys.argv[1]
+    options = {"gpus": 4, "placement": placement, "return_all": True, "timeout": "240s"}
+    if placement == "strict_spread":
+        options["gpus_per_worker"] = 2
+    if "--keep-nccl-ifname" in sys.argv:
+        value = sys.argv[sys.argv.index("--keep-nccl-ifname") + 1]
+        options["runtime_env"] = {"env_vars": {"NCCL_SOCKET_IFNAME": value}}
+    events.set_observer_factory(lambda world_size: events.Observer())
+    ranks = gs.distributed(**options)(train)()
+    import ray
+
+    print("RESULT " + json.dumps({"ranks": ranks, "free_gpus_after": ray.available_resources().get("GPU", 0.0)}),
+          flush=True)
+
+
+if __name__ == "__main__":
+    main()
