@@ -120,7 +120,7 @@ def torchrun_cold_seconds(runs: int) -> list[float]:
     script = os.path.join(tempfile.mkdtemp(prefix="torchrun-cold-"), "allreduce.py")
     with open(script, "w") as f:
         f.write(_TORCHRUN_SCRIPT)
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-port=0", script]
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", script]
     return timed(lambda: subprocess.run(command, check=True, capture_output=True, timeout=300), runs)
 
 

@@ -39,6 +39,7 @@ def test_bad_cell_flags_are_usage_errors(line, says):
 
 @pytest.mark.parametrize("line, says", [
     ("3 --min 4", "min_gpus"),
+    ("4 --min 2", "elastic run, which gpusession does not support yet"),
     ("0", "gpus must be more than 0"),
     ("--out a --no-out", "contradict"),
 ])
@@ -48,9 +49,9 @@ def test_flags_the_options_reject_are_usage_errors_too(line, says):
 
 
 def test_good_flags_become_run_options():
-    options = _run_options(parse_argstring(GPUMagics.gpu_cell, "4 --min 2 --priority high --timeout 10m "
+    options = _run_options(parse_argstring(GPUMagics.gpu_cell, "4 --min 4 --priority high --timeout 10m "
                                                                "--queue-timeout 30"))
-    assert options.lease.gpus == 4 and options.lease.min_gpus == 2
+    assert options.lease.gpus == 4 and options.lease.min_gpus == 4
     assert options.lease.priority.label == "high" and options.timeout_s == 600
     assert options.lease.queue_timeout_s == 30
 

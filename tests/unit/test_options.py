@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 import gpusession as gs
-from gpusession.options import parse_duration, validate_run_options
+from gpusession.options import validate_lease_options, parse_duration, validate_run_options
 
 
 @pytest.mark.parametrize(
@@ -61,10 +61,16 @@ def test_durations_accept_seconds_and_unit_strings(text, seconds):
 
 
 def test_units_workers_fractions_and_elastic_bounds():
-    opts = validate_run_options(gpus=2, gpus_per_worker=0.5, min_gpus=1)
-    assert opts.lease.workers == 4 and opts.lease.min_workers == 2
+    lease = validate_lease_options(gpus=2, gpus_per_worker=0.5, min_gpus=1)
+    assert lease.workers == 4 and lease.min_workers == 2
     assert validate_run_options(gpus=4, gpus_per_worker=2).lease.workers == 2
     assert validate_run_options(gpus=2).lease.min_workers is None  # min_gpus defaults to gpus: not elastic
+    assert validate_run_options(gpus=2, min_gpus=2).lease.min_workers is None
+
+
+def test_an_elastic_run_is_refused_until_it_is_supported_rather_than_silently_not_shrinking():
+    with pytest.raises(ValueError, match=r"min_gpus=2 below gpus=4 asks for an elastic run"):
+        validate_run_options(gpus=4, min_gpus=2)
 
 
 def test_decorator_works_with_and_without_parentheses():
