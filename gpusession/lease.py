@@ -33,6 +33,7 @@ PLACE_TIMEOUT_S = 30.0  # Ray should place a granted group at once; longer means
 FREE_TIMEOUT_S = 5.0  # bound on waiting for Ray's resource view after removing the group
 CLEANUP_TIMEOUT_S = 2.0  # bound on the workers removing the lease's scratch directory
 STOP_TIMEOUT_S = 2.0  # bound on the workers killing their rank processes
+PROBE_TIMEOUT_S = 180.0  # a probe may need a new Ray worker process: slow on a loaded node
 _live: "weakref.WeakSet[Lease]" = weakref.WeakSet()
 
 
@@ -236,11 +237,11 @@ class Lease:
             for i in range(lease.workers)
         ]
         try:
-            found = ray.get(probes, timeout=PLACE_TIMEOUT_S)
+            found = ray.get(probes, timeout=PROBE_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
             raise Infeasible(
                 f"Ray could not place the {self.gpus:g} GPUs of lease {self.lease_id} within "
-                f"{PLACE_TIMEOUT_S:.0f} s (a node was lost and no other has room). Try again later."
+                f"{PROBE_TIMEOUT_S:.0f} s (a node was lost and no other has room). Try again later."
             ) from None
         return [Slot(i, node, address, tuple(gpus)) for i, (node, address, gpus) in enumerate(found)]
 

@@ -34,7 +34,7 @@ def train():
     opt.step()
     host = socket.gethostname()
     return {"rank": ctx.rank, "world_size": ctx.world_size, "host": host,
-            "host_resolves_to": socket.gethostbyname(host), "node_ip": ray.util.get_node_ip_address(),
+            "host_resolves_to": socket.gethostbyname(host), "node_ip": gs.context().address,
             "master_addr": os.environ["MASTER_ADDR"], "gloo_ifname": os.environ.get("GLOO_SOCKET_IFNAME"),
             "nccl_ifname": os.environ.get("NCCL_SOCKET_IFNAME"), "gpus_seen": len(ctx.gpu_ids),
             "allreduce": total.item(), "weight": gs.unwrap(model).weight.item()}
