@@ -98,11 +98,15 @@ def slow_quadratic(x: float) -> dict:
 
 def test_an_interrupted_sweep_releases_every_gpu_and_the_same_call_runs_only_the_missing_trials(cluster, tmp_path):
     storage = f"sqlite:///{tmp_path / 'sweep.db'}"
+    watched = optuna.storages.RDBStorage(storage)  # its tables exist before the sweep opens it too
     call = dict(trials=6, parallel=2, objective="val_loss", sampler="random", seed=7, pruner=None,
                 storage=storage, study_name="resumable")
 
     def finished_in_storage() -> int:
-        study = optuna.load_study(study_name="resumable", storage=storage)
+        try:
+            study = optuna.load_study(study_name="resumable", storage=watched)
+        except KeyError:  # the sweep has not created it yet
+            return 0
         return sum(1 for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE)
 
     def ctrl_c_after_two_trials() -> None:
