@@ -31,6 +31,7 @@ class SweepBoard:
         self._lines: dict[int, LineAssembler] = {}
         self._output: deque[tuple[str, str]] = deque()
         self._shown_state: dict[int, TrialState] = {}
+        self.closed = False
 
     # ----- any thread ------------------------------------------------------------------------------
     def changed(self, record: TrialRecord) -> None:
@@ -88,7 +89,11 @@ class SweepBoard:
             return list(self.records.values())
 
     def summary(self) -> str:
-        return summary_line(self.snapshot(), budget=self.budget, objective=self.objective, mode_min=self.mode_min)
+        records = self.snapshot()
+        line = summary_line(records, budget=self.budget, objective=self.objective, mode_min=self.mode_min)
+        if self.closed and all(r.state.is_terminal for r in records):  # every trial's lease ended
+            line += " · every GPU released"
+        return line
 
 
 def _prefix(number: int, text: str) -> str:
@@ -110,6 +115,7 @@ class ConsoleBoard(SweepBoard):
             print(line, file=self.stream or sys.stderr, flush=True)
 
     def close(self, error: BaseException | None) -> None:
+        self.closed = True
         self._flush_partial_lines()
         self.tick()
         columns, rows = table_rows(self.snapshot(), objective=self.objective, mode_min=self.mode_min)
@@ -147,6 +153,7 @@ class NotebookBoard(SweepBoard):
                 self._plot_stale = False
 
     def close(self, error: BaseException | None) -> None:
+        self.closed = True
         self._flush_partial_lines()
         self.tick(final=True)
 
