@@ -15,11 +15,12 @@ STATE_MARKS = {
 
 
 def sort_key(mode_min: bool) -> Callable[[TrialRecord], tuple]:
-    """Best objective first (by the trial's best report), trials with none last, then by number."""
+    """Best objective first (the trial's value: its last report, as Optuna ranks complete trials),
+    trials with none yet last, then by number."""
     def key(record: TrialRecord) -> tuple:
-        if record.best is None:
+        if record.value is None:
             return (1, 0.0, record.number)
-        return (0, record.best if mode_min else -record.best, record.number)
+        return (0, record.value if mode_min else -record.value, record.number)
 
     return key
 
