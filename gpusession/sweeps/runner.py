@@ -8,7 +8,6 @@ continues from its last checkpoint, a failed one is recorded, and the sweep stop
 """
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from typing import Any
@@ -79,11 +78,15 @@ class SweepRunner:
 
     # ----- trial threads ----------------------------------------------------------------------------
     def _slot(self) -> None:
-        while True:
-            job = self._next_trial()
-            if job is None:
-                return
-            self._run_trial(*job)
+        try:
+            while True:
+                job = self._next_trial()
+                if job is None:
+                    return
+                self._run_trial(*job)
+        except BaseException as exc:  # a broken storage, say: stop the sweep, and say why
+            self.fatal = self.fatal or exc
+            self.stop.set("failed")
 
     def _next_trial(self):
         with self.lock:
@@ -110,11 +113,13 @@ class SweepRunner:
         observer = TrialObserver(record, trial, objective=self.plan.objective, better=self.plan.mode.better,
                                  board=self.board, stop=self.stop, optuna_lock=self.lock)
         fn = DistributedFunction(self.plan.fn, self.plan.run_options, observer=observer)
-        call = functools.partial(fn, **params)
+        checkpoint = None  # the trial's last checkpoint, over every attempt
         result, state = None, TrialState.FAILED
         while True:
             try:
-                result, state = call(), TrialState.COMPLETE
+                # what fn.resume() does, from the last checkpoint of any attempt (an attempt taken
+                # back before it started saved none of its own)
+                result, state = fn._run((), params, checkpoint_ref=checkpoint), TrialState.COMPLETE
             except optuna.TrialPruned:
                 state = TrialState.PRUNED
             except Preempted:
@@ -122,8 +127,7 @@ class SweepRunner:
                 if not self.stop.reason:  # back in the queue, to continue from its checkpoint
                     record.state = TrialState.REQUEUED
                     self.board.changed(record)
-                    # (the checkpoint stays in the caller's object store; resume() hands it back)
-                    call = fn.resume if fn.last_run._checkpoint_ref is not None else functools.partial(fn, **params)
+                    checkpoint = fn.last_run._checkpoint_ref or checkpoint  # kept in our object store
                     continue
                 state = TrialState.INTERRUPTED
             except KeyboardInterrupt:
