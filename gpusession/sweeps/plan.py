@@ -104,7 +104,8 @@ def validate_sweep(fn: Any, space: Any, *, trials: Any, parallel: Any, objective
     trials = _positive_int(trials, name="trials", example="trials=16")
     parallel = _positive_int(parallel, name="parallel", example="parallel=4")
     if not isinstance(objective, str) or not objective:
-        raise TypeError(f"objective must be the name of a gs.report value, e.g. objective='val_loss'; got {objective!r}.")
+        raise TypeError(
+            f"objective must be the name of a gs.report value, e.g. objective='val_loss'; got {objective!r}.")
     if mode not in ("min", "max"):
         raise ValueError(f"mode must be 'min' or 'max'; got {mode!r}.")
     if not (sampler in SAMPLERS or _is_optuna(sampler, "sampler")):
@@ -114,7 +115,8 @@ def validate_sweep(fn: Any, space: Any, *, trials: Any, parallel: Any, objective
     if sampler == "grid":
         parsed_space.grid()  # raises when a searched argument is continuous
     if isinstance(max_failed, bool) or not isinstance(max_failed, int) or max_failed < 1:
-        raise ValueError(f"max_failed must be a whole number >= 1 (stop after that many failed trials); got {max_failed!r}.")
+        raise ValueError(
+            f"max_failed must be a whole number >= 1 (stop after that many failed trials); got {max_failed!r}.")
     if study_name is not None and (not isinstance(study_name, str) or not study_name.strip()):
         raise TypeError(f"study_name must be a non-empty string or None; got {study_name!r}.")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
@@ -152,8 +154,6 @@ def _trial_function(fn: Any, priority: Any, distributed_options: dict) -> tuple[
         options = fn.options
         base = fn.fn
     else:
-        if "priority" in distributed_options:  # never reached: priority is a sweep argument
-            raise TypeError("priority is an argument of gs.sweep itself.")
         options = parse_options(distributed_options, where="gs.sweep()")
         base = fn
     from ..broker.model import Priority
@@ -169,7 +169,8 @@ def default_study_name(plan: SweepPlan) -> str:
     module = getattr(plan.fn, "__module__", "") or ""
     sampler = plan.sampler if isinstance(plan.sampler, str) else type(plan.sampler).__name__
     pruner = plan.pruner if isinstance(plan.pruner, str) or plan.pruner is None else type(plan.pruner).__name__
-    key = "|".join([module, fn_name, plan.space.describe(), plan.objective, plan.mode.value, str(sampler), str(pruner)])
+    key = "|".join([module, fn_name, plan.space.describe(), plan.objective, plan.mode.value, str(sampler),
+                    str(pruner)])
     digest = hashlib.sha1(key.encode()).hexdigest()[:8]
     short = "".join(c if c.isalnum() or c in "_-" else "-" for c in fn_name)[:40]
     return f"sweep-{short}-{digest}"

@@ -167,7 +167,10 @@ class Space:
         if self.function is not None:
             return f"function:{getattr(self.function, '__qualname__', repr(self.function))}"
         parts = [f"{name}={dist!r}" for name, dist in sorted(self.searched.items())]
-        parts += [f"{name}:{value!r}" for name, value in sorted(self.fixed.items())]
+        # a constant's repr may hold a memory address (a dataset object): only plain values are
+        # spelled out, so the name survives a kernel restart
+        parts += [f"{name}:{value!r}" if value is None or isinstance(value, (bool, int, float, str))
+                  else f"{name}:{type(value).__qualname__}" for name, value in sorted(self.fixed.items())]
         return ",".join(parts)
 
 

@@ -123,3 +123,9 @@ def test_the_same_call_names_the_same_study_and_a_changed_space_another():
     assert first.study_name == again.study_name and first.study_name.startswith("sweep-train-")
     assert other.study_name != first.study_name
     assert plan_of(study_name="mine").study_name == "mine"
+
+
+def test_a_study_name_does_not_depend_on_where_a_constant_object_lives_in_memory():
+    space = {"lr": gs.uniform(0.1, 0.2), "data": object()}
+    again = {"lr": gs.uniform(0.1, 0.2), "data": object()}  # as after a kernel restart
+    assert plan_of(space=space).study_name == plan_of(space=again).study_name
