@@ -19,6 +19,7 @@ from .plan import SweepPlan
 from .records import TrialRecord, TrialState, objective_value, record_from_frozen
 from .trial import StopSignal, TrialObserver
 from .view import SweepBoard
+from .warm import gpu_nodes, wait_for_warm_workers
 
 JOIN_EVERY_S = 0.1  # how often the caller's thread draws and notices Ctrl-C
 STOP_WAIT_S = 60.0  # bound on waiting for stopped trials to release their GPUs
@@ -71,19 +72,27 @@ class SweepRunner:
         except KeyboardInterrupt:
             self.stop.set("interrupted")
             with deferred_interrupts():  # a second Ctrl-C must not leave trials holding GPUs
+                # every started trial ends (its lease released); a slot still warming workers for
+                # its next trial holds no GPU and starts nothing more
                 deadline = time.monotonic() + STOP_WAIT_S
-                for thread in threads:
-                    thread.join(max(0.0, deadline - time.monotonic()))
+                while time.monotonic() < deadline and not all(r.state.is_terminal for r in list(self.ran)):
+                    time.sleep(0.02)
             raise
 
     # ----- trial threads ----------------------------------------------------------------------------
     def _slot(self) -> None:
+        workers, runtime_env = self.plan.run_options.lease.workers, self.plan.run_options.runtime_env
         try:
+            nodes = gpu_nodes()
+            if len(nodes) == 1:  # the first trial's node is known: warm it before leasing
+                wait_for_warm_workers(nodes, workers, runtime_env)
             while True:
                 job = self._next_trial()
                 if job is None:
                     return
-                self._run_trial(*job)
+                used = self._run_trial(*job)
+                if self.to_start > 0 and not self.stop.reason:  # the next trial, likely on the same GPUs
+                    wait_for_warm_workers(gpu_nodes(used), workers, runtime_env)
         except BaseException as exc:  # a broken storage, say: stop the sweep, and say why
             self.fatal = self.fatal or exc
             self.stop.set("failed")
@@ -107,7 +116,8 @@ class SweepRunner:
         self.board.changed(record)
         return trial, params, record
 
-    def _run_trial(self, trial, params: dict, record: TrialRecord) -> None:
+    def _run_trial(self, trial, params: dict, record: TrialRecord) -> list[str]:
+        """Run one trial to its end (re-queued after each preemption); returns its nodes' addresses."""
         import optuna
 
         observer = TrialObserver(record, trial, objective=self.plan.objective, better=self.plan.mode.better,
@@ -147,6 +157,7 @@ class SweepRunner:
             else:
                 record.best = record.value
         self._tell(trial, record, state, result)
+        return list(fn.last_run.nodes) if fn.last_run is not None else []
 
     def _tell(self, trial, record: TrialRecord, state: TrialState, result: Any) -> None:
         record.state = state
