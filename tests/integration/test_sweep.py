@@ -190,3 +190,16 @@ def test_a_low_priority_sweep_yields_gpus_to_another_user_and_loses_no_trial(clu
         assert [report["step"] for report in trial.history] == list(range(STEPS_WITH_CHECKPOINTS))
         assert len(trial.lease_ids) == trial.preemptions + 1
     assert free_gpus() == CLUSTER_GPUS
+
+
+def always_raises(x: float) -> None:
+    raise ValueError(f"bad batch at x={x:.2f}")
+
+
+def test_a_sweep_stops_after_max_failed_trials_and_says_why(cluster):
+    with pytest.raises(gs.SweepFailed, match=r"2 trials failed \(max_failed=2\).*ValueError: bad batch") as stopped:
+        gs.sweep(always_raises, {"x": gs.uniform(0.0, 1.0)}, trials=8, parallel=1, max_failed=2, gpus=1)
+
+    trials = stopped.value.result.trials
+    assert len(trials) == 2 and all(t.state is TrialState.FAILED for t in trials)  # no third trial started
+    assert free_gpus() == CLUSTER_GPUS
