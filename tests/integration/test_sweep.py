@@ -149,18 +149,20 @@ STEPS_WITH_CHECKPOINTS = 12
 
 
 def checkpointed(x: float, markers: str) -> dict:
-    """Checkpoints every step; leaves a marker once it has one, so the test knows it runs."""
+    """Checkpoints every step; a marker file says it runs (from its first checkpoint to its end)."""
     import os
     import time as clock
 
     import gpusession as gs
 
+    marker = os.path.join(markers, f"{x}.running")
     start = gs.load_checkpoint() or {"step": 0}
     for step in range(start["step"], STEPS_WITH_CHECKPOINTS):
         clock.sleep(0.25)
         gs.report(step=step, val_loss=(x - 0.3) ** 2 + 1.0 / (step + 1))
         gs.save_checkpoint({"step": step + 1})
-        open(os.path.join(markers, f"{x}.running"), "w").close()
+        open(marker, "w").close()
+    os.remove(marker)
     return {"x": x, "resumed_from": start["step"]}
 
 
@@ -170,8 +172,8 @@ def test_a_low_priority_sweep_yields_gpus_to_another_user_and_loses_no_trial(clu
     other.wait_for_line("READY")
 
     def demand_gpus_once_four_trials_run() -> None:
-        wait_for(lambda: len(list(tmp_path.glob("*.running"))) >= 4, timeout=180, interval=0.02,
-                 message="four trials running")
+        wait_for(lambda: len(list(tmp_path.glob("*.running"))) == 4, timeout=240, interval=0.02,
+                 message="four trials running at once")
         go.touch()
 
     thread = threading.Thread(target=demand_gpus_once_four_trials_run, daemon=True)
