@@ -167,6 +167,7 @@ def checkpointed(x: float, markers: str) -> dict:
 
 
 def test_a_low_priority_sweep_yields_gpus_to_another_user_and_loses_no_trial(cluster, driver, tmp_path):
+    gs.distributed(gpus=4)(lambda: None)()  # four warm workers, as in a kernel after its first calls
     go = tmp_path / "go"
     other = driver(DEMANDS_TWO_GPUS_WHEN_TOLD, GPUSESSION_USER="interactive-user", GO_FILE=str(go))
     other.wait_for_line("READY")
