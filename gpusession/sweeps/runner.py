@@ -61,6 +61,9 @@ class SweepRunner:
 
     # ----- the caller's thread --------------------------------------------------------------------
     def run(self) -> None:
+        from .. import raycluster
+
+        raycluster.ensure_connected()  # once, here, not raced by the trial threads
         threads = [threading.Thread(target=self._slot, name=f"gpusession-sweep-{i}", daemon=True)
                    for i in range(min(self.plan.parallel, self.to_start))]
         for thread in threads:
