@@ -6,7 +6,7 @@ import inspect
 from typing import Any, Callable
 
 from .errors import GPUSessionError
-from .events import Observer, RunInfo, default_observer
+from .events import RunInfo, default_observer
 from .group import run_function
 from .lease import Lease, _end_reason
 from .options import RunOptions, validate_run_options
@@ -24,11 +24,11 @@ def parse_options(options: dict, *, where: str) -> RunOptions:
 class DistributedFunction:
     """A function that runs on leased GPUs each time it is called. See `gs.distributed`."""
 
-    def __init__(self, fn: Callable, options: RunOptions, *, observer: Observer | None = None) -> None:
+    def __init__(self, fn: Callable, options: RunOptions, *, observer: Any = None) -> None:
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.options = options
-        self.observer = observer  # None: the default renderer; a sweep's trial passes its own
+        self.observer = observer  # an events.Observer; None: the default renderer (a sweep's trial has its own)
         self.last_run: RunInfo | None = None
         self._last_call: tuple[tuple, dict] | None = None
 
