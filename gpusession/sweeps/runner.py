@@ -55,9 +55,14 @@ class SweepRunner:
         nor keep TPE's constant liar lying about them. (One kernel runs a study at a time.)"""
         from optuna.trial import TrialState as OptunaState
 
+        from optuna.exceptions import UpdateFinishedTrialError
+
         for frozen in self.study.get_trials(deepcopy=False, states=(OptunaState.RUNNING,)):
-            self.study._storage.set_trial_user_attr(frozen._trial_id, STATE_ATTR, TrialState.INTERRUPTED.value)
-            self.study.tell(frozen.number, state=OptunaState.FAIL, skip_if_finished=True)
+            try:
+                self.study._storage.set_trial_user_attr(frozen._trial_id, STATE_ATTR, TrialState.INTERRUPTED.value)
+                self.study.tell(frozen.number, state=OptunaState.FAIL, skip_if_finished=True)
+            except UpdateFinishedTrialError:  # it finished meanwhile: nothing was abandoned
+                pass
 
     # ----- the caller's thread --------------------------------------------------------------------
     def run(self) -> None:
@@ -163,7 +168,6 @@ class SweepRunner:
         return list(fn.last_run.nodes) if fn.last_run is not None else []
 
     def _tell(self, trial, record: TrialRecord, state: TrialState, result: Any) -> None:
-        record.state = state
         with self.lock:
             attrs = {"gpusession_gpu_seconds": record.gpu_seconds, "gpusession_reports": record.reports}
             if record.error:
@@ -181,6 +185,7 @@ class SweepRunner:
                 self.failed.append(record)
                 if len(self.failed) >= self.plan.max_failed:
                     self.stop.set("failed")
+            record.state = state  # last: a stopped sweep returns once every record is terminal
         self.board.changed(record)
 
     def records(self) -> list[TrialRecord]:
