@@ -38,12 +38,14 @@ from .errors import (  # noqa: E402
 from .events import RunInfo  # noqa: E402
 from .lease import Lease, lease  # noqa: E402
 from .status import Status, status  # noqa: E402
+from .sweeps import SweepFailed, SweepResult, choice, loguniform, randint, sweep, uniform  # noqa: E402
 
 __all__ = [
     "distributed", "DistributedFunction", "lease", "Lease", "status", "Status", "RunInfo",
     "context", "report", "save_checkpoint", "load_checkpoint", "prepare_model", "prepare_loader",
     "unwrap", "GPUSessionError", "QuotaExceeded", "Infeasible", "QueueTimeout", "LeaseRevoked",
     "Preempted", "WorkerFailed", "RunTimeout",
+    "sweep", "uniform", "loguniform", "choice", "randint", "SweepResult", "SweepFailed",
 ]
 
 

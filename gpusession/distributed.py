@@ -24,10 +24,11 @@ def parse_options(options: dict, *, where: str) -> RunOptions:
 class DistributedFunction:
     """A function that runs on leased GPUs each time it is called. See `gs.distributed`."""
 
-    def __init__(self, fn: Callable, options: RunOptions) -> None:
+    def __init__(self, fn: Callable, options: RunOptions, *, observer: Any = None) -> None:
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.options = options
+        self.observer = observer  # an events.Observer; None: the default renderer (a sweep's trial has its own)
         self.last_run: RunInfo | None = None
         self._last_call: tuple[tuple, dict] | None = None
 
@@ -49,7 +50,7 @@ class DistributedFunction:
     def _run(self, args: tuple, kwargs: dict, *, checkpoint_ref) -> Any:
         info = RunInfo()
         self.last_run, self._last_call = info, (args, kwargs)
-        observer = default_observer(self.options.lease.workers)
+        observer = self.observer or default_observer(self.options.lease.workers)
         error: BaseException | None = None
         try:
             with Lease(self.options, observer=observer, info=info).acquire() as lease:

@@ -158,6 +158,7 @@ class Lease:
             "gpus_per_worker": lease.gpus_per_worker, "min_workers": lease.min_workers,
             "priority": lease.priority.label, "placement": lease.placement.value,
             "max_hold_s": lease.max_hold_s, "queue_timeout_s": lease.queue_timeout_s,
+            "sweep_id": lease.sweep_id,
         }
 
     def _wait_in_queue(self, broker, view: dict, requested: float) -> dict:

@@ -58,6 +58,7 @@ class LeaseOptions:
     placement: Placement = Placement.PACK
     queue_timeout_s: float | None = None
     max_hold_s: float | None = None  # tells the scheduler how long the lease may be held
+    sweep_id: str | None = None  # internal: the gs.sweep this lease is a trial of (one sweep in views)
 
     @property
     def workers(self) -> int:
