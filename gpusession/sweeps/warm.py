@@ -1,11 +1,11 @@
 """Keep a trial from paying a worker process start inside its lease.
 
-A trial stopped early (pruned, failed, interrupted) has its worker processes killed (they may be
-stuck mid-step), and a replacement must start Python and import torch: seconds, or a minute on
-a loaded 2-core machine. Started inside the next trial's lease, that is leased GPU-time no trial
-uses. So before a sweep's slot asks for its next lease, it waits (holding no GPU) until warm
-workers are ready on the nodes its last trial used. When the run path has no warm pool (ranks
-forked from a warm parent per node), there is nothing to wait for and this does nothing.
+Each rank runs in a fresh process forked from a warm worker's parent, and a stopped trial only
+loses its rank processes; but a worker that is not warm yet (the first trial on a node, or one
+whose worker died) must start Python and import torch: seconds, or a minute on a loaded 2-core
+machine. Started inside the next trial's lease, that is leased GPU-time no trial uses. So
+before a sweep's slot asks for its next lease, it waits (holding no GPU) until warm workers are
+ready on the nodes its last trial used; when they already are, this costs one round trip.
 """
 from __future__ import annotations
 
