@@ -129,8 +129,8 @@ class Backend:
         info = self.link.start()
         self._unless_stopping()
         token, key = bringup.credentials(self.link, self.options, self.owner, info, self.log)
-        self.log.info("gpusession: broker %s on ledger %s, Ray at %s",
-                      info["version"], info["db_path"], info["address"])
+        self.log.info("gpusession: broker %s (ledger %s), Ray at %s",
+                      info["version"], info["ledger_id"], info["address"])
         return Connection(ray_env, info, token, key)
 
     def _unless_stopping(self) -> None:
