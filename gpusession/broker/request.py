@@ -116,11 +116,11 @@ class LeaseRequest:
         for name in ("request_id", "user", "workers", "gpus_per_worker"):
             if spec.get(name) is None:
                 raise InvalidRequest(f"The request has no {name}; it is required. Nothing was changed.")
-        workers = whole(spec["workers"], "workers", low=1, high=MAX_WORKERS)
         gpw = number(spec["gpus_per_worker"], "gpus_per_worker", low=MIN_GPUS_PER_WORKER, high=float(MAX_WORKERS),
                      allowed=f"a number of GPUs from {MIN_GPUS_PER_WORKER:g} up to what one node has")
         if gpw > 1 and gpw != int(gpw):
             raise _refuse("gpus_per_worker", "a fraction of one GPU (e.g. 0.5) or a whole number", spec["gpus_per_worker"])
+        workers = whole(spec["workers"], "workers", low=1, high=MAX_WORKERS)
         minimum = spec.get("min_workers")
         return cls(
             request_id=text(spec["request_id"], "request_id", _ID, "1-64 characters from A-Z a-z 0-9 . _ -"),
