@@ -171,7 +171,7 @@ def _leases(args) -> int:
     client, handle = _broker()
     rows = client.call(handle.leases, _auth(args, handle, client), args.all)
     _print(rows, args, lambda rows: _table(rows, ("lease_id", "user", "gpus", "priority", "state", "over_quota",
-                                                 "position", "age_s", "end_reason", "gpu_seconds")))
+                                                 "position", "age_s", "end_reason", "gpu_seconds", "sweep_id")))
     return 0
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import time
 from dataclasses import dataclass, field
 
 from . import policy
@@ -19,6 +20,7 @@ log = logging.getLogger("gpusession.broker")
 
 WEEK_S = 7 * 24 * 3600.0
 CLOSED_KEPT = 1000
+RETRY_WINDOW_S = 24 * 3600.0
 USAGE_CACHE_S = 5.0  # the GPU-hour budget is coarse; recomputing per request would cost O(history)
 
 
@@ -63,7 +65,10 @@ class Books:
         self.settings = settings
         self.rows: dict[int, dict] = {row["id"]: row for row in ledger.open_leases()}
         self.next_id = ledger.max_id() + 1  # ids are given here, so a write need not be awaited
-        self.request_ids: dict[str, int] = {row["request_id"]: row["id"] for row in self.rows.values()}
+        # A call Ray retries on a restarted broker is minutes old at most: a day of request ids
+        # answers every retry from memory, with no ledger read on the request path.
+        self.request_ids: dict[str, int] = ledger.request_ids_since(time.time() - RETRY_WINDOW_S)
+        self.request_ids.update({row["request_id"]: row["id"] for row in self.rows.values()})
         self.waiting: dict[int, Waiting] = {}
         self.versions: dict[int, int] = {}
         self._quotas = {user: q.quota for user, q in ledger.quotas().items()}

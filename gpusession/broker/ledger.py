@@ -153,6 +153,12 @@ class Ledger:
         rows = list(self.db.query("select * from leases where request_id = ?", [request_id]))
         return _decode(rows[0]) if rows else None
 
+    def request_ids_since(self, since: float) -> dict[str, int]:
+        """request id -> lease id of requests made since `since` (a restarted broker's memory of
+        what callers may still retry)."""
+        sql = "select request_id, id from leases where requested_at >= ? and request_id is not null"
+        return dict(self.db.conn.execute(sql, [since]).fetchall())
+
     def lease(self, lease_id: int) -> dict | None:
         rows = list(self.db.query("select * from leases where id = ?", [lease_id]))
         return _decode(rows[0]) if rows else None

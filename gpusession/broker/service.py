@@ -109,12 +109,7 @@ class BrokerService:
         req = LeaseRequest.parse(spec)
         req.check_fits(self.snapshot.nodes)
         authz.caller({"user": req.user, "signature": req.signature, "job_id": req.job_id}, self.keys)
-        lease_id = self.books.find_request(req.request_id)
-        if lease_id is None:  # a retry after a restart finds its lease in the ledger
-            old = await self.journal.read("lease_by_request_id", req.request_id)
-            if old is not None and self.books.recent(old["id"]) is None:
-                self.books.remember(old)
-            lease_id = old["id"] if old is not None else self.books.find_request(req.request_id)
+        lease_id = self.books.find_request(req.request_id)  # a retry (also after a restart) finds its lease
         if lease_id is None:
             if self.books.quota_for(req.user).gpu_hours is not None and self.books.usage_stale(time.time()):
                 await self._refresh_usage()

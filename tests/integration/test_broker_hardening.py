@@ -109,6 +109,21 @@ def test_nonsense_requests_are_refused_in_milliseconds_and_write_nothing(cluster
     assert _everything(broker, admin) == before and free_gpus() == CLUSTER_GPUS
 
 
+def test_the_owner_cannot_report_a_placement_that_is_not_its_grant(cluster, quiet, broker, admin):
+    held = gs.lease(gpus=2)
+    try:
+        before = _everything(broker, admin)
+        node = next(iter(next(v for v in before if v["lease_id"] == held.lease_id)["node_workers"]))
+        for wrong in ({node: -3}, {node: 3}, {node: 1}, {"ab" * 28: 2}, {node: 2.0}):
+            started = time.perf_counter()
+            with pytest.raises(InvalidRequest, match="node_workers"):
+                client.call(broker.placed, held.lease_id, wrong, auth=client.lease_auth())
+            assert time.perf_counter() - started < 1.0
+        assert _everything(broker, admin) == before
+    finally:
+        held.release()
+
+
 def test_gpu_seconds_are_counted_by_the_brokers_clock_not_the_callers(cluster, quiet, broker, admin):
     held = gs.lease(gpus=2)
     auth = client.lease_auth()
