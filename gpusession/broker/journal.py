@@ -1,15 +1,18 @@
 """SQLite off the broker's event loop: one writer thread that commits the books' changes in order,
 and reader threads (each with its own connection; WAL lets them read while the writer writes).
 
-A write is queued at once and committed by the writer, one transaction per change; the service
-awaits `flushed()` before it replies, so a caller never hears of a change that is not on disk,
-while other callers are served in the meantime. Reads first wait for the writes queued before
-them, so a reader sees everything the books did until then.
+A write is queued at once and committed by the writer; the service awaits `flushed()` before it
+replies, so a caller never hears of a change that is not on disk, while other callers are served
+in the meantime. The writer commits what queued up while it was busy as one transaction (group
+commit: 50 callers cost one commit, not 50), each change still all-or-nothing on its own (a
+savepoint). Reads first wait for the writes queued before them, so a reader sees everything the
+books did until then.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
@@ -18,6 +21,8 @@ from .ledger import Ledger
 
 log = logging.getLogger("gpusession.broker")
 WRITES = ("add_lease", "grant", "place", "set_notice", "close", "set_quota", "reset_quota", "set_setting")
+BATCHED = frozenset({"add_lease", "grant", "place", "set_notice", "close"})  # the hot path; the rest commit alone
+MAX_BATCH = 1000
 
 
 class Journal:
@@ -26,7 +31,9 @@ class Journal:
     def __init__(self, ledger: Ledger, *, readers: int = 2) -> None:
         self.ledger = ledger  # used by the writer thread only from now on
         self.path = ledger.path
-        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger-writer")
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._writer = threading.Thread(target=self._write_forever, name="ledger-writer", daemon=True)
+        self._writer.start()
         self._readers = ThreadPoolExecutor(max_workers=readers, thread_name_prefix="ledger-reader")
         self._local = threading.local()
         self._last: Future | None = None
@@ -38,9 +45,50 @@ class Journal:
         return lambda *args, **kwargs: self._submit(method, args, kwargs)
 
     def _submit(self, method, args, kwargs) -> Future:
-        future = self._writer.submit(_logged, method, args, kwargs)
+        future: Future = Future()
+        self._queue.put((method, args, kwargs, future))
         self._last = future
         return future
+
+    def _write_forever(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch = [first]
+            while len(batch) < MAX_BATCH:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    self._queue.put(None)
+                    break
+                batch.append(item)
+            self._write(batch)
+
+    def _write(self, batch: list) -> None:
+        """Commit a batch; writes that cannot join one (upserts) commit alone, in order."""
+        group: list = []
+        for item in batch + [None]:
+            if item is not None and item[0].__name__ in BATCHED:
+                group.append(item)
+                continue
+            if group:
+                results = []
+                try:
+                    with self.ledger.batch():
+                        results = [_attempt(method, args, kwargs) for method, args, kwargs, _ in group]
+                except Exception as exc:  # the commit itself failed: every write of the group did
+                    log.exception("Ledger commit of %d writes failed", len(group))
+                    results = [(None, exc)] * len(group)
+                for (_, _, _, future), (value, error) in zip(group, results):
+                    future.set_exception(error) if error is not None else future.set_result(value)
+                group = []
+            if item is not None:
+                method, args, kwargs, future = item
+                value, error = _attempt(method, args, kwargs)
+                future.set_exception(error) if error is not None else future.set_result(value)
 
     async def flushed(self) -> None:
         """Wait until every write queued so far is done. A failed write was logged by the writer
@@ -61,14 +109,15 @@ class Journal:
         return getattr(ledger, name)(*args, **kwargs)
 
     def shutdown(self) -> None:
-        self._writer.shutdown(wait=True)
+        self._queue.put(None)
+        self._writer.join()
         self._readers.shutdown(wait=False)
 
 
-def _logged(method, args, kwargs):
+def _attempt(method, args, kwargs) -> tuple[Any, BaseException | None]:
     try:
-        return method(*args, **kwargs)
-    except Exception:
+        return method(*args, **kwargs), None
+    except Exception as exc:
         log.exception("Ledger write %s%r failed; the broker's books keep the change until it restarts",
                       method.__name__, args[:1])
-        raise
+        return None, exc

@@ -5,6 +5,7 @@ nothing and counts nothing twice. Schema changes are registered migrations, appl
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -114,8 +115,38 @@ class Ledger:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.execute("PRAGMA busy_timeout=5000")
+        self._batching = False
         if migrate:
             self.migrate()
+
+    @contextlib.contextmanager
+    def _tx(self):
+        """One write: its own transaction, or (inside `batch`) a savepoint of the batch's."""
+        if not self._batching:
+            with self.db.conn:
+                yield
+            return
+        self.db.conn.execute("savepoint one_write")
+        try:
+            yield
+        except BaseException:
+            self.db.conn.execute("rollback to one_write")
+            raise
+        finally:
+            self.db.conn.execute("release one_write")
+
+    @contextlib.contextmanager
+    def batch(self):
+        """Group commit: the writes in here commit together, each still all-or-nothing (a failed
+        one rolls back to its savepoint and raises; the others stay)."""
+        self.db.conn.commit()
+        self.db.conn.execute("begin immediate")
+        self._batching = True
+        try:
+            yield
+        finally:
+            self._batching = False
+            self.db.conn.commit()
 
     def migrate(self) -> list[str]:
         """Apply the registered migrations not applied yet, each in its own transaction: one that
@@ -146,7 +177,7 @@ class Ledger:
         columns = [c for c in LEASE_COLUMNS if c in row and (c != "id" or row[c] is not None)]
         values = [int(row[c]) if c in ("priority", "over_quota") else _encode(row[c]) for c in columns]
         sql = f"insert into leases ({', '.join(columns)}) values ({', '.join('?' for _ in columns)})"
-        with self.db.conn:
+        with self._tx():
             return self.db.conn.execute(sql, values).lastrowid
 
     def lease_by_request_id(self, request_id: str) -> dict | None:
@@ -205,14 +236,14 @@ class Ledger:
         return [_decode(r) for r in self.db.query(sql, args + [limit])]
 
     def grant(self, grants: Iterable[tuple[int, bool]], now: float) -> None:
-        with self.db.conn:
+        with self._tx():
             self.db.conn.executemany(
                 f"update leases set state='granted', granted_at=?, over_quota=? where id=? and {_from(LeaseState.GRANTED)}",
                 [(now, int(over), lease_id) for lease_id, over in grants],
             )
 
     def place(self, lease_id: int, node_workers: dict[str, int], now: float) -> None:
-        with self.db.conn:
+        with self._tx():
             self.db.execute(
                 "update leases set state='placed', placed_at=?, node_workers=? "
                 f"where id=? and {_from(LeaseState.PLACED)}",
@@ -220,7 +251,7 @@ class Ledger:
             )
 
     def set_notice(self, lease_id: int, notice: dict, preempted_for: int | None) -> None:
-        with self.db.conn:
+        with self._tx():
             self.db.execute(
                 "update leases set notice=?, preempted_for=? where id=?",
                 [json.dumps(notice), preempted_for, lease_id],
@@ -229,7 +260,7 @@ class Ledger:
     def close(self, lease_id: int, reason: str, released_at: float, gpu_seconds: float) -> bool:
         """End a lease exactly once (the books computed its figures); False if it had already
         ended: the state check in the UPDATE makes a second close change nothing."""
-        with self.db.conn:
+        with self._tx():
             cursor = self.db.conn.execute(
                 f"update leases set state='ended', end_reason=?, released_at=?, gpu_seconds=? "
                 f"where id=? and {_from(LeaseState.ENDED)}",

@@ -93,3 +93,36 @@ def test_a_slow_read_does_not_hold_up_the_loop(tmp_path):
     ticks, seconds = asyncio.run(scenario())
     assert seconds > 0.01 and ticks > 10  # the loop kept turning while the read ran on its thread
     journal.shutdown()
+
+
+def test_a_write_that_fails_inside_a_group_commit_undoes_only_itself(tmp_path):
+    import math
+    import sqlite3
+
+    ledger = Ledger(tmp_path / "l.db")
+    for lease_id in (1, 2):
+        ledger.add_lease({"id": lease_id, **_fields(), "state": "queued", "requested_at": 1000.0})
+    ledger.grant([(1, False), (2, False)], 1001.0)
+    journal = Journal(ledger)
+    journal._queue.put(None)  # hold the writer back so the three writes below queue up together
+    journal._writer.join()
+    first = journal.close(1, "finished", 1011.0, 10.0)
+    bad = journal.close(2, "finished", math.nan, 0.0)  # the schema refuses a NaN release time
+    third = journal.set_notice(2, {"kind": "revoke"}, None)
+    journal._write(_drain(journal))  # what the writer does with what queued up: one group commit
+    assert first.result() is True and third.exception() is None
+    assert isinstance(bad.exception(), sqlite3.DatabaseError)
+    fresh = Ledger(tmp_path / "l.db")
+    assert fresh.lease(1)["state"] == "ended" and fresh.lease(2)["state"] == "granted"
+    assert fresh.lease(2)["notice"] == {"kind": "revoke"}
+
+
+def _drain(journal) -> list:
+    import queue
+
+    items = []
+    while True:
+        try:
+            items.append(journal._queue.get_nowait())
+        except queue.Empty:
+            return items
