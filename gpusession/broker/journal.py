@@ -36,7 +36,10 @@ class Journal:
         self._writer.start()
         self._readers = ThreadPoolExecutor(max_workers=readers, thread_name_prefix="ledger-reader")
         self._local = threading.local()
-        self._last: Future | None = None
+        self._submitted = 0  # writes queued (the loop's thread counts them)
+        self._committed = 0  # writes done (the writer's thread counts them)
+        self._waiters: list[tuple[int, asyncio.Future]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def __getattr__(self, name: str) -> Callable[..., Future]:
         if name not in WRITES:
@@ -46,8 +49,8 @@ class Journal:
 
     def _submit(self, method, args, kwargs) -> Future:
         future: Future = Future()
-        self._queue.put((method, args, kwargs, future))
-        self._last = future
+        self._submitted += 1
+        self._queue.put((method, args, kwargs, future, self._submitted))
         return future
 
     def _write_forever(self) -> None:
@@ -66,6 +69,23 @@ class Journal:
                     break
                 batch.append(item)
             self._write(batch)
+            self._committed = batch[-1][4]
+            loop = self._loop
+            if loop is not None:  # one wake-up of the loop per batch, not one per write
+                try:
+                    loop.call_soon_threadsafe(self._wake)
+                except RuntimeError:  # the loop closed (the broker is stopping)
+                    pass
+
+    def _wake(self) -> None:
+        done, waiting = self._committed, []
+        for seq, waiter in self._waiters:
+            if seq <= done:
+                if not waiter.done():
+                    waiter.set_result(None)
+            else:
+                waiting.append((seq, waiter))
+        self._waiters = waiting
 
     def _write(self, batch: list) -> None:
         """Commit a batch; writes that cannot join one (upserts) commit alone, in order."""
@@ -78,24 +98,30 @@ class Journal:
                 results = []
                 try:
                     with self.ledger.batch():
-                        results = [_attempt(method, args, kwargs) for method, args, kwargs, _ in group]
+                        results = [_attempt(method, args, kwargs) for method, args, kwargs, *_ in group]
                 except Exception as exc:  # the commit itself failed: every write of the group did
                     log.exception("Ledger commit of %d writes failed", len(group))
                     results = [(None, exc)] * len(group)
-                for (_, _, _, future), (value, error) in zip(group, results):
+                for (_, _, _, future, _), (value, error) in zip(group, results):
                     future.set_exception(error) if error is not None else future.set_result(value)
                 group = []
             if item is not None:
-                method, args, kwargs, future = item
+                method, args, kwargs, future, _ = item
                 value, error = _attempt(method, args, kwargs)
                 future.set_exception(error) if error is not None else future.set_result(value)
 
     async def flushed(self) -> None:
         """Wait until every write queued so far is done. A failed write was logged by the writer
         (with the lease it names); the books stay the truth until the next restart."""
-        last = self._last
-        if last is not None and not last.done():
-            await asyncio.wait([asyncio.wrap_future(last)])
+        self._loop = asyncio.get_running_loop()
+        target = self._submitted
+        if self._committed >= target:
+            return
+        waiter = self._loop.create_future()
+        self._waiters.append((target, waiter))
+        if self._committed >= target:  # the writer finished before we were listed
+            self._wake()
+        await waiter
 
     async def read(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """Run a Ledger read method on a reader thread, after the writes queued before it."""

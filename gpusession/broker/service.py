@@ -17,6 +17,7 @@ import asyncio
 import functools
 import logging
 import os
+import sys
 import time
 import uuid
 
@@ -32,6 +33,7 @@ from .timings import Timings
 
 log = logging.getLogger("gpusession.broker")
 TICK_S = 0.5
+SWITCH_INTERVAL_S = 0.0005
 STATS_CACHE_S = 5.0  # monitoring scrapes every few seconds must not re-read the whole ledger each time
 
 
@@ -56,6 +58,9 @@ def door(method):
 
 class BrokerService:
     async def __init__(self, config: dict | None = None) -> None:
+        # The ledger's writer and readers are threads: let one that has waited for the GIL get it
+        # within 0.5 ms (Python's default is 5 ms), or every reply waits that long for its commit.
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         self.config = settings.BrokerConfig(**(config or {}))
         self.version_string = self.config.version_override or __version__
         self.db_path = settings.resolve_db_path(self.config)
