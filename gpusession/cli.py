@@ -6,7 +6,6 @@ import datetime as dt
 import json
 import os
 import sys
-from pathlib import Path
 
 from .errors import GPUSessionError
 

@@ -19,7 +19,7 @@ from gpusession.broker.settings import BrokerConfig
 from gpusession.errors import InvalidRequest
 from gpusession.identity import current_user
 
-from ..conftest import CLUSTER_GPUS, free_gpus, wait_for
+from ..conftest import CLUSTER_GPUS, free_gpus
 
 REACH_FOR_A_LEASE = """
 import json, os, time
