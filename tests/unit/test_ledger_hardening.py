@@ -134,3 +134,12 @@ def test_usage_by_day_in_sql_equals_splitting_each_interval_at_midnight(tmp_path
     by_user = {r["user"]: r["gpu_seconds"] for r in ledger.usage_by_user(since, until)}
     for r in views.usage_report(clipped, by="user"):
         assert by_user.get(r["user"], 0.0) == pytest.approx(r["gpu_seconds"], abs=0.01)
+
+
+def test_a_sweep_id_is_stored_with_the_lease_and_shown_in_its_view(tmp_path):
+    books = Books(Ledger(tmp_path / "l.db"), PolicySettings())
+    fields = {k: v for k, v in _row(sweep_id="lr-sweep.7").items() if k not in ("state", "requested_at")}
+    lease_id, _ = books.add_request(fields, NODES, T0)
+    assert books.ledger.lease(lease_id)["sweep_id"] == "lr-sweep.7"
+    row = Books(Ledger(tmp_path / "l.db"), PolicySettings()).rows[lease_id]  # after a restart too
+    assert views.lease_view(row, waiting=None, version=0, now=T0)["sweep_id"] == "lr-sweep.7"
