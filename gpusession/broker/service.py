@@ -210,7 +210,7 @@ class BrokerService(AdminMethods):
     @door
     async def leases(self, auth: dict, include_ended: bool = False, limit: int = 200) -> list[dict]:
         who = authz.caller(auth, self.keys)
-        limit = checks.whole(limit, "limit", low=1, high=10_000)
+        limit = checks.whole(limit, "limit", low=1, high=1_000_000)
         if include_ended:
             rows = await self.journal.read("recent_leases", user=None if who.admin else who.user, limit=limit)
         else:
