@@ -101,6 +101,8 @@ class BrokerService(AdminMethods):
                 await self._refresh_usage()
             lease_id = self._add(req)
         await self.journal.flushed()
+        if lease_id in self.books.rows:  # its caller is alive: it waits for this reply
+            self.last_seen[lease_id] = time.time()
         self.meter.add("request", time.perf_counter() - started)
         return self._view_of(await self._row(lease_id), time.time())
 
