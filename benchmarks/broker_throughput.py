@@ -49,12 +49,13 @@ def broker_cycles_per_second(threads: int, seconds: float) -> float:
     job = ray.get_runtime_context().get_job_id()
 
     def cycle() -> None:
+        user = f"user{threading.get_ident() % 7}"
         view = client.call(broker.request, {
-            "request_id": uuid.uuid4().hex, "user": f"user{threading.get_ident() % 7}", "job_id": job,
+            "request_id": uuid.uuid4().hex, "user": user, "job_id": job,
             "workers": 1, "gpus_per_worker": 0.25, "priority": "normal", "placement": "pack",
         })
         assert view["state"] == "granted", view
-        client.call(broker.release, view["lease_id"], "finished", None)
+        client.call(broker.release, view["lease_id"], "finished", auth={"user": user, "job_id": job})
 
     cycle()  # warm the broker (it is created on first use)
     started = time.monotonic()

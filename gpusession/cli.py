@@ -6,7 +6,6 @@ import datetime as dt
 import json
 import os
 import sys
-from pathlib import Path
 
 from .errors import GPUSessionError
 
@@ -149,10 +148,8 @@ def _auth(args, handle, client) -> dict:
 
     identity = current_identity()
     auth = {"user": identity.user, "signature": identity.signature, "token": getattr(args, "admin_token", None)}
-    if not auth["token"]:
-        token_file = Path(client.call(handle.info)["db_path"]).with_name("admin_token")
-        if os.access(token_file, os.R_OK):
-            auth["token"] = token_file.read_text().strip()
+    if not auth["token"]:  # the broker says where its ledger is to admins only: look beside the default one
+        auth["token"] = client.admin_token_here()
     return auth
 
 
@@ -173,7 +170,7 @@ def _leases(args) -> int:
     client, handle = _broker()
     rows = client.call(handle.leases, _auth(args, handle, client), args.all)
     _print(rows, args, lambda rows: _table(rows, ("lease_id", "user", "gpus", "priority", "state", "over_quota",
-                                                 "position", "age_s", "end_reason", "gpu_seconds")))
+                                                 "position", "age_s", "end_reason", "gpu_seconds", "sweep_id")))
     return 0
 
 

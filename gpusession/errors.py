@@ -38,6 +38,18 @@ class LeaseNotFound(GPUSessionError):
     """No lease with that id exists in the broker's ledger."""
 
 
+class InvalidRequest(GPUSessionError, ValueError):
+    """A value sent to the broker is out of range or of the wrong kind; nothing was changed."""
+
+
+class BrokerOutdated(GPUSessionError):
+    """The running broker speaks an older protocol and only an admin (the admin token) may upgrade it."""
+
+
+class BrokerFailed(GPUSessionError):
+    """The broker failed on a call for a reason of its own; its log on the head node has the cause."""
+
+
 class WorkerFailed(GPUSessionError):
     """A worker raised or died; every worker was stopped and the GPUs released."""
 
@@ -95,5 +107,8 @@ ERRORS_BY_NAME = {
         NotAuthorized,
         LeaseNotFound,
         WorkerFailed,
+        InvalidRequest,
+        BrokerOutdated,
+        BrokerFailed,
     )
 }

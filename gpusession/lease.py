@@ -21,6 +21,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from . import raycluster
 from .broker import client
+from .broker.request import LeaseRequest
 from .errors import ERRORS_BY_NAME, GPUSessionError, Infeasible, LeaseRevoked, Preempted, QueueTimeout
 from .events import Observer, RunInfo
 from .identity import Identity, current_identity
@@ -152,14 +153,14 @@ class Lease:
 
     def _spec(self) -> dict:
         lease, identity = self.options.lease, self.identity or current_identity()
-        return {
+        return LeaseRequest.parse({  # the broker's own checks, here first: a typo fails at once
             "request_id": uuid.uuid4().hex, "user": identity.user, "signature": identity.signature,
             "job_id": ray.get_runtime_context().get_job_id(), "workers": lease.workers,
             "gpus_per_worker": lease.gpus_per_worker, "min_workers": lease.min_workers,
             "priority": lease.priority.label, "placement": lease.placement.value,
             "max_hold_s": lease.max_hold_s, "queue_timeout_s": lease.queue_timeout_s,
             "sweep_id": lease.sweep_id,
-        }
+        }).to_dict()
 
     def _wait_in_queue(self, broker, view: dict, requested: float) -> dict:
         timeout = self.options.lease.queue_timeout_s
@@ -174,7 +175,7 @@ class Lease:
                     "for fewer GPUs, or raise queue_timeout."
                 )
             poll = 1.0 if timeout is None else max(0.05, min(1.0, timeout - elapsed))
-            view = client.call(broker.wait, self.lease_id, view["version"], poll)
+            view = client.call(broker.wait, self.lease_id, view["version"], poll, auth=client.lease_auth(self.identity))
         if view["state"] == "ended":
             raise _error_for_end(view)
         return view
@@ -193,7 +194,7 @@ class Lease:
 
     def _taken_back(self, broker) -> GPUSessionError | None:
         try:
-            view = client.call(broker.wait, self.lease_id, -1, 0.0)
+            view = client.call(broker.wait, self.lease_id, -1, 0.0, auth=client.lease_auth(self.identity))
         except Exception:  # the broker is away: the original error stands
             return None
         if view.get("notice"):
@@ -227,8 +228,8 @@ class Lease:
         self.info.logical_gpus = self.logical_gpus
         self.info.nodes = sorted({slot.address for slot in self.slots})
         node_workers = dict(collections.Counter(slot.node_id for slot in self.slots))
-        client.call(broker.placed, self.lease_id, node_workers)
-        self._watch = broker.watch.remote(self.lease_id)
+        client.call(broker.placed, self.lease_id, node_workers, auth=client.lease_auth(self.identity))
+        self._watch = broker.watch.remote(self.lease_id, auth=client.lease_auth(self.identity))
 
     def _probe_slots(self, group) -> list[Slot]:
         lease = self.options.lease
@@ -265,7 +266,7 @@ class Lease:
                 view = ray.get(self._watch)
             except ray.exceptions.RayActorError:  # the broker was replaced: watch through the new one
                 client.forget()
-                self._watch = client.broker().watch.remote(self.lease_id)
+                self._watch = client.broker().watch.remote(self.lease_id, auth=client.lease_auth(self.identity))
                 continue
             self._notice = view.get("notice") or {"kind": "ended", "reason": view.get("end_reason")}
         return self._notice
@@ -285,7 +286,8 @@ class Lease:
         if not self._workers_ready:
             self._workers = pool().wait_ready(self._workers)
             self._workers_ready = True
-            client.call(client.broker().placed, self.lease_id, {}, [w.actor for w in self._workers])
+            client.call(client.broker().placed, self.lease_id, {}, [w.actor for w in self._workers],
+                        auth=client.lease_auth(self.identity))
         return self._workers
 
     def stop_ranks(self) -> None:
@@ -354,7 +356,8 @@ class Lease:
             self._remove_group_and_wait()
         if self.lease_id is not None:
             try:
-                client.call(client.broker().release, self.lease_id, reason, released, timeout=10.0)
+                client.call(client.broker().release, self.lease_id, reason, auth=client.lease_auth(self.identity),
+                            timeout=10.0)
             except Exception as exc:  # Ray already freed the group; the broker reconciles later
                 log.warning("Could not tell the broker lease %s ended (%s); it will notice by itself.",
                             self.lease_id, exc)

@@ -125,12 +125,14 @@ class Backend:
         self.head = started or self.head  # a retry finds the head an earlier attempt started
         self._unless_stopping()
         policy = self.options.broker_policy() if self.options.embedded else None
+        if policy is not None and self.options.require_signed_identity is None:
+            policy["require_signed_identity"] = True  # this server signs every kernel it starts: check it
         self.link = BrokerLink(env={**os.environ, **ray_env}, policy=policy, log=self.log)
         info = self.link.start()
         self._unless_stopping()
         token, key = bringup.credentials(self.link, self.options, self.owner, info, self.log)
-        self.log.info("gpusession: broker %s on ledger %s, Ray at %s",
-                      info["version"], info["db_path"], info["address"])
+        self.log.info("gpusession: broker %s (ledger %s), Ray at %s",
+                      info["version"], info["ledger_id"], info["address"])
         return Connection(ray_env, info, token, key)
 
     def _unless_stopping(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from gpusession import localhead
 from gpusession.broker.secrets import admin_token_path
+from gpusession.broker.settings import BrokerConfig, resolve_db_path
 from gpusession.errors import NotAuthorized
 
 from .brokerlink import BrokerLink
@@ -27,14 +28,16 @@ def cluster_env(options: GPUSession, log) -> tuple[dict, localhead.LocalHead | N
 
 def credentials(link: BrokerLink, options: GPUSession, owner: str, info: dict, log) -> tuple[str | None, bytes | None]:
     """The admin token (configured, or the file beside a ledger on this machine) and the identity key."""
-    token = options.admin_token or _token_beside(info["db_path"])
+    # The broker tells no one where its ledger is; a server on the head node looks where a
+    # broker it started (or the default one) keeps it.
+    token = options.admin_token or _token_beside(resolve_db_path(BrokerConfig(db_path=options.db_path or None)))
     if token:
         try:
             key = link.call("signing_key", {"user": owner, "token": token}).result(CALL_TIMEOUT_S)
             return token, key.encode()
         except NotAuthorized:
-            log.error("c.GPUSession.admin_token is not the admin token of the broker at %s (ledger %s); "
-                      "copy it from the file admin_token beside that ledger.", info["address"], info["db_path"])
+            log.error("c.GPUSession.admin_token is not the admin token of the broker at %s; copy it from the "
+                      "file admin_token beside that broker's ledger on its head node.", info["address"])
     log.warning("gpusession has no valid admin token for the broker at %s: the admin page is read-only "
                 "and kernels carry unsigned identities. Set c.GPUSession.admin_token.", info["address"])
     return None, None

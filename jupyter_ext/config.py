@@ -65,8 +65,9 @@ class GPUSession(LoggingConfigurable):
         broker; it does not extend revocations by an admin.""").tag(config=True)
     require_signed_identity = Bool(None, allow_none=True, help="""Whether the broker refuses
         requests whose user name is not signed by this server (kernels started here carry a
-        signature in GPUSESSION_IDENTITY), e.g. True on a shared cluster. None (the default): the
-        broker's remembered value, else False. Used only when this server starts the broker. It binds
+        signature in GPUSESSION_IDENTITY), e.g. False to let scripts outside this server's kernels
+        lease GPUs. None (the default): True, since this server starts the broker and signs every
+        kernel it starts. Used only when this server starts the broker. It binds
         only code that goes through gpusession: code calling Ray directly is not stopped.""").tag(config=True)
 
     @default("ray_address")

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 
 from tornado import web
 
-from gpusession.errors import Infeasible, LeaseNotFound, NotAuthorized, QuotaExceeded
+from gpusession.errors import BrokerFailed, BrokerOutdated, Infeasible, LeaseNotFound, NotAuthorized, QuotaExceeded
 
 from .brokerlink import BrokerUnavailable
 
@@ -18,7 +18,9 @@ STATUS = (
     (LeaseNotFound, 404),
     (Infeasible, 409),
     (QuotaExceeded, 409),
-    (BrokerUnavailable, 503),  # cluster starting, stopped or unreachable: try again
+    (BrokerUnavailable, 503),
+    (BrokerFailed, 503),  # the broker failed on this call; its log has the incident id
+    (BrokerOutdated, 503),  # cluster starting, stopped or unreachable: try again
     (ValueError, 400),  # bad input; the message names the field
     (TypeError, 400),
 )

@@ -8,7 +8,9 @@
     gpusession_queue_wait_seconds_bucket{le="1.0"}  request-to-grant wait, whole ledger
 
 The ledger-wide figures come from the broker's `stats`, which needs the admin token: a server
-without it serves only the cluster gauges.
+without it serves only the cluster gauges. The per-user series (gpusession_gpu_seconds_total)
+go only to admins (c.GPUSession.admin_users), unless c.GPUSession.metrics_public says that
+anyone who may scrape may see them.
 """
 from __future__ import annotations
 
@@ -30,8 +32,8 @@ CLUSTER_GAUGES = (
 class Snapshot:
     """One scrape's data; a prometheus_client collector."""
 
-    def __init__(self, cluster: dict, stats: dict | None) -> None:
-        self.cluster, self.stats = cluster, stats
+    def __init__(self, cluster: dict, stats: dict | None, *, per_user: bool) -> None:
+        self.cluster, self.stats, self.per_user = cluster, stats, per_user
 
     def collect(self):
         for key, text in CLUSTER_GAUGES:
@@ -48,6 +50,8 @@ class Snapshot:
         buckets = [(_label(bound), count) for bound, count in wait["buckets"]] + [("+Inf", wait["count"])]
         yield HistogramMetricFamily("gpusession_queue_wait_seconds", "Seconds from request to grant",
                                     buckets=buckets, sum_value=wait["sum"])
+        if not self.per_user:
+            return
         seconds = CounterMetricFamily("gpusession_gpu_seconds", "GPU-seconds used, by user", labels=["user"])
         for user, value in sorted(self.stats["gpu_seconds"].items()):
             seconds.add_metric([user], value)
@@ -58,7 +62,8 @@ def _label(bound: float) -> str:
     return repr(float(bound))
 
 
-def render(cluster: dict, stats: dict | None) -> bytes:
+def render(cluster: dict, stats: dict | None, *, per_user: bool = False) -> bytes:
+    """Prometheus text; `per_user`: include each user's GPU-seconds (admins, or metrics_public)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(Snapshot(cluster, stats))
+    registry.register(Snapshot(cluster, stats, per_user=per_user))
     return generate_latest(registry)

@@ -42,4 +42,5 @@ class MetricsHandler(GPUSessionHandler):
             auth = await self.backend.server_auth()  # ledger-wide figures need the admin token
             stats = await self.call("stats", auth, list(metrics.WAIT_BOUNDS)) if auth else None
         self.set_header("Content-Type", CONTENT_TYPE_LATEST)
-        self.finish(metrics.render(cluster, stats))
+        per_user = self.extensionapp.options.metrics_public or (bool(self.current_user) and self.is_admin)
+        self.finish(metrics.render(cluster, stats, per_user=per_user))

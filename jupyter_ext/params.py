@@ -1,4 +1,7 @@
-"""Reading requests: each bad value raises ValueError naming the field (the client gets a 400)."""
+"""Reading requests: each bad value raises ValueError naming the field (the client gets a 400).
+
+The values the broker checks again (lease ids, usage ranges and groupings) go through the same
+checks as at the broker's door (gpusession.broker.request), so both refuse the same things."""
 from __future__ import annotations
 
 import datetime as dt
@@ -6,7 +9,9 @@ import json
 import math
 from typing import Any
 
-USAGE_GROUPINGS = ("user", "day")
+from gpusession.broker import request as checks
+
+USAGE_GROUPINGS = checks.USAGE_GROUPINGS
 
 
 def json_object(body: bytes) -> dict:
@@ -22,9 +27,9 @@ def json_object(body: bytes) -> dict:
 
 
 def lease_id(text: str) -> int:
-    if not text.isdigit():
-        raise ValueError(f"lease id must be a whole number such as 17; got {text!r}.")
-    return int(text)
+    if not text.isascii() or not text.isdigit() or len(text) > 19:
+        raise ValueError(f"lease id must be a whole number such as 17; got {text[:40]!r}.")
+    return checks.lease_id(int(text))
 
 
 def moment(name: str, text: str | None) -> float | None:
@@ -40,7 +45,7 @@ def moment(name: str, text: str | None) -> float | None:
     if value is not None:
         if not math.isfinite(value) or value < 0:
             raise ValueError(f"{name} must be a time >= 0; got {text!r}.")
-        return value
+        return checks.number(value, name, low=0.0, high=1e13, allowed="Unix seconds >= 0")
     try:
         when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
@@ -48,15 +53,13 @@ def moment(name: str, text: str | None) -> float | None:
                          f"2024-06-01T12:00:00Z; got {text!r}.") from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=dt.timezone.utc)
-    return when.timestamp()
+    return checks.number(when.timestamp(), name, low=0.0, high=1e13, allowed="a time after 1970-01-01")
 
 
 def usage_query(get: Any) -> tuple[float | None, float | None, str]:
     """since, until and by from a request's query (`get` is handler.get_query_argument)."""
     since, until = moment("since", get("since", None)), moment("until", get("until", None))
-    by = get("by", None) or "user"
-    if by not in USAGE_GROUPINGS:
-        raise ValueError(f"by must be 'user' or 'day'; got {by!r}.")
+    by = checks.grouping(get("by", None) or "user")
     if since is not None and until is not None and since > until:
         raise ValueError(f"since ({since:.0f}) is after until ({until:.0f}); swap them.")
     return since, until, by

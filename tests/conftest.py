@@ -15,8 +15,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import settings as hypothesis_settings
+from hypothesis.database import DirectoryBasedExampleDatabase
 
 ROOT = Path(__file__).resolve().parent.parent
+# Property tests: no per-example deadline (a loaded machine is slow, not wrong), failures kept in
+# .hypothesis/ (gitignored) and replayed first on the next run, a reproduction blob printed.
+hypothesis_settings.register_profile(
+    "gpusession", deadline=None, print_blob=True,
+    database=DirectoryBasedExampleDatabase(str(ROOT / ".hypothesis" / "examples")),
+)
+hypothesis_settings.load_profile("gpusession")
 CLUSTER_GPUS = 4
 
 
@@ -78,7 +87,7 @@ def cluster(tmp_path_factory):
                                         heartbeat_timeout_s=3.0, claim_timeout_s=10.0))
     info = client.call(broker.info)
     token = (db_path.parent / "admin_token").read_text().strip()
-    yield Cluster(ray.get_runtime_context().gcs_address, home, Path(info["db_path"]), token)
+    yield Cluster(ray.get_runtime_context().gcs_address, home, db_path, token)
     from gpusession.broker.client import BROKER_NAME, NAMESPACE
 
     try:

@@ -1,18 +1,26 @@
 """The broker's working state: open leases mirrored from the ledger, and the application of
-policy decisions to both. No Ray here: the service feeds it snapshots and carries out effects."""
+policy decisions to both. No Ray here: the service feeds it snapshots and carries out effects.
+
+The books are the truth while the broker runs; every change is also written to the journal,
+which is the ledger itself (tests, tools) or the service's writer thread, which commits each
+write in order while the event loop goes on (the service awaits the commit before replying)."""
 from __future__ import annotations
 
+import enum
 import logging
+import time
 from dataclasses import dataclass, field
 
 from . import policy
-from .ledger import ACTIVE_STATES, Ledger
+from .ledger import Ledger
 from .model import ActiveLease, NodeCapacity, Placement, Priority, Quota, Request, Waiting
+from .states import ACTIVE_STATES, LeaseState, check_move
 
 log = logging.getLogger("gpusession.broker")
 
 WEEK_S = 7 * 24 * 3600.0
 CLOSED_KEPT = 1000
+RETRY_WINDOW_S = 24 * 3600.0
 USAGE_CACHE_S = 5.0  # the GPU-hour budget is coarse; recomputing per request would cost O(history)
 
 
@@ -23,10 +31,17 @@ class PolicySettings:
     preemption_grace_s: float = 30.0
 
 
+class NoticeKind(str, enum.Enum):
+    """What a notice tells the holder of a lease. (An elastic "shrink" would be one more kind.)"""
+
+    PREEMPT = "preempt"
+    REVOKE = "revoke"
+
+
 @dataclass
 class Notice:
     lease_id: int
-    kind: str  # "preempt" | "revoke"
+    kind: NoticeKind
     reason: str
     deadline: float
     for_lease_id: int | None = None
@@ -41,10 +56,19 @@ class Effects:
 
 
 class Books:
-    def __init__(self, ledger: Ledger, settings: PolicySettings) -> None:
+    def __init__(self, ledger: Ledger, settings: PolicySettings, *, journal=None) -> None:
+        """`journal`: where changes are written (the ledger's write methods); None: the ledger,
+        synchronously, which also lets the books read usage and old requests from it."""
         self.ledger = ledger
+        self.journal = journal or ledger
+        self.synchronous = journal is None
         self.settings = settings
         self.rows: dict[int, dict] = {row["id"]: row for row in ledger.open_leases()}
+        self.next_id = ledger.max_id() + 1  # ids are given here, so a write need not be awaited
+        # A call Ray retries on a restarted broker is minutes old at most: a day of request ids
+        # answers every retry from memory, with no ledger read on the request path.
+        self.request_ids: dict[str, int] = ledger.request_ids_since(time.time() - RETRY_WINDOW_S)
+        self.request_ids.update({row["request_id"]: row["id"] for row in self.rows.values()})
         self.waiting: dict[int, Waiting] = {}
         self.versions: dict[int, int] = {}
         self._quotas = {user: q.quota for user, q in ledger.quotas().items()}
@@ -55,30 +79,57 @@ class Books:
     def quota_for(self, user: str) -> Quota:
         return self._quotas.get(user, self.settings.default_quota)
 
-    def reload_quotas(self) -> None:
-        self._quotas = {user: q.quota for user, q in self.ledger.quotas().items()}
+    def set_quota(self, user: str, quota: Quota | None) -> None:
+        """An admin's change (None: back to the default), already written to the ledger."""
+        if quota is None:
+            self._quotas.pop(user, None)
+        else:
+            self._quotas[user] = quota
 
     def used_gpu_hours(self, now: float) -> dict[str, float]:
-        if self._usage is None or now - self._usage[0] > USAGE_CACHE_S:
+        """GPU-hours per user over 7 days. The service refreshes them off its loop (set_usage);
+        synchronous books read the ledger when the figure is older than USAGE_CACHE_S."""
+        if self.synchronous and (self._usage is None or now - self._usage[0] > USAGE_CACHE_S):
             self._usage = (now, self.ledger.gpu_hours_since(now - WEEK_S, now))
-        return self._usage[1]
+        return self._usage[1] if self._usage else {}
+
+    def usage_stale(self, now: float) -> bool:
+        return self._usage is None or now - self._usage[0] > USAGE_CACHE_S
+
+    def set_usage(self, at: float, hours: dict[str, float]) -> None:
+        self._usage = (at, hours)
+
+    def find_request(self, request_id: str) -> int | None:
+        """The lease of a request id the books know (open, or closed while this broker ran)."""
+        return self.request_ids.get(request_id)
+
+    def remember(self, row: dict) -> None:
+        """A closed row read from the ledger (a retried request after a restart)."""
+        self._closed[row["id"]] = row
+        self.request_ids[row["request_id"]] = row["id"]
 
     def active(self) -> list[ActiveLease]:
         return [_active(row) for row in self.rows.values() if row["state"] in ACTIVE_STATES]
 
     def queue(self) -> list[Request]:
-        return [_request(row) for row in self.rows.values() if row["state"] == "queued"]
+        return [_request(row) for row in self.rows.values() if row["state"] == LeaseState.QUEUED]
 
     def version(self, lease_id: int) -> int:
         return self.versions.get(lease_id, 0)
 
     # ----- changing --------------------------------------------------------------------------
     def add_request(self, fields: dict, nodes: list[NodeCapacity], now: float) -> tuple[int, Effects]:
-        existing = self.ledger.lease_by_request_id(fields["request_id"])
-        if existing:  # a retried call after a broker restart
-            return existing["id"], Effects()
-        row = {**fields, "state": "queued", "requested_at": now, "over_quota": False}
-        row["id"] = self.ledger.add_lease(row)
+        known = self.find_request(fields["request_id"])
+        if known is None and self.synchronous:
+            existing = self.ledger.lease_by_request_id(fields["request_id"])
+            known = existing["id"] if existing else None
+        if known is not None:  # a retried call (after a broker restart)
+            return known, Effects()
+        row = {**fields, "id": self.next_id, "state": LeaseState.QUEUED.value, "requested_at": now,
+               "over_quota": False}
+        self.next_id += 1
+        self.journal.add_lease(row)
+        self.request_ids[row["request_id"]] = row["id"]
         row["priority"] = Priority(row["priority"])
         effects = Effects({row["id"]})
         quota = self.quota_for(row["user"])
@@ -116,11 +167,13 @@ class Books:
         )
         for rejection in decision.rejections:
             self._reject(rejection, now, effects)
+        for grant in decision.grants:
+            check_move(grant.lease_id, self.rows[grant.lease_id]["state"], LeaseState.GRANTED)
         if decision.grants:
-            self.ledger.grant([(g.lease_id, g.over_quota) for g in decision.grants], now)
+            self.journal.grant([(g.lease_id, g.over_quota) for g in decision.grants], now)
             for grant in decision.grants:
                 row = self.rows[grant.lease_id]
-                row.update(state="granted", granted_at=now, over_quota=grant.over_quota)
+                row.update(state=LeaseState.GRANTED.value, granted_at=now, over_quota=grant.over_quota)
                 self.waiting.pop(grant.lease_id, None)
                 self._bump(grant.lease_id, effects)
                 log.info("Granted lease %d of %s: %g GPUs%s", grant.lease_id, row["user"], row["gpus"],
@@ -136,9 +189,9 @@ class Books:
     def place(self, lease_id: int, node_workers: dict[str, int], now: float) -> Effects:
         row = self.rows.get(lease_id)
         effects = Effects()
-        if row is not None and row["state"] == "granted":
-            self.ledger.place(lease_id, node_workers, now)
-            row.update(state="placed", placed_at=now, node_workers=node_workers)
+        if row is not None and row["state"] == LeaseState.GRANTED:
+            self.journal.place(lease_id, node_workers, now)
+            row.update(state=LeaseState.PLACED.value, placed_at=now, node_workers=node_workers)
             self._bump(lease_id, effects)
         return effects
 
@@ -151,9 +204,9 @@ class Books:
         """Record a notice (preempt, revoke) on a lease; its caller is woken through effects."""
         effects = effects if effects is not None else Effects()
         row = self.rows[notice.lease_id]
-        payload = {"kind": notice.kind, "reason": notice.reason, "deadline": notice.deadline,
+        payload = {"kind": NoticeKind(notice.kind).value, "reason": notice.reason, "deadline": notice.deadline,
                    "for_lease_id": notice.for_lease_id, "reason_code": _reason_code(notice.kind)}
-        self.ledger.set_notice(notice.lease_id, payload, notice.for_lease_id)
+        self.journal.set_notice(notice.lease_id, payload, notice.for_lease_id)
         row.update(notice=payload, preempted_for=notice.for_lease_id)
         effects.notices.append(notice)
         self._bump(notice.lease_id, effects)
@@ -164,7 +217,7 @@ class Books:
         log.info("Preempting lease %d of %s (%s) for lease %d of %s", victim["id"], victim["user"],
                  preempt.reason, claimant["id"], claimant["user"])
         notice = Notice(
-            victim["id"], "preempt",
+            victim["id"], NoticeKind.PREEMPT,
             f"preempted ({preempt.reason}) for lease {claimant['id']} of {claimant['user']}",
             now + self.settings.preemption_grace_s, claimant["id"],
         )
@@ -172,19 +225,24 @@ class Books:
 
     def _reject(self, rejection, now: float, effects: Effects) -> None:
         notice = {"error": rejection.error, "message": rejection.message}
-        self.ledger.set_notice(rejection.lease_id, notice, None)
+        self.journal.set_notice(rejection.lease_id, notice, None)
         self.rows[rejection.lease_id]["notice"] = notice
         self._close(rejection.lease_id, "rejected", now, effects)
 
     def _close(self, lease_id: int, reason: str, released_at: float, effects: Effects) -> None:
-        row = self.rows.pop(lease_id, None) or self.ledger.lease(lease_id)
+        row = self.rows.pop(lease_id, None)  # not open: already closed, a retry changes nothing
         self.waiting.pop(lease_id, None)
-        closed = self.ledger.close(row, reason, released_at) if row else None
+        closed = None
+        if row is not None:
+            check_move(lease_id, row["state"], LeaseState.ENDED)
+            closed = _closed_row(row, reason, released_at)
+            self.journal.close(lease_id, reason, closed["released_at"], closed["gpu_seconds"])
         if closed is not None:
             self._closed[lease_id] = closed
             if len(self._closed) > CLOSED_KEPT:
                 self._closed.pop(next(iter(self._closed)))
-            self._usage = None if closed.get("gpu_seconds") else self._usage
+            if closed.get("gpu_seconds") and self._usage is not None:  # stale now: refresh before use
+                self._usage = (float("-inf"), self._usage[1])
             if closed.get("granted_at") is not None:
                 log.info("Released lease %d of %s (%s): %.1f GPU-seconds", lease_id, closed["user"],
                          reason, closed["gpu_seconds"])
@@ -196,7 +254,16 @@ class Books:
 
 
 def _reason_code(kind: str) -> str:
-    return "preempted" if kind == "preempt" else "revoked"
+    return "preempted" if kind == NoticeKind.PREEMPT else "revoked"
+
+
+def _closed_row(row: dict, reason: str, released_at: float) -> dict:
+    """The row as closed now: held from its grant to `released_at` (never before the grant)."""
+    granted = row.get("granted_at")
+    released = max(released_at, granted) if granted is not None else released_at
+    gpu_seconds = row["gpus"] * (released - granted) if granted is not None else 0.0
+    return {**row, "state": LeaseState.ENDED.value, "end_reason": reason, "released_at": released,
+            "gpu_seconds": gpu_seconds}
 
 
 def _request(row: dict) -> Request:

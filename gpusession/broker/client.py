@@ -1,7 +1,12 @@
-"""Find (or start) the cluster's broker actor and call it; replace a broker older than us."""
+"""Find (or start) the cluster's broker actor and call it.
+
+A broker older than this client is replaced only by an admin (a client that holds the admin
+token); anyone else keeps using it while it speaks our protocol, or is told who can upgrade it.
+"""
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -11,15 +16,19 @@ from packaging.version import Version
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .. import __version__
-from ..errors import GPUSessionError
+from ..errors import BrokerOutdated, GPUSessionError, NotAuthorized
+from ..identity import Identity, current_identity
 from ..raycluster import ensure_connected, head_node_id
-from .settings import BrokerConfig
+from .request import PROTOCOL
+from .secrets import admin_token_path
+from .settings import BrokerConfig, resolve_db_path
 
 log = logging.getLogger("gpusession")
 
 BROKER_NAME = "gpusession-broker"
 NAMESPACE = "gpusession"
 _CALL_TIMEOUT_S = 60.0
+ADMIN_TOKEN_ENV = "GPUSESSION_ADMIN_TOKEN"
 _lock = threading.Lock()
 _cached: tuple[str, Any] | None = None  # (ray job id, handle)
 
@@ -64,17 +73,66 @@ def forget() -> None:
         _cached = None
 
 
+def lease_auth(identity: Identity | None = None) -> dict:
+    """The credentials of this kernel for the broker's lease methods: its user (signed by the
+    Jupyter server where it can sign) and its Ray job, which owns the leases it asks for."""
+    identity = identity or current_identity()
+    return {"user": identity.user, "signature": identity.signature,
+            "job_id": ray.get_runtime_context().get_job_id()}
+
+
+def admin_token_here() -> str | None:
+    """The admin token, if this process may have it: $GPUSESSION_ADMIN_TOKEN, else the file
+    beside the default ledger when it is on this machine and readable (an admin on the head)."""
+    token = os.environ.get(ADMIN_TOKEN_ENV, "").strip()
+    if token:
+        return token
+    try:
+        return admin_token_path(resolve_db_path(BrokerConfig())).read_text().strip() or None
+    except OSError:
+        return None
+
+
 def _get_or_create(config: BrokerConfig) -> Any:
     handle = _create(config)
     running = call(handle.version)
-    if Version(running) < Version(__version__):
-        db_path = call(handle.info)["db_path"]
-        log.warning("Replacing broker %s with %s (ledger %s kept)", running, __version__, db_path)
+    if Version(running) >= Version(__version__):
+        return handle
+    db_path = _retire(handle, admin_token_here())
+    if db_path is not None:
+        log.warning("Replacing broker %s with %s (ledger kept)", running, __version__)
         ray.kill(handle, no_restart=True)
         _wait_until_gone()
         handle = _create(BrokerConfig(db_path=db_path))
         call(handle.version)
-    return handle
+        return handle
+    protocol = call(handle.info).get("protocol", 1)
+    if protocol == PROTOCOL:
+        log.info("The cluster's broker runs gpusession %s (this client: %s); using it. An admin can upgrade "
+                 "it by running gpusession with %s set.", running, __version__, ADMIN_TOKEN_ENV)
+        return handle
+    raise BrokerOutdated(
+        f"The cluster's broker runs gpusession {running} (protocol {protocol}) but this client, {__version__}, "
+        f"needs protocol {PROTOCOL}. Only an admin can upgrade the broker: someone holding its admin token (the "
+        f"file admin_token beside the ledger on the head node) runs any gpusession command with {ADMIN_TOKEN_ENV} "
+        f"set. Until then use gpusession {running} in this kernel."
+    )
+
+
+def _retire(handle: Any, token: str | None) -> str | None:
+    """Ask the running broker to step down for an admin; its ledger path, or None if not allowed."""
+    if not token:
+        return None
+    auth = {"token": token, "user": "admin"}
+    try:
+        try:
+            return call(handle.retire, auth)["db_path"]
+        except AttributeError:  # a broker from before `retire`: the token check is signing_key
+            call(handle.signing_key, auth)
+            return call(handle.info)["db_path"]
+    except NotAuthorized:
+        log.warning("%s is not this broker's admin token; not replacing it.", ADMIN_TOKEN_ENV)
+        return None
 
 
 def _create(config: BrokerConfig) -> Any:

@@ -1,84 +1,136 @@
 """The broker: one named, detached, restartable async Ray actor per cluster.
 
 Glue only: policy decides, the ledger remembers, Ray (rayview) is read once per tick and acted on.
-Every method is a coroutine on one event loop and none awaits between reading and writing the
-books, so each change is atomic without locks.
+Every method is a coroutine on one event loop. Nothing slow runs on that loop: Ray's state is
+read, groups are removed and SQLite is written and read on threads (journal.py), so a ten-year
+usage report never delays anyone's grant. Changes to the books still happen with no await
+between reading and writing them, so each is atomic without locks; a reply waits for its
+change to be committed.
+
+Every value a caller sends is checked at the door (request.py) and every method that names a
+lease checks its caller (authz.py). Unexpected failures reach callers as BrokerFailed, with no
+paths or secrets in the message; the broker's log has the details.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import os
+import sys
 import time
 import uuid
 
 from .. import __version__
-from ..errors import LeaseNotFound, NotAuthorized
-from ..identity import Identity, verify
-from . import rayview, reconcile, secrets, settings, views
-from .books import Books, Effects, Notice
+from ..errors import InvalidRequest, LeaseNotFound, NotAuthorized
+from . import authz, rayview, reconcile, request as checks, secrets, settings, views
+from .admin_api import AdminMethods, books_week
+from .books import Books, Effects, Notice, NoticeKind
+from .door import door
+from .journal import Journal
 from .ledger import Ledger
-from .model import Placement, Priority
+from .request import PROTOCOL, LeaseRequest
+from .states import LeaseState
+from .timings import Timings
 
 log = logging.getLogger("gpusession.broker")
 TICK_S = 0.5
+SWITCH_INTERVAL_S = 0.0005
 
 
-class BrokerService:
+class BrokerService(AdminMethods):
     async def __init__(self, config: dict | None = None) -> None:
+        # The ledger's writer and readers are threads: let one that has waited for the GIL get it
+        # within 0.5 ms (Python's default is 5 ms), or every reply waits that long for its commit.
+        sys.setswitchinterval(SWITCH_INTERVAL_S)
         self.config = settings.BrokerConfig(**(config or {}))
         self.version_string = self.config.version_override or __version__
         self.db_path = settings.resolve_db_path(self.config)
-        self.ledger = Ledger(self.db_path)
-        values = settings.resolve(self.config, self.ledger)
+        ledger = Ledger(self.db_path)
+        values = settings.resolve(self.config, ledger)
         self.policy_values = values
-        self.books = Books(self.ledger, settings.policy_settings(values))
+        self.journal = Journal(ledger)
+        self.books = Books(ledger, settings.policy_settings(values), journal=self.journal)
         self.timeouts = settings.timeouts(values)
-        self.require_signed = bool(values["require_signed_identity"])
         self.revoke_grace_s = float(values["revoke_grace_s"])
-        self.admin_token = secrets.admin_token(self.db_path)
-        self.identity_key = secrets.identity_key(self.db_path)
-        self.ledger_id = self.ledger.setting("ledger_id") or uuid.uuid4().hex[:8]
-        self.ledger.set_setting("ledger_id", self.ledger_id)
-        self.snapshot = rayview.take(self.ledger_id)
+        self.keys = authz.Keys(secrets.admin_token(self.db_path), secrets.identity_key(self.db_path),
+                               bool(values["require_signed_identity"]))
+        self.ledger_id = ledger.setting("ledger_id") or uuid.uuid4().hex[:8]
+        ledger.set_setting("ledger_id", self.ledger_id)
         now = time.time()
+        self.books.set_usage(now, ledger.gpu_hours_since(now - books_week(), now))
+        self.snapshot = await asyncio.to_thread(rayview.take, self.ledger_id)
         self.last_seen = {lease_id: now for lease_id in self.books.rows}  # callers get time to come back
         self.vanished: dict[int, float] = {}
         self.workers: dict[int, list] = {}
         self.wakers: dict[int, asyncio.Event] = {}
-        self._tick()  # a restarted broker reconciles before answering anyone
-        self._loop = asyncio.get_running_loop().create_task(self._reconcile_forever())
+        self.meter = Timings()
+        self._stats: tuple[float, tuple, dict] | None = None
+        await self._tick()  # a restarted broker reconciles before answering anyone
+        self._tasks = [asyncio.get_running_loop().create_task(self._reconcile_forever()),
+                       asyncio.get_running_loop().create_task(self.meter.watch_loop())]
         log.info("Broker %s started on ledger %s (%d open leases)", self.version_string, self.db_path,
                  len(self.books.rows))
 
-    # ----- callers ------------------------------------------------------------------------------
+    # ----- anyone ----------------------------------------------------------------------------------
     async def version(self) -> str:
         return self.version_string
 
-    async def info(self) -> dict:
-        return {"version": self.version_string, "db_path": self.db_path, "ledger_id": self.ledger_id,
-                "policy": self.policy_values, "pid": os.getpid()}
+    @door
+    async def info(self, auth: dict | None = None) -> dict:
+        """Version, protocol, policy. Where the ledger lives only for an admin."""
+        out = {"version": self.version_string, "protocol": self.config.protocol_override or PROTOCOL, "ledger_id": self.ledger_id,
+               "policy": self.policy_values, "pid": os.getpid()}
+        if auth is not None and authz.caller(auth, self.keys).admin:
+            out["db_path"] = self.db_path
+        return out
 
+    @door
+    async def cluster(self) -> dict:
+        return views.cluster_view(self.snapshot, self.books)
+
+    # ----- a kernel and its lease --------------------------------------------------------------------
+    @door
     async def request(self, spec: dict) -> dict:
-        self._check_identity(spec)
-        now = time.time()
+        started = time.perf_counter()
+        req = LeaseRequest.parse(spec)
+        req.check_fits(self.snapshot.nodes)
+        authz.caller({"user": req.user, "signature": req.signature, "job_id": req.job_id}, self.keys)
+        lease_id = self.books.find_request(req.request_id)  # a retry (also after a restart) finds its lease
+        if lease_id is None:
+            if self.books.quota_for(req.user).gpu_hours is not None and self.books.usage_stale(time.time()):
+                await self._refresh_usage()
+            lease_id = self._add(req)
+        await self.journal.flushed()
+        if lease_id in self.books.rows:  # its caller is alive: it waits for this reply
+            self.last_seen[lease_id] = time.time()
+        self.meter.add("request", time.perf_counter() - started)
+        return self._view_of(await self._row(lease_id), time.time())
+
+    def _add(self, req: LeaseRequest) -> int:
+        """No await in here: the check for a duplicate and the insert are one step."""
+        known = self.books.find_request(req.request_id)
+        if known is not None:
+            return known
         fields = {
-            "request_id": spec["request_id"], "user": spec["user"], "job_id": spec.get("job_id"),
-            "gpus": spec["workers"] * spec["gpus_per_worker"], "workers": spec["workers"],
-            "gpus_per_worker": spec["gpus_per_worker"], "min_workers": spec.get("min_workers"),
-            "priority": int(Priority.parse(spec.get("priority", "normal"))),
-            "placement": Placement.parse(spec.get("placement", "pack")).value,
-            "max_hold_s": spec.get("max_hold_s"), "queue_timeout_s": spec.get("queue_timeout_s"),
+            "request_id": req.request_id, "user": req.user, "job_id": req.job_id, "gpus": req.gpus,
+            "workers": req.workers, "gpus_per_worker": req.gpus_per_worker, "min_workers": req.min_workers,
+            "priority": int(req.priority), "placement": req.placement.value, "max_hold_s": req.max_hold_s,
+            "queue_timeout_s": req.queue_timeout_s, "sweep_id": req.sweep_id,
         }
+        now = time.time()
         lease_id, effects = self.books.add_request(fields, self.snapshot.nodes, now)
         self.last_seen[lease_id] = now
         self._apply(effects)
         self._schedule()
-        return self._view(lease_id)
+        return lease_id
 
-    async def wait(self, lease_id: int, seen_version: int, timeout_s: float = 1.0) -> dict:
+    @door
+    async def wait(self, lease_id: int, seen_version: int, timeout_s: float = 1.0, *, auth: dict) -> dict:
         """Long poll: returns when the lease changed since `seen_version`, or after timeout_s.
         Each call is also the queued caller's heartbeat."""
+        seen_version = checks.whole(seen_version, "seen_version", low=-1, high=2**62)
+        timeout_s = checks.poll_seconds(timeout_s)
+        await self._owned(lease_id, auth, "wait on")
         self.last_seen[lease_id] = time.time()
         if self.books.version(lease_id) == seen_version and lease_id in self.books.rows:
             waker = self.wakers.setdefault(lease_id, asyncio.Event())
@@ -87,158 +139,133 @@ class BrokerService:
             except asyncio.TimeoutError:
                 pass
         self.last_seen[lease_id] = time.time()
-        return self._view(lease_id)
+        return self._view_of(await self._row(lease_id), time.time())
 
-    async def watch(self, lease_id: int) -> dict:
+    @door
+    async def watch(self, lease_id: int, *, auth: dict) -> dict:
         """Returns once the lease gets a notice (preempt, revoke) or ends."""
+        await self._owned(lease_id, auth, "watch")
         while True:
             row = self.books.rows.get(lease_id)
             if row is None or row.get("notice"):
-                return self._view(lease_id)
+                return self._view_of(await self._row(lease_id), time.time())
             await self.wakers.setdefault(lease_id, asyncio.Event()).wait()
 
-    async def placed(self, lease_id: int, node_workers: dict, workers: list | None = None) -> dict:
+    @door
+    async def placed(self, lease_id: int, node_workers: dict, workers: list | None = None, *, auth: dict) -> dict:
+        """The caller's group is placed (`node_workers`: workers per node), and/or these are its
+        worker actors (the broker kills them if it must take the lease back)."""
+        row = await self._owned(lease_id, auth, "report the placement of")
+        if workers is not None and (not isinstance(workers, list) or len(workers) > row["workers"]):
+            raise InvalidRequest(f"workers must be a list of at most {row['workers']} worker actors (lease "
+                                 f"{lease_id} has {row['workers']}). Nothing was changed.")
+        if node_workers:
+            node_workers = self._check_placement(row, node_workers)
+        if row["state"] == LeaseState.ENDED:
+            return self._view_of(row, time.time())
         if workers:
             self.workers[lease_id] = list(workers)
-        self._apply(self.books.place(lease_id, node_workers, time.time()))
-        return self._view(lease_id)
+        if node_workers:
+            self._apply(self.books.place(lease_id, node_workers, time.time()))
+        await self.journal.flushed()
+        return self._view_of(await self._row(lease_id), time.time())
 
-    async def release(self, lease_id: int, reason: str, released_at: float | None = None) -> dict:
-        now = time.time()
-        row = self.books.rows.get(lease_id)
-        start = (row or {}).get("granted_at") or now
-        when = now if released_at is None else min(max(released_at, start), now)
+    def _check_placement(self, row: dict, node_workers) -> dict[str, int]:
+        """Per-node worker counts must add up to the grant and name nodes Ray has (and, once Ray
+        shows the lease's group, be where Ray put it)."""
+        counts = checks.node_workers(node_workers, workers=row["workers"])
+        known = {node.node_id for node in self.snapshot.nodes}
+        strangers = sorted(set(counts) - known)
+        if known and strangers:
+            raise InvalidRequest(f"node_workers names node {strangers[0][:16]}..., which has no GPUs in this "
+                                 "cluster. Nothing was changed.")
+        group = self.snapshot.groups.get(row["id"])
+        if group is not None and group.state == "CREATED" and group.node_workers != counts:
+            raise InvalidRequest(f"node_workers {counts} differs from where Ray placed lease {row['id']} "
+                                 f"({group.node_workers}). Nothing was changed.")
+        return counts
+
+    @door
+    async def release(self, lease_id: int, reason: str, *, auth: dict) -> dict:
+        """Close the lease now, by the broker's clock (a caller's clock never decides GPU-seconds)."""
+        reason = checks.release_reason(reason)
+        await self._owned(lease_id, auth, "release")
         self.workers.pop(lease_id, None)
-        self._apply(self.books.close(lease_id, reason, when))
+        self._apply(self.books.close(lease_id, reason, time.time()))
         self._schedule()
-        return self._view(lease_id)
+        await self.journal.flushed()
+        return self._view_of(await self._row(lease_id), time.time())
 
+    @door
     async def status(self, auth: dict) -> dict:
-        user = self._check_identity(auth).user
-        now = time.time()
-        mine = [self._view(row["id"]) for row in self.books.rows.values() if row["user"] == user]
+        user = authz.caller(auth, self.keys).user
+        mine = [self._view_of(row, time.time()) for row in self.books.rows.values() if row["user"] == user]
         return {
             "user": user,
             "cluster": views.cluster_view(self.snapshot, self.books),
-            "quota": views.quota_view(user, self.books, self.ledger.quotas(), self._hours_7d(now)),
+            "quota": views.quota_view(user, self.books, await self.journal.read("quotas"), await self._hours_7d()),
             "leases": mine,
             "allow_borrowing": self.books.settings.allow_borrowing,
         }
 
-    async def cluster(self) -> dict:
-        return views.cluster_view(self.snapshot, self.books)
-
     # ----- owners and admins ---------------------------------------------------------------------
+    @door
     async def leases(self, auth: dict, include_ended: bool = False, limit: int = 200) -> list[dict]:
-        admin, user = self._who(auth)
-        now = time.time()
+        who = authz.caller(auth, self.keys)
+        limit = checks.whole(limit, "limit", low=1, high=1_000_000)
         if include_ended:
-            rows = self.ledger.recent_leases(user=None if admin else user, limit=limit)
+            rows = await self.journal.read("recent_leases", user=None if who.admin else who.user, limit=limit)
         else:
-            rows = [r for r in self.books.rows.values() if admin or r["user"] == user]
-        return [self._view_of(r, now) for r in rows]
+            rows = [r for r in self.books.rows.values() if who.admin or r["user"] == who.user]
+        now = time.time()
+        return [self._view_of(self.books.recent(r["id"]) or r, now) for r in rows]
 
+    @door
     async def revoke(self, lease_id: int, auth: dict) -> dict:
-        admin, user = self._who(auth)
-        row = self.books.rows.get(lease_id) or self.ledger.lease(lease_id)
-        if row is None:
-            raise LeaseNotFound(f"There is no lease {lease_id}. List leases with `gpusession leases`.")
-        if not admin and row["user"] != user:
+        who = authz.caller(auth, self.keys)
+        row = await self._row(checks.lease_id(lease_id))
+        if not who.admin and row["user"] != who.user:
             raise NotAuthorized(f"Lease {lease_id} belongs to {row['user']}; only its owner or an admin may revoke it.")
-        by = "admin" if admin else user
-        if row["state"] == "queued":
+        by = "admin" if who.admin else who.user
+        if row["state"] == LeaseState.QUEUED:
             self._apply(self.books.close(lease_id, "revoked", time.time()))
-        elif row["state"] in ("granted", "placed") and not (row.get("notice") or {}).get("kind") == "revoke":
+        elif row["state"] in (LeaseState.GRANTED, LeaseState.PLACED) and (row.get("notice") or {}).get("kind") != NoticeKind.REVOKE:
             log.info("Revoking lease %d of %s (by %s)", lease_id, row["user"], by)
-            notice = Notice(lease_id, "revoke", f"revoked by {by}", time.time() + self.revoke_grace_s)
+            notice = Notice(lease_id, NoticeKind.REVOKE, f"revoked by {by}", time.time() + self.revoke_grace_s)
             self._apply(self.books.notify(notice))
         self._schedule()
-        return self._view(lease_id)
-
-    async def quotas(self, auth: dict) -> list[dict]:
-        admin, user = self._who(auth)
-        now = time.time()
-        rows = self.ledger.quotas()
-        recent = self._hours_7d(now)  # users who ran lately appear even without a quota row
-        users = sorted(set(rows) | {r["user"] for r in self.books.rows.values()} | set(recent)) if admin else [user]
-        return [views.quota_view(u, self.books, rows, recent) for u in users]
-
-    async def quota(self, user: str, auth: dict) -> dict:
-        admin, caller = self._who(auth)
-        if not admin and user != caller:
-            raise NotAuthorized(f"Only an admin may read the quota of {user}; you are {caller}.")
-        return views.quota_view(user, self.books, self.ledger.quotas(), self._hours_7d(time.time()))
-
-    async def set_quota(self, user: str, update: dict, auth: dict) -> dict:
-        self._require_admin(auth)
-        quota = settings.parse_quota_update(update, self.books.quota_for(user))
-        self.ledger.set_quota(user, quota, by=auth.get("by") or "admin", now=time.time())
-        self.books.reload_quotas()
-        log.info("Quota of %s set to %s", user, views.quota_dict(quota))
-        self._schedule()
-        return views.quota_view(user, self.books, self.ledger.quotas(), self._hours_7d(time.time()))
-
-    async def reset_quota(self, user: str, auth: dict) -> dict:
-        self._require_admin(auth)
-        self.ledger.reset_quota(user)
-        self.books.reload_quotas()
-        self._schedule()
-        return views.quota_view(user, self.books, self.ledger.quotas(), self._hours_7d(time.time()))
-
-    async def usage(self, auth: dict, since: float | None = None, until: float | None = None,
-                    by: str = "user") -> list[dict]:
-        admin, user = self._who(auth)
-        if by not in ("user", "day"):
-            raise ValueError(f"by must be 'user' or 'day'; got {by!r}.")
-        until = time.time() if until is None else until
-        since = until - 7 * views.DAY_S if since is None else since
-        intervals = self.ledger.usage_intervals(since, until, user=None if admin else user)
-        return views.usage_report(intervals, by=by)
-
-    async def stats(self, auth: dict, wait_bounds: list[float]) -> dict:
-        """Counters over the whole ledger for monitoring (admins): leases by outcome, the
-        request-to-grant wait histogram (cumulative, finite bounds), GPU-seconds by user."""
-        self._require_admin(auth)
-        usage = views.usage_report(self.ledger.usage_intervals(0.0, time.time()), by="user")
-        return {"outcomes": self.ledger.outcome_counts(),
-                "queue_wait": self.ledger.queue_wait_histogram(tuple(wait_bounds)),
-                "gpu_seconds": {row["user"]: row["gpu_seconds"] for row in usage}}
-
-    async def signing_key(self, auth: dict) -> str:
-        """The key a Jupyter server signs its kernels' identities with (admins only)."""
-        self._require_admin(auth)
-        return self.identity_key.decode()
+        await self.journal.flushed()
+        return self._view_of(await self._row(lease_id), time.time())
 
     # ----- internals ---------------------------------------------------------------------------
-    def _hours_7d(self, now: float) -> dict[str, float]:
-        return self.ledger.gpu_hours_since(now - 7 * views.DAY_S, now)
+    async def _hours_7d(self) -> dict[str, float]:
+        now = time.time()
+        return await self.journal.read("gpu_hours_since", now - books_week(), now)
 
-    def _who(self, auth: dict) -> tuple[bool, str | None]:
-        if secrets.token_matches(auth.get("token"), self.admin_token):
-            return True, auth.get("user")
-        return False, self._check_identity(auth).user
+    async def _refresh_usage(self) -> None:
+        now = time.time()
+        self.books.set_usage(now, await self.journal.read("gpu_hours_since", now - books_week(), now))
 
     def _require_admin(self, auth: dict) -> None:
-        if not secrets.token_matches(auth.get("token"), self.admin_token):
+        if not (isinstance(auth, dict) and secrets.token_matches(auth.get("token"), self.keys.admin_token)):
             raise NotAuthorized("Only admins may do this: it needs the broker's admin token (kept beside its "
                                 "ledger on the head node).")
 
-    def _check_identity(self, auth: dict) -> Identity:
-        identity = Identity(auth.get("user") or "", auth.get("signature"))
-        if not identity.user:
-            raise NotAuthorized("The request names no user.")
-        if self.require_signed and not verify(identity, self.identity_key):
-            raise NotAuthorized(
-                f"The identity {identity.user!r} is not signed by the Jupyter server; this cluster requires "
-                "signed identities. Start the kernel from the cluster's Jupyter server."
-            )
-        return identity
-
-    def _view(self, lease_id: int) -> dict:
-        row = self.books.recent(lease_id) or self.ledger.lease(lease_id)
+    async def _row(self, lease_id: int) -> dict:
+        row = self.books.recent(lease_id)
         if row is None:
-            raise LeaseNotFound(f"There is no lease {lease_id}.")
-        return self._view_of(row, time.time())
+            row = await self.journal.read("lease", lease_id)
+        if row is None:
+            raise LeaseNotFound(f"There is no lease {lease_id}. List leases with `gpusession leases`.")
+        return row
+
+    async def _owned(self, lease_id, auth, action: str) -> dict:
+        """The lease's row, if the caller may `action` it; refused before anything changes."""
+        lease_id = checks.lease_id(lease_id)
+        who = authz.caller(auth, self.keys)
+        row = await self._row(lease_id)
+        authz.check_owner(row, who, action)
+        return row
 
     def _view_of(self, row: dict, now: float) -> dict:
         view = views.lease_view(row, waiting=self.books.waiting.get(row["id"]),
@@ -247,7 +274,10 @@ class BrokerService:
         return view
 
     def _schedule(self) -> None:
-        self._apply(self.books.schedule(self.snapshot.nodes, time.time()))
+        started = time.perf_counter()
+        effects = self.books.schedule(self.snapshot.nodes, time.time())
+        self.meter.add("decide", time.perf_counter() - started)
+        self._apply(effects)
 
     def _apply(self, effects: Effects) -> None:
         for lease_id in effects.changed:
@@ -262,23 +292,38 @@ class BrokerService:
         while True:
             await asyncio.sleep(TICK_S)
             try:
-                self._tick()
+                await self._tick()
             except Exception:  # one bad tick must not stop reconciliation
                 log.exception("Reconciliation failed; retrying in %.1f s", TICK_S)
 
-    def _tick(self) -> None:
-        self.snapshot = rayview.take(self.ledger_id, self.snapshot)
-        now = time.time()
+    async def _tick(self) -> None:
+        self.snapshot = await asyncio.to_thread(rayview.take, self.ledger_id, self.snapshot)
+        if self.books.usage_stale(time.time()):
+            await self._refresh_usage()
+        now = time.time()  # no await from here on: the actions apply to the books as they are
         actions = reconcile.reconcile(
             list(self.books.rows.values()), self.snapshot, now=now, last_seen=self.last_seen,
             vanished_since=self.vanished, timeouts=self.timeouts,
         )
-        for action in actions:
-            self._carry_out(action, now)
-        self._remove_orphan_groups()
+        doomed = [self._carry_out(action, now) for action in actions]
         self._schedule()
+        doomed.append((await self._orphan_groups(), []))
+        await asyncio.to_thread(_take_back, [d for d in doomed if d is not None])
 
-    def _carry_out(self, action, now: float) -> None:
+    async def _orphan_groups(self) -> list[str]:
+        """Groups whose lease is closed (its caller crashed mid-release) must not keep GPUs."""
+        found = []
+        for lease_id, group in list(self.snapshot.groups.items()):
+            if lease_id in self.books.rows or group.state not in ("CREATED", "PENDING"):
+                continue
+            row = self.books.recent(lease_id) or await self.journal.read("lease", lease_id)
+            if row is not None and row["state"] == LeaseState.ENDED:  # ended is final: safe after the await
+                log.info("Removing the orphaned group of closed lease %d", lease_id)
+                found.append(group.pg_id)
+        return found
+
+    def _carry_out(self, action, now: float):
+        """Apply one reconciliation action to the books; returns Ray work to do off the loop."""
         if isinstance(action, reconcile.MarkVanished):
             self.vanished[action.lease_id] = action.since
         elif isinstance(action, reconcile.MarkPlaced):
@@ -288,20 +333,16 @@ class BrokerService:
             self._apply(self.books.close(action.lease_id, action.reason, action.released_at))
         elif isinstance(action, reconcile.Force):
             log.info("Forcing lease %d off its GPUs (%s)", action.lease_id, action.reason)
-            self._take_back(action.lease_id)
+            group = self.snapshot.groups.get(action.lease_id)
+            groups = [group.pg_id] if group is not None and group.state != "REMOVED" else []
             self._apply(self.books.close(action.lease_id, action.reason, now))
+            return groups, self.workers.pop(action.lease_id, [])
+        return None
 
-    def _take_back(self, lease_id: int) -> None:
-        group = self.snapshot.groups.get(lease_id)
-        if group is not None and group.state != "REMOVED":
-            rayview.remove_group(group.pg_id)
-        rayview.kill_actors(self.workers.pop(lease_id, []))
 
-    def _remove_orphan_groups(self) -> None:
-        """A group whose lease is closed (its caller crashed mid-release) must not keep GPUs."""
-        for lease_id, group in self.snapshot.groups.items():
-            if lease_id not in self.books.rows and group.state in ("CREATED", "PENDING"):
-                row = self.ledger.lease(lease_id)
-                if row is not None and row["state"] == "ended":
-                    log.info("Removing the orphaned group of closed lease %d", lease_id)
-                    rayview.remove_group(group.pg_id)
+def _take_back(work: list[tuple[list[str], list]]) -> None:
+    """Remove groups and kill worker actors (blocking Ray calls: run on a thread)."""
+    for groups, actors in work:
+        for pg_id in groups:
+            rayview.remove_group(pg_id)
+        rayview.kill_actors(actors)

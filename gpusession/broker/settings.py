@@ -26,6 +26,7 @@ class BrokerConfig:
     claim_timeout_s: float | None = None
     heartbeat_timeout_s: float | None = None
     version_override: str | None = None  # tests only: pretend to be another version
+    protocol_override: int | None = None  # tests only: pretend to speak another protocol
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -23,7 +23,7 @@ def lease_view(row: dict, *, waiting: Waiting | None, version: int, now: float) 
         "gpus_per_worker": row["gpus_per_worker"],
         "priority": row["priority"].label,
         "placement": row["placement"],
-        "state": row["state"],
+        "state": str(row["state"]),
         "over_quota": bool(row.get("over_quota")),
         "requested_at": row["requested_at"],
         "granted_at": held_since,
@@ -39,6 +39,7 @@ def lease_view(row: dict, *, waiting: Waiting | None, version: int, now: float) 
         "error": notice.get("error"),
         "message": notice.get("message"),
         "version": version,
+        "sweep_id": row.get("sweep_id"),
     }
 
 

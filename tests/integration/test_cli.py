@@ -5,9 +5,12 @@ import subprocess
 import sys
 import uuid
 
+import json
+
 import pytest
 
 import gpusession as gs
+from gpusession.identity import current_user
 
 from ..conftest import ROOT
 
@@ -70,8 +73,13 @@ def test_usage_reports_gpu_hours_per_user_and_day(cluster, quiet):
         return 1
 
     short()
-    by_day = gpusession(cluster, "usage", "--by", "day")
-    assert by_day.returncode == 0 and "gpu_hours" in by_day.stdout.splitlines()[0]
+    by_day = gpusession(cluster, "usage", "--by", "day", "--json")
+    assert by_day.returncode == 0
+    today = __import__("time").strftime("%Y-%m-%d", __import__("time").gmtime())
+    mine = [r for r in json.loads(by_day.stdout) if r["user"] == current_user() and r["day"] == today]
+    assert len(mine) == 1 and mine[0]["gpu_hours"] > 0  # the call just made, on today's row
+    table = gpusession(cluster, "usage", "--by", "day")
+    assert table.stdout.splitlines()[0].split() == ["user", "day", "gpu_hours"]
     bad = gpusession(cluster, "usage", "--since", "yesterday")
     assert bad.returncode == 2 and "expected YYYY-MM-DD" in bad.stderr
 

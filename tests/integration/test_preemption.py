@@ -9,6 +9,8 @@ import uuid
 import pytest
 import ray
 
+import gpusession as gs
+
 from gpusession.broker import client
 from gpusession.identity import Identity
 from gpusession.lease import Lease
@@ -112,14 +114,21 @@ def test_a_victim_that_ignores_its_notice_loses_its_gpus_when_the_grace_period_e
 
 
 def test_a_within_quota_lease_of_equal_priority_is_never_preempted(cluster, broker, admin):
-    holder = Lease(validate_run_options(gpus=4), identity=Identity("first-come")).acquire()
+    first, second = (f"{name}-{uuid.uuid4().hex[:6]}" for name in ("first-come", "second"))
+    for user in (first, second):  # both within an explicit quota of the whole cluster
+        client.call(broker.set_quota, user, {"max_gpus": 4}, admin)
+    holder = Lease(validate_run_options(gpus=4), identity=Identity(first)).acquire()
     try:
-        waiter = Lease(validate_run_options(gpus=2, queue_timeout=GRACE_S + 1), identity=Identity("second"))
-        with pytest.raises(Exception, match="queue_timeout"):
-            waiter.acquire()
-        assert holder.notice() is None
+        waiter = Lease(validate_run_options(gpus=2, queue_timeout=GRACE_S + 1), identity=Identity(second))
+        with pytest.raises(gs.QueueTimeout, match="waiting for capacity"):
+            waiter.acquire()  # it waited longer than the grace period a preemption would have had
+        view = next(l for l in client.call(broker.leases, admin) if l["lease_id"] == holder.lease_id)
+        assert (view["state"], view["over_quota"], view["notice"]) == ("placed", False, None)
+        assert holder.notice() is None and holder.run(lambda: "still held") == "still held"
     finally:
         holder.release()
+        for user in (first, second):
+            client.call(broker.reset_quota, user, admin)
 
 
 def test_a_higher_priority_request_preempts_a_lower_priority_lease(cluster, broker, admin):

@@ -4,9 +4,12 @@ check, and that a rejected request changes nothing."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from jupyter_server.auth.identity import IdentityProvider, User
 from pytest_jupyter.jupyter_server import *  # jp_serverapp, jp_fetch and the fixtures they need
 from tornado.httpclient import HTTPClientError
@@ -194,14 +197,17 @@ def test_the_admin_page_is_for_admins_and_brings_its_own_chart_library(fetch):
     assert refused_page.value.code == 403 and b"c.GPUSession.admin_users" in refused_page.value.response.body
 
 
-def test_metrics_are_prometheus_text_for_logged_in_users_or_public_when_configured(fetch, gs_app, hold):
+def test_metrics_are_prometheus_text_with_per_user_series_for_admins_or_when_public(fetch, gs_app, hold):
     hold(ALICE).release()
     text = fetch("metrics", user=BOB, raw=True).body.decode()
     assert "gpusession_gpus_total 4.0" in text and 'gpusession_leases_total{outcome="finished"}' in text
-    assert 'gpusession_gpu_seconds_total{user="alice"}' in text and "gpusession_queue_wait_seconds_bucket" in text
+    assert "gpusession_queue_wait_seconds_bucket" in text
+    assert "gpusession_gpu_seconds_total" not in text  # bob may not see alice's (or anyone's) usage
+    assert 'gpusession_gpu_seconds_total{user="alice"}' in fetch("metrics", user=ADMIN, raw=True).body.decode()
     refused(fetch, "metrics", 403, user=None, raw=True)
     gs_app.options.metrics_public = True
-    assert b"gpusession_gpus_leased" in fetch("metrics", user=None, raw=True).body
+    public = fetch("metrics", user=None, raw=True).body.decode()
+    assert "gpusession_gpus_leased" in public and 'gpusession_gpu_seconds_total{user="alice"}' in public
 
 
 def test_a_bridge_that_died_is_replaced_by_the_next_request(fetch, gs_app):
@@ -209,3 +215,38 @@ def test_a_bridge_that_died_is_replaced_by_the_next_request(fetch, gs_app):
     gs_app.backend.link.proc.wait()
     assert fetch("api/cluster", user=BOB)["gpus_total"] == 4
     assert gs_app.backend.link.alive
+
+
+PATHS = st.sampled_from(["api/leases", "api/leases/{id}", "api/quotas", "api/quotas/{user}", "api/usage",
+                         "api/cluster"])
+USERS = st.sampled_from([ALICE, BOB, ADMIN, "x%y", "ü" * 3])
+ODD = st.one_of(st.text(max_size=30), st.sampled_from(["-1", "0", "1e400", "nan", "inf", "9" * 30, "%00", "17",
+                                                        "1970-01-01", "9999-12-31T23:59:59Z", "0001-01-01"]))
+BODIES = st.one_of(st.none(), st.text(max_size=40), st.dictionaries(
+    st.sampled_from(["max_gpus", "gpu_hours", "max_priority", "evil"]),
+    st.one_of(st.none(), st.integers(-5, 10**20), st.floats(allow_nan=True), st.text(max_size=8)), max_size=3))
+
+
+@settings(max_examples=40, suppress_health_check=list(HealthCheck))
+@given(path=PATHS, method=st.sampled_from(["GET", "PUT", "DELETE"]), user=USERS, odd=ODD, body=BODIES,
+       query=st.dictionaries(st.sampled_from(["since", "until", "by"]), ODD, max_size=3))
+def test_the_rest_api_never_answers_500_or_hangs_and_a_refused_call_changes_nothing(fetch, path, method, user,
+                                                                                   odd, body, query):
+    """Fuzzed paths, methods, users, bodies and query values (Hypothesis)."""
+    path = path.format(id=odd.replace("/", "") or "x", user=odd.replace("/", "") or "x")
+    before = (fetch("api/leases", user=ADMIN), fetch("api/quotas", user=ADMIN))
+    started = time.monotonic()
+    try:
+        fetch(path, user=user, method=method, body=None if method == "GET" else (body or ""), params=query or None,
+              raw=True)
+        status = 200
+    except HTTPClientError as exc:
+        status = exc.code
+        assert status < 500, exc.response.body if exc.response else exc
+        assert json.loads(exc.response.body)["message"] if status != 405 else True
+    assert time.monotonic() - started < 30
+    if status >= 400:
+        leases, quotas = fetch("api/leases", user=ADMIN), fetch("api/quotas", user=ADMIN)
+        assert ([l["lease_id"] for l in leases], quotas) == ([l["lease_id"] for l in before[0]], before[1])
+    elif method in ("PUT", "DELETE") and "quotas/" in path:  # an admin changed a quota: put it back
+        fetch(path, user=ADMIN, method="DELETE", raw=True)

@@ -94,7 +94,8 @@ def test_to_cpu_detaches_graph_tensors_and_keeps_shared_objects_shared():
     moved = cellrun.to_cpu(state, memo)
     assert moved["w"] is leaf and not moved["nested"][0].requires_grad
     assert cellrun.to_cpu(state, memo) is moved
-    cellrun.unpack(cellrun.pack({"state": moved}))  # picklable now
+    restored = cellrun.unpack(cellrun.pack({"state": moved}))["state"]  # picklable now, values intact
+    assert restored["w"].tolist() == [1.0, 1.0] and restored["nested"][0].tolist() == [2.0, 2.0]
 
 
 # ----- running a body as rank 0 ----------------------------------------------------------------------

@@ -43,15 +43,19 @@ def test_unknown_option_name_is_rejected_with_the_list_of_options():
         gs.distributed(gpu=2)
 
 
-def test_invalid_options_lease_nothing_because_they_fail_before_connecting():
-    import ray
+def test_invalid_options_lease_nothing_because_they_fail_before_connecting(monkeypatch):
+    from gpusession import raycluster
+    from gpusession.broker import client
 
-    was_connected = ray.is_initialized()
-    with pytest.raises(ValueError):
-        gs.distributed(gpus=0)
-    with pytest.raises(ValueError):
+    def must_not_connect(*args, **kwargs):
+        raise AssertionError("connected to Ray for an invalid option")
+
+    monkeypatch.setattr(raycluster, "ensure_connected", must_not_connect)
+    monkeypatch.setattr(client, "broker", must_not_connect)
+    with pytest.raises(ValueError, match="gpus must be more than 0"):
+        gs.distributed(gpus=0)  # at decoration, before the function is ever called
+    with pytest.raises(ValueError, match="gpus must be more than 0"):
         gs.lease(gpus=0)
-    assert ray.is_initialized() == was_connected
 
 
 @pytest.mark.parametrize("text, seconds", [(90, 90.0), ("90s", 90.0), ("10m", 600.0), ("2h", 7200.0),

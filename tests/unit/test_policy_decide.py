@@ -126,10 +126,12 @@ def test_spent_budget_at_decision_time_rejects_with_quota_exceeded():
 
 
 def test_running_lease_is_never_stopped_for_budget():
-    decision = run([req(1, user="bob", gpus=4)], leases=[lease(10, user="alice", gpus=4, prio=LOW)],
+    # alice spent 50 of her 1 GPU-hour, but her running lease is within max_gpus and of bob's
+    # priority: bob waits for capacity, nothing is preempted or rejected
+    decision = run([req(1, user="bob", gpus=4)], leases=[lease(10, user="alice", gpus=4)],
                    quotas={"alice": Quota(gpu_hours=1)}, hours={"alice": 50.0})
-    assert all(p.victim_id != 10 or p.reason == "lower priority" for p in decision.preemptions)
-    assert decision.rejections == []
+    assert decision.preemptions == [] and decision.rejections == [] and decision.grants == []
+    assert decision.waiting[1].kind is WaitKind.CAPACITY
 
 
 def test_priority_above_a_lowered_max_priority_is_rejected_at_decision_time():

@@ -1,4 +1,5 @@
-"""Invariants of decide() over many random states (a seeded loop: hypothesis is not installed).
+"""Invariants of decide() over many random states, as Hypothesis properties (the state is drawn
+from a Random that Hypothesis controls, so a failing state shrinks and is replayed from .hypothesis/).
 
 Each state is a small cluster with unmanaged GPUs, placed and unplaced leases (some over quota,
 some under notice), quotas with budgets, and a random queue. Whatever the state, a decision
@@ -9,7 +10,10 @@ import math
 import random
 from collections import defaultdict
 
-import pytest
+from unittest import mock
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpusession.broker import scheduler
 from gpusession.broker.model import (
@@ -90,12 +94,23 @@ def random_queue(rng, queued: int) -> list[Request]:
     return queue
 
 
-STATES = [random_state(random.Random(seed)) for seed in range(400)]
-LONG_QUEUES = [random_state(random.Random(seed), queued=300) for seed in range(1000, 1100)]
+STATES = st.builds(random_state, st.randoms(use_true_random=False))
+LONG_QUEUES = st.builds(lambda rng: random_state(rng, queued=300), st.randoms(use_true_random=False))
 
 
-@pytest.mark.parametrize("state", STATES + LONG_QUEUES)
+@settings(max_examples=300)
+@given(state=STATES)
 def test_decision_invariants_hold_in_random_states(state):
+    check_invariants(state)
+
+
+@settings(max_examples=40)
+@given(state=LONG_QUEUES)
+def test_decision_invariants_hold_for_long_queues(state):
+    check_invariants(state)
+
+
+def check_invariants(state):
     decision = decide(**state)
     queue = {r.lease_id: r for r in state["queue"]}
     grants = {g.lease_id: g for g in decision.grants}
@@ -180,12 +195,13 @@ def assert_preemptions_respect_priority_and_quota(state, decision, queue):
         assert decision.waiting[request.lease_id].kind is WaitKind.PREEMPTION
 
 
-@pytest.mark.parametrize("state", STATES[:200] + LONG_QUEUES)
-def test_shortcuts_for_long_queues_do_not_change_decisions(state, monkeypatch):
+@settings(max_examples=150)
+@given(state=st.one_of(STATES, LONG_QUEUES))
+def test_shortcuts_for_long_queues_do_not_change_decisions(state):
     fast = decide(**state)
     everything_tried = scheduler.Cutoffs(math.inf, math.inf, -math.inf, math.inf)
-    monkeypatch.setattr(scheduler.Run, "_cutoffs", lambda self, priority: everything_tried)
-    slow = decide(**state)
+    with mock.patch.object(scheduler.Run, "_cutoffs", lambda self, priority: everything_tried):
+        slow = decide(**state)
     assert (slow.grants, slow.preemptions, slow.rejections) == (
         fast.grants, fast.preemptions, fast.rejections)
     # the wording may differ: a request that does not fit now in a shortcut is told the free

@@ -109,8 +109,11 @@ def test_gpus_freed_for_a_preempting_request_go_to_it_not_to_later_requests():
 
 
 def test_request_is_granted_once_its_victims_released():
-    decision = run([req(1, "alice", 4), req(2, "carol", 1)], [])
-    assert [g.lease_id for g in decision.grants] == [1]
+    queue = [req(1, "alice", 4), req(2, "carol", 1)]
+    while_releasing = run(queue, [lease(10, "bob", 2, prio=LOW, notice=1)])
+    assert while_releasing.grants == [] and while_releasing.waiting[1].kind is WaitKind.PREEMPTION
+    released = run(queue, [])  # bob's lease is gone
+    assert [g.lease_id for g in released.grants] == [1] and released.waiting[2].kind is WaitKind.CAPACITY
 
 
 def test_notice_for_a_request_that_left_the_queue_earmarks_nothing():

@@ -1,0 +1,203 @@
+"""The findings of issue 10, each as the exact call that used to succeed: another process (another
+user, or the same user's other kernel) reaching for someone's lease, nonsense requests, a
+caller's clock, a broker replaced without the admin token, and a usage query that blocked
+everyone. Each is refused quickly and leaves the ledger and Ray's view as they were."""
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+import uuid
+
+import pytest
+import ray
+
+import gpusession as gs
+from gpusession.broker import client
+from gpusession.broker.settings import BrokerConfig
+from gpusession.errors import InvalidRequest
+from gpusession.identity import current_user
+
+from ..conftest import CLUSTER_GPUS, free_gpus
+
+REACH_FOR_A_LEASE = """
+import json, os, time
+from gpusession.broker import client
+broker = client.broker()
+client.call(broker.cluster)  # connected and warm before the clock starts
+lease_id, node_workers = int(os.environ["VICTIM"]), json.loads(os.environ["NODE_WORKERS"])
+auth = client.lease_auth()
+attempts = {
+    "wait": lambda: client.call(broker.wait, lease_id, -1, 0.0, auth=auth),
+    "watch": lambda: client.call(broker.watch, lease_id, auth=auth, timeout=5),
+    "placed": lambda: client.call(broker.placed, lease_id, node_workers, auth=auth),
+    "release": lambda: client.call(broker.release, lease_id, "finished", auth=auth),
+    "release with a time": lambda: client.call(broker.release, lease_id, "finished", 0.0),
+    "release with no credentials": lambda: client.call(broker.release, lease_id, "finished", auth={}),
+}
+out = {}
+for name, attempt in attempts.items():
+    started = time.perf_counter()
+    try:
+        attempt()
+        out[name] = ["accepted", 0.0, ""]
+    except Exception as exc:
+        out[name] = [type(exc).__name__, time.perf_counter() - started, str(exc)]
+print("RESULT " + json.dumps(out), flush=True)
+"""
+
+
+def _everything(broker, admin) -> list[dict]:
+    """Every lease as an admin sees it, minus the one figure that moves by itself (age_s)."""
+    views = client.call(broker.leases, admin, True, 10_000)
+    return sorted(({k: v for k, v in view.items() if k != "age_s"} for view in views), key=lambda v: v["lease_id"])
+
+
+def _group_state(pg_name: str) -> str | None:
+    return next((pg["state"] for pg in ray.util.placement_group_table().values() if pg["name"] == pg_name), None)
+
+
+@pytest.mark.parametrize("intruder", ["mallory", "the same user in another kernel"])
+def test_another_process_cannot_wait_watch_place_or_release_someone_elses_lease(cluster, quiet, driver, broker,
+                                                                               admin, intruder):
+    held = gs.lease(gpus=1)
+    try:
+        before = _everything(broker, admin)
+        mine = next(v for v in before if v["lease_id"] == held.lease_id)
+        user = "mallory" if intruder == "mallory" else current_user()
+        other = driver(REACH_FOR_A_LEASE, GPUSESSION_USER=user, VICTIM=str(held.lease_id),
+                       NODE_WORKERS=json.dumps(mine["node_workers"]))
+        results = json.loads(other.wait_for_line("RESULT", timeout=120)[len("RESULT "):])
+        for name, (kind, seconds, message) in results.items():
+            assert kind in ("NotAuthorized", "TypeError"), (name, kind, message)
+            assert seconds < 1.0, (name, seconds)  # milliseconds on an idle machine
+        assert "belongs to" in results["release"][2] and "Nothing was changed" in results["release"][2]
+        assert _everything(broker, admin) == before
+        assert _group_state(mine["pg_name"]) == "CREATED" and free_gpus() == CLUSTER_GPUS - 1
+        assert held.run(lambda: "still mine") == "still mine"  # her run goes on
+    finally:
+        held.release()
+
+
+def _spec(**changes) -> dict:
+    spec = {"request_id": uuid.uuid4().hex, "user": current_user(), "job_id": ray.get_runtime_context().get_job_id(),
+            "workers": 1, "gpus_per_worker": 1.0}
+    spec.update(changes)
+    return spec
+
+
+NONSENSE = [("workers", 0), ("workers", -3), ("workers", 2.5), ("gpus_per_worker", 0), ("gpus_per_worker", -1),
+            ("gpus_per_worker", 1e-320), ("gpus_per_worker", math.nan), ("gpus_per_worker", math.inf),
+            ("gpus_per_worker", 5), ("gpus_per_worker", 1e-9), ("max_hold_s", math.nan), ("queue_timeout_s", -1),
+            ("min_workers", 5), ("placement", "everywhere"), ("priority", 7), ("released_at", 0)]
+
+
+def test_nonsense_requests_are_refused_in_milliseconds_and_write_nothing(cluster, quiet, broker, admin):
+    before = _everything(broker, admin)
+    for field, value in NONSENSE:
+        started = time.perf_counter()
+        with pytest.raises(InvalidRequest, match=field):
+            client.call(broker.request, _spec(**{field: value}, placement="spread") if field == "workers"
+                        else _spec(**{field: value}))
+        assert time.perf_counter() - started < 1.0, field
+    assert _everything(broker, admin) == before
+    started = time.perf_counter()
+    with pytest.raises(InvalidRequest, match="gpus_per_worker"):
+        gs.distributed(gpus=1, gpus_per_worker=2**-30, placement="spread")(lambda: None)()
+    assert time.perf_counter() - started < 2.0
+    assert _everything(broker, admin) == before and free_gpus() == CLUSTER_GPUS
+
+
+def test_the_owner_cannot_report_a_placement_that_is_not_its_grant(cluster, quiet, broker, admin):
+    held = gs.lease(gpus=2)
+    try:
+        before = _everything(broker, admin)
+        node = next(iter(next(v for v in before if v["lease_id"] == held.lease_id)["node_workers"]))
+        for wrong in ({node: -3}, {node: 3}, {node: 1}, {"ab" * 28: 2}, {node: 2.0}):
+            started = time.perf_counter()
+            with pytest.raises(InvalidRequest, match="node_workers"):
+                client.call(broker.placed, held.lease_id, wrong, auth=client.lease_auth())
+            assert time.perf_counter() - started < 1.0
+        assert _everything(broker, admin) == before
+    finally:
+        held.release()
+
+
+def test_gpu_seconds_are_counted_by_the_brokers_clock_not_the_callers(cluster, quiet, broker, admin):
+    held = gs.lease(gpus=2)
+    auth = client.lease_auth()
+    with pytest.raises(TypeError):  # the old call shape with a caller's time is refused
+        client.call(broker.release, held.lease_id, "finished", 0.0)
+    time.sleep(0.3)
+    held.release()
+    released = time.time()
+    row = next(v for v in _everything(broker, admin) if v["lease_id"] == held.lease_id)
+    assert row["end_reason"] == "finished" and abs(row["released_at"] - released) < 1.0
+    assert row["gpu_seconds"] == pytest.approx(2 * (row["released_at"] - row["granted_at"]))
+    assert row["gpu_seconds"] >= 2 * 0.3
+    assert client.call(broker.release, held.lease_id, "finished", auth=auth)["gpu_seconds"] == row["gpu_seconds"]
+
+
+ASK_FOR_THE_BROKER = """
+from gpusession.broker import client
+try:
+    handle = client.broker()
+    print("USING", client.call(handle.version), client.call(handle.info)["pid"], flush=True)
+except Exception as exc:
+    print("REFUSED", type(exc).__name__, str(exc).replace(chr(10), " "), flush=True)
+"""
+
+
+def test_a_newer_client_without_the_admin_token_cannot_replace_the_broker(cluster, quiet, driver, broker, admin,
+                                                                          tmp_path):
+    info = client.call(broker.info)
+    assert "db_path" not in info and cluster.admin_token not in json.dumps(info)
+    assert client.call(broker.info, admin)["db_path"] == str(cluster.db_path)  # an admin may know
+    try:
+        for protocol, expected in ((None, "USING 0.0.1"), (1, "REFUSED BrokerOutdated")):
+            ray.kill(broker, no_restart=True)
+            client._wait_until_gone()
+            stale = client._create(BrokerConfig(db_path=str(cluster.db_path), version_override="0.0.1",
+                                                protocol_override=protocol))
+            pid = client.call(stale.info)["pid"]
+            # a kernel of a newer gpusession with no token (its home has none; none in its environment)
+            line = driver(ASK_FOR_THE_BROKER, GPUSESSION_HOME=str(tmp_path)).wait_for_line(expected.split()[0], 120)
+            assert line.startswith(expected), line
+            if protocol is None:
+                assert line.split()[-1] == str(pid)  # the same broker, not a replacement
+            else:
+                assert "Only an admin can upgrade" in line and "admin_token" in line
+            assert client.call(stale.info)["pid"] == pid and client.call(stale.version) == "0.0.1"
+            broker = stale
+    finally:
+        client.forget()
+        fresh = client.broker()  # this process holds the token (beside the ledger): it upgrades
+        assert client.call(fresh.version) == gs.__version__
+
+
+def test_a_ten_year_usage_query_does_not_hold_up_anyone_else(cluster, quiet, broker, admin):
+    held = gs.lease(gpus=1)  # an open lease: the old broker walked every day up to 9999 for it
+    try:
+        outcome: dict = {}
+
+        def report() -> None:
+            started = time.perf_counter()
+            outcome["rows"] = client.call(broker.usage, admin, 0.0, 253402300799.0, "day")
+            outcome["seconds"] = time.perf_counter() - started
+
+        reader = threading.Thread(target=report)
+        reader.start()
+        trips = []
+        for _ in range(20):
+            started = time.perf_counter()
+            view = client.call(broker.request, _spec(gpus_per_worker=0.5))
+            client.call(broker.release, view["lease_id"], "finished", auth=client.lease_auth())
+            trips.append(time.perf_counter() - started)
+        reader.join(60)
+        assert outcome["seconds"] < 5.0  # it was 10.4 s
+        assert max(trips) < 1.0  # it waited 10.2 s behind the report
+        today = time.strftime("%Y-%m-%d", time.gmtime())
+        assert any(r["day"] == today for r in outcome["rows"]) and all(r["day"] <= today for r in outcome["rows"])
+    finally:
+        held.release()
