@@ -1,6 +1,7 @@
 """What a %%gpu body reads, assigns and displays, and how its values travel (no kernel, no Ray)."""
 from __future__ import annotations
 
+import types
 import importlib
 import threading
 import traceback
@@ -106,7 +107,7 @@ def as_rank(request):
             rank=rank, world_size=2, local_rank=rank, local_world_size=2, node_rank=0,
             device=torch.device("cpu"), devices=(torch.device("cpu"),), backend="gloo", lease_id=1,
             scratch_dir="/tmp", gpu_ids=("0",), logical_gpus=True)
-        context_module._current = context_module._Run(ctx, emit=lambda event: None)
+        context_module._current = context_module._Run(ctx, channel=types.SimpleNamespace(send=lambda *items: None))
 
     yield enter
     context_module._current = None
