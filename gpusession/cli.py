@@ -1,4 +1,4 @@
-"""`gpusession ...`: the demo, and the broker's user and admin operations from a shell."""
+"""`gpusession ...`: the demo, JupyterLab, and the broker's user and admin operations from a shell."""
 from __future__ import annotations
 
 import argparse
@@ -38,6 +38,22 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--notebook", help="notebook to run instead of the quickstart")
     demo.add_argument("--timeout", type=float, default=600, help="seconds a cell may take (default 600)")
     demo.set_defaults(handler=_demo)
+
+    lab = sub.add_parser("lab", help="JupyterLab with gpusession and its embedded cluster (prints the URL)",
+                         description="Start JupyterLab with the gpusession extension. With no RAY_ADDRESS it starts a "
+                                     "local Ray head and the broker (logical GPUs when the machine has none), "
+                                     "prints the URL once JupyterLab answers, and stops everything on Ctrl-C. "
+                                     "Runs as root too (passes --allow-root).",
+                         epilog="Example: gpusession lab --no-browser --port 8890 -- --ServerApp.base_url=/gpus/")
+    lab.add_argument("--port", type=int, default=None, help="port (default 8888, or a free one if 8888 is taken)")
+    lab.add_argument("--ip", default="localhost", help="address to listen on (default localhost; 0.0.0.0 for all)")
+    lab.add_argument("--gpus", type=int, default=None, metavar="N",
+                     help="logical GPUs of the embedded cluster when the machine has none (default 4)")
+    lab.add_argument("--no-browser", action="store_true", help="do not open a browser")
+    lab.add_argument("--notebook-dir", default=None, help="folder JupyterLab shows (default: the current one)")
+    lab.add_argument("jupyter_args", nargs=argparse.REMAINDER, metavar="-- JUPYTER_OPTIONS",
+                     help="more options for JupyterLab, after --")
+    lab.set_defaults(handler=_lab)
 
     status = sub.add_parser("status", help="cluster capacity, your quota and your leases")
     status.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -227,6 +243,14 @@ def _usage(args) -> int:
     columns = ("user", "day", "gpu_hours") if args.by == "day" else ("user", "gpu_hours")
     _print(rows, args, lambda rows: _table(rows, columns))
     return 0
+
+
+def _lab(args) -> int:
+    from .lab import run_lab
+
+    extra = [a for a in args.jupyter_args if a != "--"]
+    return run_lab(port=args.port, ip=args.ip, gpus=args.gpus, open_browser=not args.no_browser,
+                   notebook_dir=args.notebook_dir, extra=extra)
 
 
 def _demo(args) -> int:

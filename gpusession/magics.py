@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 from typing import Any
 
 from IPython.core.error import UsageError
@@ -129,6 +130,15 @@ class GPUMagics(Magics):
 
 def load_ipython_extension(ipython) -> None:
     ipython.register_magics(GPUMagics)
+    warm_up()
+
+
+def warm_up() -> None:
+    """What the first %%gpu cell would otherwise pay before its status line shows: finding the
+    installed packages (~0.5 s, cached) to tell the user's own modules from libraries."""
+    from .shipping import _installed_top_level_names
+
+    threading.Thread(target=_installed_top_level_names, name="gpusession-warm-up", daemon=True).start()
 
 
 # ----- %gpu ------------------------------------------------------------------------------------------

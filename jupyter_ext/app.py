@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from jupyter_core.utils import ensure_async
 from jupyter_server.extension.application import ExtensionApp, ExtensionAppJinjaMixin
 
 from gpusession.identity import current_user
@@ -32,7 +33,6 @@ class GPUSessionApp(ExtensionAppJinjaMixin, ExtensionApp):
     def initialize_settings(self) -> None:
         self.options = GPUSession(parent=self)  # bad c.GPUSession values raise here, at load
         self.backend = Backend(self.options, owner=current_user(), log=self.log)
-        self.backend.start()
         kernelenv.install(self.serverapp.kernel_manager, self.backend.kernel_env)
 
     def initialize_handlers(self) -> None:
@@ -47,8 +47,21 @@ class GPUSessionApp(ExtensionAppJinjaMixin, ExtensionApp):
             (rf"/{self.name}/metrics", pages.MetricsHandler),
         ])
 
+    async def _start_jupyter_server_extension(self, serverapp) -> None:
+        """The server runs (it passed its own checks, e.g. --allow-root): bring the cluster up now."""
+        self.backend.start()
+
     async def stop_extension(self) -> None:
-        """Called by the server at shutdown: stop the bridge, and the local head if we started it."""
+        """Called by the server at shutdown, before it stops the kernels itself: stop the kernels
+        first when the head is ours (a kernel whose cluster vanished under it would be restarted
+        by its manager just to be shut down), then the bridge and the head."""
         backend = getattr(self, "backend", None)  # None when bad config stopped the extension loading
-        if backend is not None:
-            await asyncio.to_thread(backend.stop)
+        if backend is None:
+            return
+        if backend.head is not None:
+            kernels = self.serverapp.kernel_manager
+            if kernels.list_kernel_ids():
+                self.log.info("gpusession: shutting down %d kernels before the local Ray head",
+                              len(kernels.list_kernel_ids()))
+                await ensure_async(kernels.shutdown_all())
+        await asyncio.to_thread(backend.stop)

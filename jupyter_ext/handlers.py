@@ -48,7 +48,7 @@ class GPUSessionHandler(Caller, ExtensionHandlerMixin, APIHandler):
         if not isinstance(error, APIError):
             return super().write_error(status_code, **kwargs)
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps({"message": error.message, "reason": responses.get(status_code)}))
+        self.finish(json.dumps({"message": error.message, "reason": responses.get(status_code), **error.details}))
 
 
 def api(method):
