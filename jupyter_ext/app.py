@@ -15,7 +15,7 @@ from jupyter_server.extension.application import ExtensionApp, ExtensionAppJinja
 
 from gpusession.identity import current_user
 
-from . import handlers, kernelenv, pages
+from . import announce, handlers, kernelenv, pages
 from .backend import Backend
 from .config import GPUSession
 
@@ -32,12 +32,13 @@ class GPUSessionApp(ExtensionAppJinjaMixin, ExtensionApp):
 
     def initialize_settings(self) -> None:
         self.options = GPUSession(parent=self)  # bad c.GPUSession values raise here, at load
-        self.backend = Backend(self.options, owner=current_user(), log=self.log)
+        self.backend = Backend(self.options, owner=current_user(), log=self.log, announce=self._announce)
         kernelenv.install(self.serverapp.kernel_manager, self.backend.kernel_env)
 
     def initialize_handlers(self) -> None:
         self.handlers.extend([
             (rf"/{self.name}/api/cluster", handlers.ClusterHandler),
+            (rf"/{self.name}/api/status", handlers.StatusHandler),
             (rf"/{self.name}/api/leases", handlers.LeasesHandler),
             (rf"/{self.name}/api/leases/([^/]+)", handlers.LeaseHandler),
             (rf"/{self.name}/api/quotas", handlers.QuotasHandler),
@@ -46,6 +47,10 @@ class GPUSessionApp(ExtensionAppJinjaMixin, ExtensionApp):
             (rf"/{self.name}/admin", pages.AdminPageHandler),
             (rf"/{self.name}/metrics", pages.MetricsHandler),
         ])
+
+    def _announce(self, ray_env: dict) -> None:
+        """Tell this user's `gpusession` CLI where to ask quickly (gpusession.cli_access)."""
+        announce.write(self.serverapp, ray_env.get("RAY_ADDRESS", ""))
 
     async def _start_jupyter_server_extension(self, serverapp) -> None:
         """The server runs (it passed its own checks, e.g. --allow-root): bring the cluster up now."""
@@ -58,6 +63,7 @@ class GPUSessionApp(ExtensionAppJinjaMixin, ExtensionApp):
         backend = getattr(self, "backend", None)  # None when bad config stopped the extension loading
         if backend is None:
             return
+        announce.remove()
         if backend.head is not None:
             kernels = self.serverapp.kernel_manager
             if kernels.list_kernel_ids():

@@ -67,8 +67,9 @@ class Connection:
 
 
 class Backend:
-    def __init__(self, options: GPUSession, *, owner: str, log) -> None:
+    def __init__(self, options: GPUSession, *, owner: str, log, announce=None) -> None:
         self.options, self.owner, self.log = options, owner, log
+        self.announce = announce  # called with the cluster's environment once it is up
         self.head: localhead.LocalHead | None = None  # only a head this server started
         self.link: BrokerLink | None = None
         self._connected: Future = Future()
@@ -187,6 +188,11 @@ class Backend:
         token, key = bringup.credentials(self.link, self.options, self.owner, info, self.log)
         self.log.info("gpusession: broker %s on ledger %s, Ray at %s",
                       info["version"], info["db_path"], info["address"])
+        if self.announce is not None:
+            try:
+                self.announce(ray_env)
+            except OSError as exc:  # only the CLI's shortcut is lost
+                self.log.warning("gpusession could not write its announcement for the CLI: %s", exc)
         return Connection(ray_env, info, token, key)
 
     def _unless_stopping(self) -> None:
