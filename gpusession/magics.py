@@ -91,9 +91,9 @@ class GPUMagics(Magics):
                ...:     gs.report(step=step, loss=loss)
                ...: print("done")
                ...: loss.item()
+            done · 2 GPUs · queued 0.0 s · setup 0.4 s · run 3.1 s · 7.2 GPU·s · released
             [rank 0] done
             [rank 1] done
-            ✓ 2 GPUs · queued 0.0 s · setup 0.4 s · run 3.1 s · 7.2 GPU·s · released
             Out[1]: 0.0123
 
             In [2]: model          # rank 0's trained model: the plain Linear, on the CPU
