@@ -12,11 +12,15 @@ __version__ = "0.1.0"
 import importlib as _importlib
 import logging as _logging
 import sys as _sys
+import warnings as _warnings
 import types as _types
 
 # Ray notes at import that ipywidgets is missing (for its own progress widgets); in a notebook
 # that lands in the user's first cell. gpusession draws its own display.
 _logging.getLogger("ray.widgets.util").setLevel(_logging.WARNING)
+# Likewise Ray imports tqdm.auto, which warns in a kernel without ipywidgets ("IProgress not
+# found"): a red box in a newcomer's first cell about a progress bar gpusession never draws.
+_warnings.filterwarnings("ignore", message="IProgress not found", module=r"tqdm\.auto")
 
 # Public names resolve on first use (PEP 562), so `import gpusession` -- and the `gpusession` CLI --
 # import neither Ray nor torch until something needs them (`gpusession status` answers in well

@@ -135,23 +135,42 @@ def plot_png(history: list[dict]) -> bytes | None:
     return buffer.getvalue()
 
 
+_early: LiveStatus | None = None  # a %%gpu cell's line, shown before its inputs are packed
+
+
+def show_early(gpus: float, workers: int) -> None:
+    """Draw the status line now, before a %%gpu cell prepares its inputs (pickling the notebook's
+    values can take a while); the cell's renderer then takes this line over."""
+    global _early
+    _early = LiveStatus(Status(Phase.ASKING, time.monotonic(), gpus=gpus, workers=workers))
+    _early.show()
+
+
+def _adopt_early() -> LiveStatus | None:
+    global _early
+    live, _early = _early, None
+    return live if live is not None and live.attached else None
+
+
 class NotebookObserver(Observer):
     """The renderer of runs made from an IPython kernel (%%gpu cells and @gs.distributed calls)."""
 
     def __init__(self, world_size: int, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.lines = LineAssembler(world_size)
         self.clock = clock
-        self.live: LiveStatus | None = None
+        self.live: LiveStatus | None = _adopt_early() if clock is time.monotonic else None
         self._table = None  # display handles of this run's metrics, below the status line
         self._plot = None
         self._table_throttle = Throttle(TABLE_EVERY_S)
         self._plot_throttle = Throttle(PLOT_EVERY_S)
         self._history: list[dict] = []
         self._stale = False  # reports not drawn yet (throttled)
+        self._drawn = False  # whether the table and plot displays hold any report yet
 
     # ----- the status line ------------------------------------------------------------------------
     def requesting(self, gpus: float, workers: int) -> None:
-        self._move(Status(Phase.ASKING, self.clock(), gpus=gpus, workers=workers))
+        since = self.live.status.since if self.live is not None and self.live.attached else self.clock()
+        self._move(Status(Phase.ASKING, since, gpus=gpus, workers=workers))
 
     def queued(self, view: dict, elapsed_s: float) -> None:
         status = self._status()
@@ -188,6 +207,7 @@ class NotebookObserver(Observer):
             # first event, or a held lease's next run (a new cell): a line of its own, in this cell
             self.live = LiveStatus(status, clock=self.clock)
             self._table = self._plot = None
+            self._stale = False
             self.live.show()
         else:
             self.live.set(status, draw=draw)
@@ -204,11 +224,12 @@ class NotebookObserver(Observer):
             self._draw_metrics(final=False)
 
     def report(self, metrics: dict, info: RunInfo) -> None:
-        if info.history is not self._history:  # a new run (several lease.run calls share us)
+        if info.history is not self._history:  # each run starts a new history list
             self._history = info.history
-            if self.live is None or not self.live.attached:
+            if self.live is None or not self.live.attached:  # a held lease's run in a new cell
                 self._move(self._status().moved(Phase.RUNNING, self.clock()))
-            self._table = self._plot = None
+            if self._drawn:  # the displays hold an earlier run of a held lease: new ones for this run
+                self._table = self._plot = None
             self._open_metrics()
         if self.live is not None and self.live.status.phase is Phase.RUNNING:
             self.live.set(replace_step(self.live.status, step_of(self._history)), draw=False)  # the ticker draws it
@@ -220,6 +241,7 @@ class NotebookObserver(Observer):
         if self._table is None:
             self._table = _display({"text/plain": ""})
             self._plot = _display({"text/plain": ""})
+            self._drawn = False
 
     def _draw_metrics(self, *, final: bool) -> None:
         history = list(self._history)
@@ -228,6 +250,7 @@ class NotebookObserver(Observer):
         self._open_metrics()
         table_due = self._table_throttle.due() or final
         plot_due = self._plot_throttle.due() or final
+        self._drawn = True
         if table_due:
             self._table.update(table_bundle(history), raw=True)
         if plot_due:

@@ -167,6 +167,7 @@ def run_gpu_cell(shell, cell: str, args: argparse.Namespace) -> Any:
     filename = f"<%%gpu cell In[{max(1, shell.execution_count - 1)}]>"
     code = _analyze(shell, cell, filename)
     wanted = wanted_names(shell.user_ns, code, out=args.out, no_out=args.no_out)
+    _status_now(options)  # the cell is valid: its status line shows before the inputs are packed
     inputs = _gather_inputs(shell, code)
     function = DistributedFunction(run_cell, options)
     try:
@@ -177,6 +178,15 @@ def run_gpu_cell(shell, cell: str, args: argparse.Namespace) -> Any:
     finally:
         shell.user_ns["_gpu"] = function.last_run  # kept on failure too: history, checkpoint
     return _bring_back(shell.user_ns, result)
+
+
+def _status_now(options) -> None:
+    from . import events
+
+    if events._factory is None and events._in_notebook_kernel():  # the default renderer will adopt it
+        from .display import show_early
+
+        show_early(options.lease.gpus, options.lease.workers)
 
 
 def _run_options(args: argparse.Namespace):

@@ -79,6 +79,10 @@ def jupyter(cluster, tmp_path_factory):
                    "workspaces_dir": str(config_dir / "lab-workspaces"), "news_url": None},
         "GPUSession": {"ray_address": cluster.address, "admin_token": cluster.admin_token, "admin_users": [ADMIN]},
     }))
+    # no "news?" toast over the screenshots
+    news = config_dir / "lab-settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    news.parent.mkdir(parents=True)
+    news.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
     env = cluster.env(GPUSESSION_USER=ADMIN, JUPYTER_CONFIG_DIR=str(config_dir),
                       JUPYTER_RUNTIME_DIR=str(config_dir / "runtime"))
     log = open(config_dir / "server.log", "w")

@@ -26,10 +26,18 @@ print("bye", flush=True)
 def fresh_kernel(cluster, tmp_path_factory):
     started = Kernel(cluster.env(GPUSESSION_USER="carol"), tmp_path_factory.mktemp("status-line"))
     try:
-        started.ok("%load_ext gpusession\nimport gpusession as gs")
+        started.loaded = started.ok("%load_ext gpusession\nimport gpusession as gs")
         yield started
     finally:
         started.shutdown()
+
+
+def first_output_of(kernel, code: str) -> float:
+    sent = time.monotonic()
+    arrivals: list[float] = []
+    kernel.execute(code, on_message=lambda m: arrivals.append(time.monotonic() - sent)
+                   if m["msg_type"] in ("stream", "display_data") else None)
+    return arrivals[0]
 
 
 def _text(msg: dict) -> str:
@@ -40,6 +48,10 @@ def _id(msg: dict) -> str | None:
     return msg["content"].get("transient", {}).get("display_id")
 
 
+def test_loading_gpusession_prints_nothing_in_the_first_cell(fresh_kernel):
+    assert fresh_kernel.loaded.stream("stderr") == "" and fresh_kernel.loaded.stream("stdout") == ""
+
+
 def test_the_first_cell_shows_its_status_at_once_and_never_blank(fresh_kernel):
     sent = time.monotonic()
     arrivals: list[tuple[float, dict]] = []
@@ -48,7 +60,9 @@ def test_the_first_cell_shows_its_status_at_once_and_never_blank(fresh_kernel):
     outputs = [(t, m) for t, m in arrivals if m["msg_type"] in ("display_data", "update_display_data", "stream")]
     first_at, first = outputs[0]
     assert first["msg_type"] == "display_data" and _text(first).startswith("asking the cluster for 2 GPUs")
-    assert first_at < FIRST_OUTPUT_S, f"first output after {first_at:.2f} s"
+    if first_at >= FIRST_OUTPUT_S:  # only a machine so loaded that a plain cell is slow too may excuse it
+        plain_at = first_output_of(fresh_kernel, "print('plain', flush=True)")
+        assert first_at < plain_at + 0.5, f"first output after {first_at:.2f} s (a plain cell's: {plain_at:.2f} s)"
     status_id = _id(first)
     lines = [_text(m) for _, m in outputs if _id(m) == status_id]
     assert all(line.strip() for line in lines)
