@@ -275,31 +275,34 @@ function usagePath() {
   return [`/usage?by=day&since=${since}`, days(count)];
 }
 
-let refreshing = null;
-// One refresh draws everything from one set of answers. While the server brings its cluster up it
-// answers {"state": "starting", "elapsed_s": N}: the banner says so, and the page keeps asking.
+let latest = 0; // the newest refresh started; an older one's answers are never drawn over it
+let inFlight = 0;
+// One refresh draws everything from one set of answers. An action (save, reset, add, revoke)
+// starts a new one at once, and answers fetched before it are dropped: the page never goes back to
+// what the server held before the action. While the server brings its cluster up it answers
+// {"state": "starting", "elapsed_s": N}: the banner says so, and the page keeps asking.
 async function refresh() {
-  if (refreshing) return refreshing;
-  refreshing = (async () => {
-    const [path, labels] = usagePath();
-    try {
-      const [cluster, leases, quotas, usage] = await Promise.all([api("/cluster"), api("/leases"), api("/quotas"), api(path)]);
-      renderCluster(cluster);
-      renderLeases(leases);
-      renderQuotas(quotas);
-      renderUsage(usage, labels);
-      document.getElementById("gs-updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
-      if (document.getElementById("gs-banner").classList.contains("stale")) banner("");
-    } catch (error) {
-      const starting = error.body && error.body.state === "starting";
-      document.getElementById("gs-updated").textContent = starting ? "starting the cluster…" : "not updated";
-      banner(starting ? `Starting the cluster (${error.body.elapsed_s} s)… the page fills in when it is up.`
-        : `Cannot reach the broker: ${error.message}`, starting ? "info stale" : "error stale");
-    } finally {
-      refreshing = null;
-    }
-  })();
-  return refreshing;
+  const id = ++latest;
+  inFlight++;
+  const [path, labels] = usagePath();
+  try {
+    const [cluster, leases, quotas, usage] = await Promise.all([api("/cluster"), api("/leases"), api("/quotas"), api(path)]);
+    if (id !== latest) return;
+    renderCluster(cluster);
+    renderLeases(leases);
+    renderQuotas(quotas);
+    renderUsage(usage, labels);
+    document.getElementById("gs-updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
+    if (document.getElementById("gs-banner").classList.contains("stale")) banner("");
+  } catch (error) {
+    if (id !== latest) return;
+    const starting = error.body && error.body.state === "starting";
+    document.getElementById("gs-updated").textContent = starting ? "starting the cluster…" : "not updated";
+    banner(starting ? `Starting the cluster (${error.body.elapsed_s} s)… the page fills in when it is up.`
+      : `Cannot reach the broker: ${error.message}`, starting ? "info stale" : "error stale");
+  } finally {
+    inFlight--;
+  }
 }
 
 async function start() {
@@ -308,7 +311,7 @@ async function start() {
   document.getElementById("gs-add-user").addEventListener("keydown", (e) => { if (e.key === "Enter") addQuota(); });
   document.getElementById("gs-range").addEventListener("change", () => refresh());
   await refresh();
-  setInterval(refresh, REFRESH_MS);
+  setInterval(() => { if (!inFlight) refresh(); }, REFRESH_MS); // a slow server is not asked twice at once
 }
 
 start();
