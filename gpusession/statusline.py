@@ -91,7 +91,8 @@ def status_html(status: Status, now: float) -> str:
     warn = " style='color:#b26a00'" if status.borrowed and not status.phase.is_terminal else ""
     return (f"<div class='gpusession-status' data-phase='{status.phase.value}'"
             " style='font-family:var(--jp-ui-font-family,sans-serif);padding:2px 0'>"
-            f"<span style='{style}'>{tag}</span><span{warn}>{html.escape(status_text(status, now))}</span></div>")
+            f"<span style='{style}'>{tag}</span><span class='gpusession-status-text'{warn}>"
+            f"{html.escape(status_text(status, now))}</span></div>")
 
 
 _TAGS = {

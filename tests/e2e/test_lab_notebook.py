@@ -38,7 +38,7 @@ SAMPLER = """() => {
     const gs = window.__gs;
     if (gs.t0 === null) return;
     const cell = document.querySelectorAll('.jp-Notebook .jp-Cell')[gs.cell];
-    const line = cell && cell.querySelector('.gpusession-status');
+    const line = cell && cell.querySelector('.gpusession-status-text');
     const any = cell && cell.querySelector('.jp-OutputArea-output');
     gs.samples.push([performance.now() - gs.t0, line ? line.innerText.trim() : '', any ? any.innerText.trim() : '']);
   }, 50);
@@ -74,7 +74,7 @@ def run_cell(page, index: int) -> None:
 
 
 def wait_for_line(page, index: int, text: str, timeout_ms: int = 180_000) -> str:
-    line = cell(page, index).locator(".gpusession-status")
+    line = cell(page, index).locator(".gpusession-status-text")
     line.filter(has_text=text).wait_for(timeout=timeout_ms)
     return line.inner_text()
 
