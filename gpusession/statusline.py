@@ -92,7 +92,16 @@ def status_html(status: Status, now: float) -> str:
     return (f"<div class='gpusession-status' data-phase='{status.phase.value}'"
             " style='font-family:var(--jp-ui-font-family,sans-serif);padding:2px 0'>"
             f"<span style='{style}'>{tag}</span><span class='gpusession-status-text'{warn}>"
-            f"{html.escape(status_text(status, now))}</span></div>")
+            f"{html.escape(_without_outcome(status, status_text(status, now)))}</span></div>")
+
+
+def _without_outcome(status: Status, text: str) -> str:
+    """The receipt's leading "done · " / "failed: " is what the tag already says."""
+    if status.phase.is_terminal:
+        for prefix in ("done · ", "failed: "):
+            if text.startswith(prefix):
+                return text[len(prefix):]
+    return text
 
 
 _TAGS = {

@@ -111,7 +111,7 @@ def test_the_first_gpu_cell_shows_its_status_at_once_then_workers_starting_runni
     screenshot(lab, "lab-1-starting-workers")
     running = wait_for_line(lab, 1, "running on 2 GPUs")
     screenshot(lab, "lab-2-running")
-    receipt = wait_for_line(lab, 1, "done · 2 logical GPUs")
+    receipt = wait_for_line(lab, 1, "2 logical GPUs · queued")
     screenshot(lab, "lab-3-receipt")
     recorded = samples(lab)
     first = assert_never_blank_after_first_second(lab, recorded)
@@ -138,7 +138,7 @@ def test_a_queued_cell_says_its_position_and_reason_then_runs_without_a_blank_mo
         screenshot(lab, "lab-4-queued")
     finally:
         holder.release()
-    receipt = wait_for_line(lab, 2, "done · 1 logical GPU")
+    receipt = wait_for_line(lab, 2, "1 logical GPU · queued")
     assert "granted at last" in cell(lab, 2).inner_text()
     assert_never_blank_after_first_second(lab, samples(lab))
     assert float(receipt.split("queued ")[1].split(" s")[0]) >= 2
@@ -151,7 +151,7 @@ def test_a_cell_on_borrowed_gpus_says_it_may_be_preempted_first_and_its_receipt_
         running = wait_for_line(lab, 3, "running on 2 GPUs")
         assert "on borrowed GPUs" in running and "preempted first" in running
         screenshot(lab, "lab-5-borrowed")
-        receipt = wait_for_line(lab, 3, "done · 2 logical GPUs")
+        receipt = wait_for_line(lab, 3, "2 logical GPUs · queued")
     finally:
         client.call(broker.reset_quota, ADMIN, admin)
     assert "on borrowed GPUs (over quota)" in receipt

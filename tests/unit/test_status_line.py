@@ -62,7 +62,8 @@ def test_the_html_line_escapes_the_controllers_words_and_tags_the_phase():
     changing = Status(Phase.CHANGING, 0.0, line="resize to <2> workers")
     markup = status_html(changing, 1.0)
     assert "&lt;2&gt;" in markup and "data-phase='changing'" in markup
-    assert ">failed<" in status_html(Status(Phase.DONE, 0.0, line="failed: x", failed=True), 0.0)
+    failed = status_html(Status(Phase.DONE, 0.0, line="failed: interrupted · 2 GPUs", failed=True), 0.0)
+    assert ">failed<" in failed and ">interrupted · 2 GPUs<" in failed  # the tag says failed, once
 
 
 def test_the_running_line_shows_the_last_reported_step_else_the_report_count():
