@@ -9,6 +9,7 @@
 """
 __version__ = "0.1.0"
 
+import copyreg as _copyreg
 import importlib as _importlib
 import logging as _logging
 import sys as _sys
@@ -58,6 +59,9 @@ def __dir__():
 
 
 _sys.modules[__name__].__class__ = _Package
+# pickle (and cloudpickle, which ships user functions that read `gs.`) knows plain modules by
+# their name; the subclass needs saying so, or a function using `gs` could not be sent to workers.
+_copyreg.pickle(_Package, lambda module: (_importlib.import_module, (module.__name__,)))
 
 __all__ = [
     "distributed", "DistributedFunction", "lease", "Lease", "status", "Status", "RunInfo",
