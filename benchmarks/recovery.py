@@ -74,11 +74,12 @@ def gpusession_recovery_s(marker: str) -> tuple[float, float]:
             gs.save_checkpoint({"step": step + 1, "model": gs.unwrap(model).state_dict(), "opt": opt.state_dict()})
             _die_once(marker, step, ctx.rank)
 
-    train(marker + ".warmup-never")  # warm: workers and parents started, as in a working session
+    open(marker + ".warmup", "w").close()  # an existing marker: the warm-up call kills nobody
+    train(marker + ".warmup")  # warm: workers and parents started, as in a working session
     train(marker)
     killed = float(open(marker).read())
     after = [r["at"] for r in train.last_run.history if r["attempt"] == 1]
-    return transitions[0] - killed, after[0] - killed
+    return transitions[-1] - killed, after[0] - killed
 
 
 def ray_train_recovery_s(marker: str) -> float:
@@ -93,11 +94,11 @@ def ray_train_recovery_s(marker: str) -> float:
 
         import ray.train
         import torch
-        from ray.train.torch import prepare_model
 
         rank = ray.train.get_context().get_world_rank()
         torch.manual_seed(0)
-        model = prepare_model(torch.nn.Linear(8, 1))
+        # logical GPUs: the model stays on the CPU (prepare_model would move it to CUDA)
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
         start = 0
         checkpoint = ray.train.get_checkpoint()

@@ -1,4 +1,4 @@
-"""`gpusession ...`: the demo, and the broker's user and admin operations from a shell."""
+"""`gpusession ...`: the demo, JupyterLab, and the broker's user and admin operations from a shell."""
 from __future__ import annotations
 
 import argparse
@@ -37,6 +37,22 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--notebook", help="notebook to run instead of the quickstart")
     demo.add_argument("--timeout", type=float, default=600, help="seconds a cell may take (default 600)")
     demo.set_defaults(handler=_demo)
+
+    lab = sub.add_parser("lab", help="JupyterLab with gpusession and its embedded cluster (prints the URL)",
+                         description="Start JupyterLab with the gpusession extension. With no RAY_ADDRESS it starts a "
+                                     "local Ray head and the broker (logical GPUs when the machine has none), "
+                                     "prints the URL once JupyterLab answers, and stops everything on Ctrl-C. "
+                                     "Runs as root too (passes --allow-root).",
+                         epilog="Example: gpusession lab --no-browser --port 8890 -- --ServerApp.base_url=/gpus/")
+    lab.add_argument("--port", type=int, default=None, help="port (default 8888, or a free one if 8888 is taken)")
+    lab.add_argument("--ip", default="localhost", help="address to listen on (default localhost; 0.0.0.0 for all)")
+    lab.add_argument("--gpus", type=int, default=None, metavar="N",
+                     help="logical GPUs of the embedded cluster when the machine has none (default 4)")
+    lab.add_argument("--no-browser", action="store_true", help="do not open a browser")
+    lab.add_argument("--notebook-dir", default=None, help="folder JupyterLab shows (default: the current one)")
+    lab.add_argument("jupyter_args", nargs=argparse.REMAINDER, metavar="-- JUPYTER_OPTIONS",
+                     help="more options for JupyterLab, after --")
+    lab.set_defaults(handler=_lab)
 
     status = sub.add_parser("status", help="cluster capacity, your quota and your leases")
     status.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -134,23 +150,21 @@ def _date(text: str) -> float:
 
 
 # ----- talking to the broker ------------------------------------------------------------------------
-def _broker():
+def _broker(args):
+    """The quickest way to this cluster's broker: a gpusession Jupyter server of this user on it
+    (see cli_access), else Ray. Imports nothing heavy until it knows which."""
+    from . import cli_access
+
+    address = cli_access.target_address()
+    # an admin token (flag or environment) means acting as its holder: only the Ray path can
+    server = None if getattr(args, "admin_token", None) else cli_access.find_server(address)
+    if server is not None:
+        return cli_access.ServerAccess(server)
     from . import raycluster
-    from .broker import client
 
     if not (os.environ.get("RAY_ADDRESS") or raycluster.recorded_local_head()):
         raise GPUSessionError(NO_CLUSTER)
-    return client, client.broker()
-
-
-def _auth(args, handle, client) -> dict:
-    from .identity import current_identity
-
-    identity = current_identity()
-    auth = {"user": identity.user, "signature": identity.signature, "token": getattr(args, "admin_token", None)}
-    if not auth["token"]:  # the broker says where its ledger is to admins only: look beside the default one
-        auth["token"] = client.admin_token_here()
-    return auth
+    return cli_access.RayAccess(getattr(args, "admin_token", None))
 
 
 def _print(data, args, render) -> None:
@@ -158,41 +172,37 @@ def _print(data, args, render) -> None:
 
 
 def _status(args) -> int:
-    client, handle = _broker()
-    from .status import status
+    from .status import Status
 
-    result = status()
+    data = _broker(args).status()
+    result = Status(user=data["user"], cluster=data["cluster"], quota=data["quota"], leases=data["leases"])
     _print(result.__dict__, args, lambda _: str(result))
     return 0
 
 
 def _leases(args) -> int:
-    client, handle = _broker()
-    rows = client.call(handle.leases, _auth(args, handle, client), args.all)
+    rows = _broker(args).leases(args.all)
     _print(rows, args, lambda rows: _table(rows, ("lease_id", "user", "gpus", "priority", "state", "over_quota",
                                                  "position", "age_s", "end_reason", "gpu_seconds", "sweep_id")))
     return 0
 
 
 def _revoke(args) -> int:
-    client, handle = _broker()
-    view = client.call(handle.revoke, args.lease_id, _auth(args, handle, client))
+    view = _broker(args).revoke(args.lease_id)
     print(f"lease {view['lease_id']} of {view['user']}: {view['state']}"
           + (" (notified; it stops within the grace period)" if view["state"] != "ended" else ""))
     return 0
 
 
 def _quota_list(args) -> int:
-    client, handle = _broker()
-    rows = client.call(handle.quotas, _auth(args, handle, client))
+    rows = _broker(args).quotas()
     _print(rows, args, lambda rows: _table(rows, ("user", "max_gpus", "gpu_hours", "max_priority",
                                                  "gpus_in_use", "gpu_hours_7d", "is_default")))
     return 0
 
 
 def _quota_get(args) -> int:
-    client, handle = _broker()
-    row = client.call(handle.quota, args.user, _auth(args, handle, client))
+    row = _broker(args).quota(args.user)
     _print(row, args, lambda row: _table([row], ("user", "max_gpus", "gpu_hours", "max_priority",
                                                  "gpus_in_use", "gpu_hours_7d", "is_default")))
     return 0
@@ -202,28 +212,33 @@ def _quota_set(args) -> int:
     update = {f: getattr(args, f) for f in ("max_gpus", "gpu_hours", "max_priority") if hasattr(args, f)}
     if not update:
         raise ValueError("give at least one of --max-gpus, --gpu-hours, --max-priority.")
-    client, handle = _broker()
-    row = client.call(handle.set_quota, args.user, update, _auth(args, handle, client))
+    row = _broker(args).set_quota(args.user, update)
     print(_table([row], ("user", "max_gpus", "gpu_hours", "max_priority", "gpus_in_use", "gpu_hours_7d")))
     return 0
 
 
 def _quota_reset(args) -> int:
-    client, handle = _broker()
-    row = client.call(handle.reset_quota, args.user, _auth(args, handle, client))
+    row = _broker(args).reset_quota(args.user)
     print(f"{row['user']} now has the default quota:")
     print(_table([row], ("user", "max_gpus", "gpu_hours", "max_priority")))
     return 0
 
 
 def _usage(args) -> int:
-    client, handle = _broker()
-    rows = client.call(handle.usage, _auth(args, handle, client), args.since, args.until, args.by)
+    rows = _broker(args).usage(args.since, args.until, args.by)
     for row in rows:
         row["gpu_hours"] = round(row["gpu_seconds"] / 3600.0, 4)
     columns = ("user", "day", "gpu_hours") if args.by == "day" else ("user", "gpu_hours")
     _print(rows, args, lambda rows: _table(rows, columns))
     return 0
+
+
+def _lab(args) -> int:
+    from .lab import run_lab
+
+    extra = [a for a in args.jupyter_args if a != "--"]
+    return run_lab(port=args.port, ip=args.ip, gpus=args.gpus, open_browser=not args.no_browser,
+                   notebook_dir=args.notebook_dir, extra=extra)
 
 
 def _demo(args) -> int:

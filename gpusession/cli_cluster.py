@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import localhead
-from .raycluster import local_head_file
+# localhead imports Ray (seconds): only the cluster commands themselves load it, not every
+# `gpusession` command that registers them.
 
 
 def register(subparsers) -> None:
@@ -50,6 +50,9 @@ def _positive(text: str) -> int:
 
 
 def _start(args: argparse.Namespace) -> int:
+    from . import localhead
+    from .raycluster import local_head_file
+
     try:
         head, started = localhead.start(gpus=args.gpus, timeout_s=args.timeout)
     except localhead.LocalHeadError as exc:
@@ -65,6 +68,9 @@ def _start(args: argparse.Namespace) -> int:
 
 
 def _stop(args: argparse.Namespace) -> int:
+    from . import localhead
+    from .raycluster import local_head_file
+
     head = localhead.stop()
     if head is None:
         print(f"No local Ray head is recorded in {local_head_file()}; nothing to stop.")
@@ -74,6 +80,8 @@ def _stop(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    from . import localhead
+
     head = localhead.status()
     if head is None:
         print("No local Ray head is running. Start one with `gpusession cluster start`.")

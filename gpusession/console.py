@@ -4,6 +4,8 @@ from __future__ import annotations
 import sys
 
 from .events import Observer, RunInfo
+from .receipt import receipt_text
+from .statusline import Phase, Status, status_text
 
 
 class LineAssembler:
@@ -46,22 +48,42 @@ class LineAssembler:
 
 
 class ConsoleObserver(Observer):
+    """Plain text for a terminal or a log: one status line per change of phase (never redrawn, so
+    a log file stays readable), worker lines as they come, a metrics line per report, the receipt."""
+
     def __init__(self, world_size: int, *, stdout=None, stderr=None) -> None:
         self.lines = LineAssembler(world_size)
         self.stdout = stdout
         self.stderr = stderr
-        self._last_queue_line = None
+        self.status = Status(Phase.ASKING, 0.0)
+        self._last_line = None
 
     def _stream(self, name: str):
         chosen = self.stdout if name == "stdout" else self.stderr
         return chosen or (sys.stdout if name == "stdout" else sys.stderr)
 
+    def _say(self, status: Status) -> None:
+        self.status = status
+        line = status_text(status, None)
+        if line != self._last_line:  # one line per change, not per poll
+            print(f"gpusession: {line}", file=self._stream("stderr"), flush=True)
+            self._last_line = line
+
+    def requesting(self, gpus: float, workers: int) -> None:
+        self.status = Status(Phase.ASKING, 0.0, gpus=gpus, workers=workers)  # said only if it lasts
+
     def queued(self, view: dict, elapsed_s: float) -> None:
-        line = (f"gpusession: waiting for {view['gpus']:g} GPUs · position {view.get('position') or '?'} · "
-                f"{view.get('reason') or 'queued'}")
-        if line != self._last_queue_line:  # one line per change, not per poll
-            print(f"{line} · {elapsed_s:.0f} s", file=self._stream("stderr"), flush=True)
-            self._last_queue_line = line
+        self._say(self.status.moved(Phase.QUEUED, 0.0, view=dict(view), gpus=view.get("gpus") or self.status.gpus))
+
+    def granted(self, info: RunInfo) -> None:
+        self._say(self.status.moved(Phase.STARTING, 0.0, gpus=info.gpus, workers=info.workers,
+                                    nodes=len(info.nodes), borrowed=info.over_quota))
+
+    def running(self, info: RunInfo) -> None:
+        self._say(self.status.moved(Phase.RUNNING, 0.0, gpus=info.gpus, borrowed=info.over_quota))
+
+    def transition(self, info: RunInfo, line: str) -> None:
+        self._say(self.status.moved(Phase.CHANGING, 0.0, line=line))
 
     def output(self, rank: int, stream: str, text: str) -> None:
         whole = self.lines.feed(rank, stream, text)
@@ -77,8 +99,8 @@ class ConsoleObserver(Observer):
     def finished(self, info: RunInfo, error: BaseException | None) -> None:
         for _rank, stream, text in self.lines.flush():
             self._stream(stream).write(text)
-        outcome = "" if error is None else f" · {info.end_reason}"
-        print(f"gpusession: {info.receipt()}{outcome}", file=self._stream("stderr"), flush=True)
+        self._say(self.status.moved(Phase.DONE, 0.0, line=receipt_text(info, error)))
+        self._last_line = None  # a held lease's next run says its receipt again
 
 
 def _short(value) -> str:

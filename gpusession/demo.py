@@ -60,7 +60,7 @@ def _print_outputs(index: int, cell) -> None:
             data = output.get("data", {})
             if "image/png" in data:
                 print(f"[cell {index}: a plot]")
-            elif "text/plain" in data:
+            elif data.get("text/plain"):  # a metrics display no report filled stays empty: nothing to print
                 print(data["text/plain"])
         elif output.output_type == "error":
             print(f"[cell {index} failed] {output.ename}: {output.evalue}")

@@ -1,13 +1,23 @@
 """What a notebook cell shows while a run waits, runs and ends (SPEC section 3).
 
-One live queue line while waiting (gone on grant); worker output as the kernel's own stdout and
-stderr, in whole lines; `gs.report` metrics as one table and one plot that are updated in place
-(display_id), throttled so a fast loop cannot flood the frontend; a one-line receipt at the end.
-The pure parts (what the line, table, plot and receipt contain) come first and are unit-tested.
+One layout for a %%gpu cell and a @gs.distributed call, in JupyterLab, classic Notebook and
+VS Code alike (plain display_data messages with display_id, no widgets):
+
+    status line   never blank: asking -> queued -> starting workers -> running -> the receipt
+    metrics       `gs.report` as a table, then a plot, updated in place and throttled
+    worker log    the kernel's own stdout/stderr, in whole lines, `[rank k]` prefixed
+
+The status line and the two metrics displays are created before any worker can print, so the
+log always comes below them, in order. A ticker thread keeps the status line's seconds moving
+while no event comes (workers start for seconds in silence on a first call); it runs in a copy
+of the cell's context, so its updates land in that cell and no other. The pure parts (what the
+table and plot contain) come first and are unit-tested; the status line's words are in
+statusline.py and the receipt's in receipt.py.
 """
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import io
 import math
@@ -18,28 +28,23 @@ from typing import Any, Callable
 
 from .console import LineAssembler
 from .events import Observer, RunInfo
+from .receipt import format_value, receipt_text
+from .livestatus import LiveStatus
+from .statusline import Phase, Status, queue_text, step_of
 
 TABLE_ROWS = 8  # the last reports shown in the table; the plot shows them all
 TABLE_EVERY_S = 0.25
 PLOT_EVERY_S = 1.0  # drawing a PNG costs ~50 ms here: at most one a second while reports pour in
-QUEUE_EVERY_S = 0.5
+
 
 
 # ----- pure: what is shown ------------------------------------------------------------------------
 def queue_line(view: dict, elapsed_s: float) -> str:
-    gpus = view.get("gpus") or 0
-    position = view.get("position")
-    where = f"position {position} in the queue" if position else "in the queue"
-    why = view.get("reason") or "waiting"
-    return f"⏳ waiting for {gpus:g} GPU{'s' if gpus != 1 else ''} · {where} · {why} · {elapsed_s:.0f} s"
+    return queue_text(view, elapsed_s)
 
 
 def receipt_line(info: RunInfo, error: BaseException | None) -> str:
-    if error is not None and not info.gpus:  # never granted: rejected, timed out or stopped in the queue
-        return f"✗ {type(error).__name__} · nothing was leased"
-    outcome = "✓" if error is None else f"✗ {info.end_reason or type(error).__name__} ·"
-    where = " (logical GPUs: the workers ran on the CPU)" if info.logical_gpus else ""
-    return f"{outcome} {info.receipt()}{where}"
+    return receipt_text(info, error)
 
 
 def _is_number(value: Any) -> bool:
@@ -74,12 +79,6 @@ def metric_table(history: list[dict], limit: int = TABLE_ROWS) -> tuple[list[str
 def wants_log_scale(values: list[float]) -> bool:
     """A loss falling over orders of magnitude is a flat line at the bottom on a linear axis."""
     return bool(values) and min(values) > 0 and max(values) / min(values) > 100
-
-
-def format_value(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
 
 
 class Throttle:
@@ -136,73 +135,135 @@ def plot_png(history: list[dict]) -> bytes | None:
     return buffer.getvalue()
 
 
+_early: LiveStatus | None = None  # a %%gpu cell's line, shown before its inputs are packed
+
+
+def show_early(gpus: float, workers: int) -> None:
+    """Draw the status line now, before a %%gpu cell prepares its inputs (pickling the notebook's
+    values can take a while); the cell's renderer then takes this line over."""
+    global _early
+    _early = LiveStatus(Status(Phase.ASKING, time.monotonic(), gpus=gpus, workers=workers))
+    _early.show()
+
+
+def _adopt_early() -> LiveStatus | None:
+    global _early
+    live, _early = _early, None
+    return live if live is not None and live.attached else None
+
+
 class NotebookObserver(Observer):
     """The renderer of runs made from an IPython kernel (%%gpu cells and @gs.distributed calls)."""
 
-    def __init__(self, world_size: int) -> None:
+    def __init__(self, world_size: int, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.lines = LineAssembler(world_size)
-        self._queue = None  # display handles, created when first needed
-        self._table = None
+        self.clock = clock
+        self.live: LiveStatus | None = _adopt_early() if clock is time.monotonic else None
+        self._table = None  # display handles of this run's metrics, below the status line
         self._plot = None
-        self._queue_throttle = Throttle(QUEUE_EVERY_S)
         self._table_throttle = Throttle(TABLE_EVERY_S)
         self._plot_throttle = Throttle(PLOT_EVERY_S)
         self._history: list[dict] = []
         self._stale = False  # reports not drawn yet (throttled)
+        self._drawn = False  # whether the table and plot displays hold any report yet
+
+    # ----- the status line ------------------------------------------------------------------------
+    def requesting(self, gpus: float, workers: int) -> None:
+        since = self.live.status.since if self.live is not None and self.live.attached else self.clock()
+        self._move(Status(Phase.ASKING, since, gpus=gpus, workers=workers))
 
     def queued(self, view: dict, elapsed_s: float) -> None:
-        line = queue_line(view, elapsed_s)
-        bundle = {"text/plain": line, "text/html": f"<div style='opacity:0.8'>{html.escape(line)}</div>"}
-        if self._queue is None:
-            self._queue = _display(bundle)
-        elif self._queue_throttle.due():
-            self._queue.update(bundle, raw=True)
+        status = self._status()
+        since = self.clock() - elapsed_s  # waiting counts from the request, as the receipt's queued_s
+        self._move(status.moved(Phase.QUEUED, since, view=dict(view), gpus=view.get("gpus") or status.gpus),
+                   draw=status.phase is not Phase.QUEUED)
 
     def granted(self, info: RunInfo) -> None:
-        self._clear_queue_line()
+        self._move(self._status().moved(Phase.STARTING, self.clock(), gpus=info.gpus, workers=info.workers,
+                                        nodes=len(info.nodes), borrowed=info.over_quota))
+        self._open_metrics()  # before any worker can print: the log comes below table and plot
 
+    def running(self, info: RunInfo) -> None:
+        self._move(self._status().moved(Phase.RUNNING, self.clock(), gpus=info.gpus, workers=info.workers,
+                                        borrowed=info.over_quota, step=step_of(info.history)))
+
+    def transition(self, info: RunInfo, line: str) -> None:
+        self._move(self._status().moved(Phase.CHANGING, self.clock(), line=line, borrowed=info.over_quota))
+
+    def finished(self, info: RunInfo, error: BaseException | None) -> None:
+        for _rank, stream, text in self.lines.flush():
+            _write(stream, text)
+        if self._stale:  # the final state is always on screen
+            self._draw_metrics(final=True)
+        self._move(self._status().moved(Phase.DONE, self.clock(), line=receipt_text(info, error),
+                                        failed=error is not None))
+        self.live.stop()
+
+    def _status(self) -> Status:
+        return self.live.status if self.live is not None else Status(Phase.ASKING, self.clock())
+
+    def _move(self, status: Status, *, draw: bool = True) -> None:
+        if self.live is None or not self.live.attached:
+            # first event, or a held lease's next run (a new cell): a line of its own, in this cell
+            self.live = LiveStatus(status, clock=self.clock)
+            self._table = self._plot = None
+            self._stale = False
+            self.live.show()
+        else:
+            self.live.set(status, draw=draw)
+
+    # ----- output and metrics ---------------------------------------------------------------------
     def output(self, rank: int, stream: str, text: str) -> None:
         whole = self.lines.feed(rank, stream, text)
         if whole:
+            if self.live is None or not self.live.attached:  # a held lease's run in a new cell
+                self._move(self._status().moved(Phase.RUNNING, self.clock()))
+                self._open_metrics()
             _write(stream, whole)
         if self._stale:
             self._draw_metrics(final=False)
 
     def report(self, metrics: dict, info: RunInfo) -> None:
-        if info.history is not self._history:  # a new run (several lease.run calls share us)
-            self._table = self._plot = None  # its own table and plot, in the cell it runs in
+        if info.history is not self._history:  # each run starts a new history list
             self._history = info.history
+            if self.live is None or not self.live.attached:  # a held lease's run in a new cell
+                self._move(self._status().moved(Phase.RUNNING, self.clock()))
+            if self._drawn:  # the displays hold an earlier run of a held lease: new ones for this run
+                self._table = self._plot = None
+            self._open_metrics()
+        if self.live is not None and self.live.status.phase is Phase.RUNNING:
+            self.live.set(replace_step(self.live.status, step_of(self._history)), draw=False)  # the ticker draws it
         self._stale = True
         self._draw_metrics(final=False)
 
-    def finished(self, info: RunInfo, error: BaseException | None) -> None:
-        self._clear_queue_line()
-        for _rank, stream, text in self.lines.flush():
-            _write(stream, text)
-        if self._stale:  # the final state is always on screen
-            self._draw_metrics(final=True)
-        line = receipt_line(info, error)
-        _display({"text/plain": line,
-                  "text/html": f"<div style='font-size:smaller;opacity:0.8'>{html.escape(line)}</div>"})
-
-    def _clear_queue_line(self) -> None:
-        if self._queue is not None:
-            self._queue.update({"text/plain": "", "text/html": ""}, raw=True)
-            self._queue = None
+    def _open_metrics(self) -> None:
+        """Empty displays for the table and the plot, so they sit between the status and the log."""
+        if self._table is None:
+            self._table = _display({"text/plain": ""})
+            self._plot = _display({"text/plain": ""})
+            self._drawn = False
 
     def _draw_metrics(self, *, final: bool) -> None:
         history = list(self._history)
-        table_due = self._table_throttle.due() or final or self._table is None
-        plot_due = self._plot_throttle.due() or final or self._plot is None
+        if not history:
+            return
+        self._open_metrics()
+        table_due = self._table_throttle.due() or final
+        plot_due = self._plot_throttle.due() or final
+        self._drawn = True
         if table_due:
-            self._table = _show(self._table, table_bundle(history))
+            self._table.update(table_bundle(history), raw=True)
         if plot_due:
             png = plot_png(history)
             if png is not None:
                 image = base64.b64encode(png).decode("ascii")
-                self._plot = _show(self._plot, {"image/png": image, "text/plain": "<metrics plot>"})
+                self._plot.update({"image/png": image, "text/plain": "<metrics plot>"}, raw=True)
         # what was throttled now is drawn at the next event, or at the end
         self._stale = not (table_due and plot_due)
+
+
+def replace_step(status: Status, step) -> Status:
+    return dataclasses.replace(status, step=step)
 
 
 def _display(bundle: dict):
@@ -211,15 +272,8 @@ def _display(bundle: dict):
     return display(bundle, raw=True, display_id=True)
 
 
-def _show(handle, bundle: dict):
-    """Create the display the first time, update it in place afterwards."""
-    if handle is None:
-        return _display(bundle)
-    handle.update(bundle, raw=True)
-    return handle
-
-
 def _write(stream: str, text: str) -> None:
     target = sys.stdout if stream == "stdout" else sys.stderr
     target.write(text)
     target.flush()  # the kernel sends a stream message now rather than at its next flush tick
+

@@ -46,16 +46,36 @@ class RunInfo:
         return cloudpickle.loads(ray.get(self._checkpoint_ref).data)
 
     def receipt(self) -> str:
-        kind = " logical" if self.logical_gpus else ""
-        state = "released" if self.released else "still held"
-        return (
-            f"{self.gpus:g}{kind} GPU{'s' if self.gpus != 1 else ''} · queued {self.queued_s:.1f} s · "
-            f"setup {self.setup_s:.1f} s · run {self.run_s:.1f} s · {self.gpu_seconds:.1f} GPU·s · {state}"
-        )
+        """One line: GPUs, queued/setup/run seconds, GPU-seconds, restarts, borrowed, released."""
+        from .receipt import costs
+
+        return costs(self)
+
+    # A short receipt and a summarised history wherever the object is shown (a notebook's Out[],
+    # a terminal, a log line); the dataclass repr would print every report in full precision.
+    def __repr__(self) -> str:
+        from .receipt import run_title
+
+        count = len(self.history)
+        return f"<{run_title(self)}: {self.receipt()}; {count} report{'s' if count != 1 else ''}>"
+
+    def _repr_pretty_(self, printer, cycle: bool) -> None:
+        from .receipt import as_text
+
+        printer.text("RunInfo(...)" if cycle else as_text(self))
+
+    def _repr_html_(self) -> str:
+        from .receipt import as_html
+
+        return as_html(self)
 
 
 class Observer:
     """Receives a run's events as they happen; every method may be left as is."""
+
+    def requesting(self, gpus: float, workers: int) -> None:
+        """The call has begun: nothing is known yet (connecting to Ray can take seconds on a
+        first call), but the status line can show from the first second."""
 
     def queued(self, view: dict, elapsed_s: float) -> None:
         """Waiting for GPUs: view has gpus, position, reason (see broker/views.lease_view)."""
@@ -89,6 +109,10 @@ class Observer:
 class Fanout(Observer):
     def __init__(self, *observers: Observer) -> None:
         self.observers = [o for o in observers if o is not None]
+
+    def requesting(self, gpus, workers):
+        for o in self.observers:
+            o.requesting(gpus, workers)
 
     def queued(self, view, elapsed_s):
         for o in self.observers:

@@ -130,6 +130,7 @@ class Lease:
 
     # ----- acquiring ----------------------------------------------------------------------------
     def acquire(self) -> "Lease":
+        self.observer.requesting(self.gpus, self.workers)  # the status line shows before Ray connects
         raycluster.ensure_connected()
         broker = client.broker()
         _nothing.remote()  # the first probe of a process would otherwise wait for a worker start

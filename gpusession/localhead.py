@@ -17,6 +17,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import psutil
 
@@ -63,8 +64,11 @@ def status() -> LocalHead | None:
     return head if _is_head_process(head) and _reachable(head.address) else None
 
 
-def start(*, gpus: int | None = None, timeout_s: float = 120.0) -> tuple[LocalHead, bool]:
-    """Start a head unless one is already recorded and alive; returns (head, started_by_us)."""
+def start(*, gpus: int | None = None, timeout_s: float = 120.0,
+          spawned: Callable[[LocalHead], None] | None = None) -> tuple[LocalHead, bool]:
+    """Start a head unless one is already recorded and alive; returns (head, started_by_us).
+    spawned(head) is called as soon as the process runs, before it is ready (a caller that may
+    be told to stop meanwhile then knows what to stop)."""
     running = status()
     if running is not None:
         return running, False
@@ -92,6 +96,8 @@ def start(*, gpus: int | None = None, timeout_s: float = 120.0) -> tuple[LocalHe
                                 env=env, cwd=str(home), start_new_session=True)  # Ctrl-C in a terminal is not for it
     head = LocalHead(address, proc.pid, count, not real, time.time(), str(log_path), auth_mode)
     local_head_file().write_text(json.dumps(asdict(head)))  # at once: `cluster stop` finds it even if we die
+    if spawned is not None:
+        spawned(head)
     try:
         _wait_ready(proc, log_path, timeout_s)
     except LocalHeadError:
@@ -160,12 +166,12 @@ def _wait_ready(proc: subprocess.Popen, log_path: Path, timeout_s: float) -> Non
         if READY_LINE in log_path.read_text(errors="replace"):
             return
         if proc.poll() is not None:
-            raise LocalHeadError(f"`ray start` exited with status {proc.returncode} before the head was up. "
-                                 f"Its log ({log_path}) ends with:\n{_tail(log_path)}")
+            raise LocalHeadError(f"`ray start` exited with status {proc.returncode} before the head was up "
+                                 f"(log: {log_path}).\nIts last lines:\n{_tail(log_path)}")
         time.sleep(0.2)
     terminate(proc.pid, timeout_s=10)
-    raise LocalHeadError(f"The local Ray head did not start within {timeout_s:.0f} s; stopped it. "
-                         f"Its log ({log_path}) ends with:\n{_tail(log_path)}")
+    raise LocalHeadError(f"The local Ray head did not start within {timeout_s:.0f} s; stopped it "
+                         f"(log: {log_path}).\nIts last lines:\n{_tail(log_path)}")
 
 
 def _tail(path: Path, lines: int = 15) -> str:

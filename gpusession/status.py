@@ -3,8 +3,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .broker import client
-from .identity import current_identity
 
 
 @dataclass(frozen=True)
@@ -39,6 +37,9 @@ class Status:
 
 def status() -> Status:
     """Cluster capacity, your quota and usage, and your leases with their queue positions."""
+    from .broker import client  # here, not at the top: the CLI renders a Status without importing Ray
+    from .identity import current_identity
+
     identity = current_identity()
     data = client.call(client.broker().status, {"user": identity.user, "signature": identity.signature})
     return Status(user=data["user"], cluster=data["cluster"], quota=data["quota"], leases=data["leases"])

@@ -10,11 +10,12 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from jupyter_core.utils import ensure_async
 from jupyter_server.extension.application import ExtensionApp, ExtensionAppJinjaMixin
 
 from gpusession.identity import current_user
 
-from . import handlers, kernelenv, pages
+from . import announce, handlers, kernelenv, pages
 from .backend import Backend
 from .config import GPUSession
 
@@ -31,13 +32,13 @@ class GPUSessionApp(ExtensionAppJinjaMixin, ExtensionApp):
 
     def initialize_settings(self) -> None:
         self.options = GPUSession(parent=self)  # bad c.GPUSession values raise here, at load
-        self.backend = Backend(self.options, owner=current_user(), log=self.log)
-        self.backend.start()
+        self.backend = Backend(self.options, owner=current_user(), log=self.log, announce=self._announce)
         kernelenv.install(self.serverapp.kernel_manager, self.backend.kernel_env)
 
     def initialize_handlers(self) -> None:
         self.handlers.extend([
             (rf"/{self.name}/api/cluster", handlers.ClusterHandler),
+            (rf"/{self.name}/api/status", handlers.StatusHandler),
             (rf"/{self.name}/api/leases", handlers.LeasesHandler),
             (rf"/{self.name}/api/leases/([^/]+)", handlers.LeaseHandler),
             (rf"/{self.name}/api/quotas", handlers.QuotasHandler),
@@ -47,8 +48,26 @@ class GPUSessionApp(ExtensionAppJinjaMixin, ExtensionApp):
             (rf"/{self.name}/metrics", pages.MetricsHandler),
         ])
 
+    def _announce(self, ray_env: dict) -> None:
+        """Tell this user's `gpusession` CLI where to ask quickly (gpusession.cli_access)."""
+        announce.write(self.serverapp, ray_env.get("RAY_ADDRESS", ""))
+
+    async def _start_jupyter_server_extension(self, serverapp) -> None:
+        """The server runs (it passed its own checks, e.g. --allow-root): bring the cluster up now."""
+        self.backend.start()
+
     async def stop_extension(self) -> None:
-        """Called by the server at shutdown: stop the bridge, and the local head if we started it."""
+        """Called by the server at shutdown, before it stops the kernels itself: stop the kernels
+        first when the head is ours (a kernel whose cluster vanished under it would be restarted
+        by its manager just to be shut down), then the bridge and the head."""
         backend = getattr(self, "backend", None)  # None when bad config stopped the extension loading
-        if backend is not None:
-            await asyncio.to_thread(backend.stop)
+        if backend is None:
+            return
+        announce.remove()
+        if backend.head is not None:
+            kernels = self.serverapp.kernel_manager
+            if kernels.list_kernel_ids():
+                self.log.info("gpusession: shutting down %d kernels before the local Ray head",
+                              len(kernels.list_kernel_ids()))
+                await ensure_async(kernels.shutdown_all())
+        await asyncio.to_thread(backend.stop)

@@ -1,14 +1,19 @@
 """What the server holds for gpusession: the cluster (and the local head, if it started one), the
 bridge to the broker, the admin token and the identity key; and the credentials each caller gets.
 
-Bringing the cluster up takes seconds (a `ray start` alone ~10 s), so it runs on a thread;
-handlers and kernel starts await `connected` and never block the event loop.
+Bringing the cluster up takes seconds (a `ray start` alone ~10 s, minutes on a loaded machine),
+so it runs on a thread, started once the server really runs (a server that refuses to start,
+e.g. as root without --allow-root, never starts a head) or at the first request. Until it is up,
+requests get at once a clean "starting the cluster (N s)" state; a failed start gives one readable
+line (the server's log has the cause) and is retried by a later request. Nothing here wraps the
+bring-up's future in an asyncio future, so a failure never leaves an unretrieved exception.
 """
 from __future__ import annotations
 
 import asyncio
 import atexit
 import os
+import re
 import threading
 import time
 from concurrent.futures import Future
@@ -24,6 +29,33 @@ from .config import GPUSession
 
 CALL_TIMEOUT_S = bringup.CALL_TIMEOUT_S
 RETRY_AFTER_S = 15.0
+POLL_S = 0.05
+
+
+class ClusterStarting(BrokerUnavailable):
+    """The server is still bringing up its cluster; the answer says for how long so far."""
+
+    def __init__(self, elapsed_s: float) -> None:
+        super().__init__(f"gpusession is starting the cluster ({elapsed_s:.0f} s); "
+                         "this page retries by itself.")
+        self.details = {"state": "starting", "elapsed_s": round(elapsed_s)}
+
+
+def readable(exc: BaseException) -> str:
+    """One line for a user: what failed, and the exception a log tail or traceback ends with,
+    if any (the whole cause goes to the server's log)."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    what = (lines[0] if lines else type(exc).__name__).rstrip(":.")
+    causes = [line for line in lines[1:] if CAUSE.match(line)]
+    cause = f" ({_clip(causes[-1], 200)})" if causes else ""
+    return f"gpusession could not start its cluster: {_clip(what, 300)}{cause}. The server's log has the details."
+
+
+CAUSE = re.compile(r"^[\w.]*(Error|Exception|Exit|Interrupt|Timeout)\b")  # "ValueError: ...", "ray.exceptions.X..."
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 @dataclass(frozen=True)
@@ -35,31 +67,47 @@ class Connection:
 
 
 class Backend:
-    def __init__(self, options: GPUSession, *, owner: str, log) -> None:
+    def __init__(self, options: GPUSession, *, owner: str, log, announce=None) -> None:
         self.options, self.owner, self.log = options, owner, log
+        self.announce = announce  # called with the cluster's environment once it is up
         self.head: localhead.LocalHead | None = None  # only a head this server started
         self.link: BrokerLink | None = None
-        self.connected: Future = Future()
+        self._connected: Future = Future()
+        self._started = False
+        self.started_at = time.monotonic()
         self.failed_at = 0.0
         self.stopping = False
         self.lock = threading.Lock()
         atexit.register(self.stop)  # a server that exits early (bad flag, Ctrl-C) still stops its head
 
-    def start(self) -> None:
-        """Bring the cluster up on a thread (not a daemon: the interpreter lets it finish, then stop()
-        runs at exit, so a head started during shutdown is stopped too)."""
-        threading.Thread(target=self._bring_up, name="gpusession-bring-up").start()
+    @property
+    def connected(self) -> Future:
+        """The bring-up's outcome (a Connection, or a BrokerUnavailable); starts it if need be."""
+        self.start()
+        return self._connected
 
-    async def connection(self, *, wait_s: float = 5.0) -> Connection:
-        if self.connected.done() and self.connected.exception() and time.monotonic() - self.failed_at > RETRY_AFTER_S:
+    def start(self) -> None:
+        """Bring the cluster up on a thread, once. A daemon thread: a server that exits meanwhile
+        does not wait for the head to come up, and stop() ends the head it already spawned."""
+        with self.lock:
+            if self._started or self.stopping:
+                return
+            self._started, self.started_at = True, time.monotonic()
+        threading.Thread(target=self._bring_up, name="gpusession-bring-up", daemon=True).start()
+
+    async def connection(self, *, wait_s: float = 1.0) -> Connection:
+        """The connection; ClusterStarting if it is not up within wait_s, the failure if it failed."""
+        future = self.connected
+        if future.done() and future.exception() and time.monotonic() - self.failed_at > RETRY_AFTER_S:
             with self.lock:
-                self.connected = Future()
-            self.start()
-        try:
-            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(self.connected)), wait_s)
-        except asyncio.TimeoutError:
-            raise BrokerUnavailable("gpusession is still starting the Ray head and the broker; "
-                                    "try again in a few seconds.") from None
+                self._connected, self._started = Future(), False
+            future = self.connected
+        deadline = time.monotonic() + wait_s
+        while not future.done():
+            if time.monotonic() >= deadline:
+                raise ClusterStarting(time.monotonic() - self.started_at)
+            await asyncio.sleep(POLL_S)
+        return future.result()
 
     async def call(self, method: str, *args):
         await self.connection()
@@ -90,7 +138,7 @@ class Backend:
     async def kernel_env(self) -> dict:
         """Environment for a kernel of this server: the cluster, its user, that user's signature."""
         try:
-            conn = await self.connection(wait_s=180.0)
+            conn = await self.connection(wait_s=300.0)
         except BrokerUnavailable as exc:
             self.log.warning("Starting a kernel without gpusession's cluster settings: %s", exc)
             return {}
@@ -113,15 +161,24 @@ class Backend:
             self.head = None
 
     def _bring_up(self) -> None:
+        future = self._connected
         try:
-            settle(self.connected, result=self._connect())
-        except Exception as exc:  # shown to every caller until a retry succeeds
+            settle(future, result=self._connect())
+        except Exception as exc:  # one readable line to every caller until a retry succeeds
             self.failed_at = time.monotonic()
-            self.log.error("gpusession could not reach its cluster: %s", exc)
-            settle(self.connected, error=exc if isinstance(exc, BrokerUnavailable) else BrokerUnavailable(str(exc)))
+            self.log.error("gpusession could not start its cluster: %s", exc)  # the whole cause
+            error = BrokerUnavailable(readable(exc))
+            error.details = {"state": "failed"}
+            settle(future, error=error)
+
+    def _spawned(self, head: localhead.LocalHead) -> None:
+        """Called as soon as `ray start` runs, before it is ready: stop() can end it from then on."""
+        self.head = head
+        if self.stopping:
+            self.stop()
 
     def _connect(self) -> Connection:
-        ray_env, started = bringup.cluster_env(self.options, self.log)
+        ray_env, started = bringup.cluster_env(self.options, self.log, spawned=self._spawned)
         self.head = started or self.head  # a retry finds the head an earlier attempt started
         self._unless_stopping()
         policy = self.options.broker_policy() if self.options.embedded else None
@@ -133,6 +190,11 @@ class Backend:
         token, key = bringup.credentials(self.link, self.options, self.owner, info, self.log)
         self.log.info("gpusession: broker %s (ledger %s), Ray at %s",
                       info["version"], info["ledger_id"], info["address"])
+        if self.announce is not None:
+            try:
+                self.announce(ray_env)
+            except OSError as exc:  # only the CLI's shortcut is lost
+                self.log.warning("gpusession could not write its announcement for the CLI: %s", exc)
         return Connection(ray_env, info, token, key)
 
     def _unless_stopping(self) -> None:

@@ -13,7 +13,7 @@ from .config import GPUSession
 CALL_TIMEOUT_S = 35.0
 
 
-def cluster_env(options: GPUSession, log) -> tuple[dict, localhead.LocalHead | None]:
+def cluster_env(options: GPUSession, log, *, spawned=None) -> tuple[dict, localhead.LocalHead | None]:
     """How the bridge and kernels reach the cluster; and the local head, if this call started it."""
     if not options.embedded:
         ignored = sorted(options.broker_policy())
@@ -21,7 +21,7 @@ def cluster_env(options: GPUSession, log) -> tuple[dict, localhead.LocalHead | N
             log.warning("Ignoring c.GPUSession.%s: cluster policy belongs to the broker of %s, "
                         "which this server did not start.", ", ".join(ignored), options.ray_address)
         return {"RAY_ADDRESS": options.ray_address}, None
-    head, started = localhead.start(gpus=options.local_gpus or None)
+    head, started = localhead.start(gpus=options.local_gpus or None, spawned=spawned)
     log.info("%s %s", "Started" if started else "Using the already running", head.describe())
     return head.client_env(), head if started else None
 

@@ -48,7 +48,7 @@ class GPUSessionHandler(Caller, ExtensionHandlerMixin, APIHandler):
         if not isinstance(error, APIError):
             return super().write_error(status_code, **kwargs)
         self.set_header("Content-Type", "application/json")
-        self.finish(json.dumps({"message": error.message, "reason": responses.get(status_code)}))
+        self.finish(json.dumps({"message": error.message, "reason": responses.get(status_code), **error.details}))
 
 
 def api(method):
@@ -70,10 +70,19 @@ class ClusterHandler(GPUSessionHandler):
         return await self.call("cluster")
 
 
+class StatusHandler(GPUSessionHandler):
+    """What gs.status() returns, for the caller: the cluster, their quota, their leases."""
+
+    @api
+    async def get(self):
+        return await self.call("status", await self.auth())
+
+
 class LeasesHandler(GPUSessionHandler):
     @api
     async def get(self):
-        return await self.call("leases", await self.auth())
+        include_ended = params.flag("all", self.get_query_argument("all", None))
+        return await self.call("leases", await self.auth(), include_ended)
 
 
 class LeaseHandler(GPUSessionHandler):

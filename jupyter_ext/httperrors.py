@@ -29,9 +29,10 @@ STATUS = (
 class APIError(web.HTTPError):
     """An HTTP error whose message goes to the client as is (a user name may contain '%')."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, details: dict | None = None) -> None:
         super().__init__(status, "%s", message)
         self.message = message
+        self.details = details or {}  # more JSON fields, e.g. {"state": "starting", "elapsed_s": 12}
 
 
 def status_for(error: BaseException) -> int | None:
@@ -52,4 +53,4 @@ def http_errors():
         status = status_for(exc)
         if status is None:
             raise
-        raise APIError(status, str(exc)) from exc
+        raise APIError(status, str(exc), getattr(exc, "details", None)) from exc

@@ -26,6 +26,15 @@ def json_object(body: bytes) -> dict:
     return value
 
 
+def flag(name: str, text: str | None) -> bool:
+    """A yes/no query parameter: true/1/yes or false/0/no; absent is no."""
+    if text is None or text.strip().lower() in ("", "false", "0", "no"):
+        return False
+    if text.strip().lower() in ("true", "1", "yes"):
+        return True
+    raise ValueError(f"{name} must be true or false; got {text!r}.")
+
+
 def lease_id(text: str) -> int:
     if not text.isascii() or not text.isdigit() or len(text) > 19:
         raise ValueError(f"lease id must be a whole number such as 17; got {text[:40]!r}.")

@@ -5,11 +5,11 @@
 const API = document.body.dataset.api;
 const XSRF = document.body.dataset.xsrf;
 const REFRESH_MS = 3000;
-const USAGE_REFRESH_MS = 30000;
 const PRIORITIES = ["low", "normal", "high"];
 const COLORS = ["#1976d2", "#ef6c00", "#388e3c", "#7b1fa2", "#c2185b", "#0097a7", "#afb42b", "#5d4037",
   "#455a64", "#f9a825"];
 let chart = null;
+let lastChart = null; // redraw the chart only when its numbers changed
 
 // ----- small helpers -------------------------------------------------------------------------------
 function el(tag, props = {}, children = []) {
@@ -24,6 +24,8 @@ function el(tag, props = {}, children = []) {
   return node;
 }
 
+// A failed answer becomes an Error carrying the server's JSON (message, and state: "starting" while
+// the server brings its cluster up), so the page can say what the server said.
 async function api(path, options = {}) {
   const response = await fetch(API + path, {
     credentials: "same-origin",
@@ -31,7 +33,7 @@ async function api(path, options = {}) {
     headers: { "X-XSRFToken": XSRF, "Content-Type": "application/json", ...(options.headers || {}) },
   });
   const body = await response.json().catch(() => ({}));
-  if (!response.ok) throw new Error(body.message || `${response.status} ${response.statusText}`);
+  if (!response.ok) throw Object.assign(new Error(body.message || `${response.status} ${response.statusText}`), { body });
   return body;
 }
 
@@ -128,18 +130,9 @@ function quotaBody(maxGpus, gpuHours, priority) {
   return JSON.stringify({ max_gpus: number(maxGpus), gpu_hours: number(gpuHours), max_priority: priority.value });
 }
 
-async function saveQuota(user, body, errorCell) {
-  try {
-    await api(userPath(user), { method: "PUT", body });
-    banner(`Saved the quota of ${user}.`);
-    return true;
-  } catch (error) {
-    if (errorCell) errorCell.textContent = error.message;
-    else banner(`Could not save the quota of ${user}: ${error.message}`, "error");
-    return false;
-  }
-}
-
+// Every action redraws from the server's answer, never from what the page assumes: a saved or reset
+// row is replaced by the row the server sent back, then the whole page is fetched again. A rejected
+// save keeps the admin's input and shows the server's message on that row only.
 function quotaRow(q) {
   const maxGpus = numberInput(q.max_gpus, `max GPUs of ${q.user}`);
   const gpuHours = numberInput(q.gpu_hours, `GPU-hours of ${q.user}`);
@@ -147,7 +140,7 @@ function quotaRow(q) {
   const save = el("button", { class: "gs-button accept", text: "Save", disabled: true });
   const reset = el("button", { class: "gs-button", text: "Reset", disabled: q.is_default,
     title: "back to the default quota" });
-  const error = el("div", { class: "row-error" });
+  const error = el("div", { class: "row-error", role: "alert" });
   const row = el("tr", { "data-user": q.user }, [
     el("td", {}, [el("span", { class: "user", text: q.user }), error]),
     el("td", { class: "num" }, maxGpus), el("td", { class: "num" }, gpuHours), el("td", {}, priority),
@@ -160,41 +153,58 @@ function quotaRow(q) {
     input.addEventListener("input", dirty);
     input.addEventListener("keydown", (e) => { if (e.key === "Enter") save.click(); });
   }
-  save.addEventListener("click", async () => {
-    save.disabled = true;
-    if (await saveQuota(q.user, quotaBody(maxGpus, gpuHours, priority), error)) { row.classList.remove("dirty"); settled(); }
-    else save.disabled = false;
-  });
-  reset.addEventListener("click", async () => {
-    try { await api(userPath(q.user), { method: "DELETE" }); banner(`${q.user} is back on the default quota.`); settled(); }
-    catch (e) { error.textContent = e.message; }
-  });
+  const act = async (request, done) => {
+    banner("");
+    save.disabled = reset.disabled = true;
+    try {
+      const answer = await request();
+      row.replaceWith(quotaRow(answer)); // the server's values, not the inputs
+      banner(done(answer));
+      refresh();
+    } catch (e) {
+      row.classList.add("dirty");
+      error.textContent = e.message;
+      save.disabled = false;
+      reset.disabled = q.is_default;
+    }
+  };
+  save.addEventListener("click", () => act(
+    () => api(userPath(q.user), { method: "PUT", body: quotaBody(maxGpus, gpuHours, priority) }),
+    (answer) => `Saved the quota of ${answer.user}.`));
+  reset.addEventListener("click", () => act(
+    () => api(userPath(q.user), { method: "DELETE" }),
+    (answer) => `${answer.user} is back on the default quota.`));
   return row;
 }
 
-// After a change: show the server's values, unless another row still holds unsaved edits.
-function settled() {
-  if (document.activeElement) document.activeElement.blur();
-  refresh();
-}
-
-function renderQuotas(quotas, force) {
+// Rows from the server replace the page's rows, except one an admin is editing (unsaved input or a
+// rejected save): that one stays as typed until saved or reset.
+function renderQuotas(quotas) {
   const body = document.querySelector("#gs-quotas tbody");
-  const editing = body.querySelector("tr.dirty") || body.contains(document.activeElement);
-  if (editing && !force) return; // never throw away what an admin is typing
-  const rows = quotas.map(quotaRow);
+  const kept = new Map();
+  for (const row of body.querySelectorAll("tr[data-user]")) {
+    if (row.classList.contains("dirty") || row.contains(document.activeElement)) kept.set(row.dataset.user, row);
+  }
+  const rows = quotas.map((q) => kept.get(q.user) || quotaRow(q));
   const empty = el("tr", {}, el("td", { colspan: 8, class: "empty", text: "No quotas set yet: everyone has the default." }));
   body.replaceChildren(...(rows.length ? rows : [empty]));
 }
 
 async function addQuota() {
+  banner("");
+  const error = document.getElementById("gs-add-error");
+  error.textContent = "";
   const user = document.getElementById("gs-add-user").value.trim();
-  if (!user) return banner("Type the user's name first.", "error");
+  if (!user) { error.textContent = "Type the user's name first."; return; }
   const body = quotaBody(document.getElementById("gs-add-max-gpus"), document.getElementById("gs-add-gpu-hours"),
     document.getElementById("gs-add-priority"));
-  if (await saveQuota(user, body, null)) {
+  try {
+    const answer = await api(userPath(user), { method: "PUT", body });
     for (const id of ["gs-add-user", "gs-add-max-gpus", "gs-add-gpu-hours"]) document.getElementById(id).value = "";
-    settled();
+    banner(`Saved the quota of ${answer.user}.`);
+    await refresh();
+  } catch (e) {
+    error.textContent = e.message;
   }
 }
 
@@ -219,18 +229,18 @@ function days(count) {
   return out;
 }
 
-async function refreshUsage() {
-  const count = Number(document.getElementById("gs-range").value);
-  const labels = days(count);
-  const rows = await api(`/usage?by=day&since=${labels[0]}`);
+// The chart's period is rolling (now minus N days), like the quota table's "Used (7 days)", and both
+// are fetched in the same refresh: the page never shows two GPU-hour figures of different moments.
+function renderUsage(rows, labels) {
   const users = [...new Set(rows.map((r) => r.user))].sort();
   const hours = (user, day) => rows.filter((r) => r.user === user && r.day === day).reduce((s, r) => s + r.gpu_seconds / 3600, 0);
   const datasets = users.map((user, i) => ({ label: user, data: labels.map((d) => hours(user, d)),
     backgroundColor: COLORS[i % COLORS.length], stack: "gpu-hours" }));
   const seconds = rows.reduce((s, r) => s + r.gpu_seconds, 0);
-  document.getElementById("gs-usage-total").textContent = ` · ${hoursText(seconds / 3600)} in total` +
+  document.getElementById("gs-usage-total").textContent = ` · ${hoursText(seconds / 3600)} in the last ${labels.length} days` +
     (seconds && seconds < 360 ? ` (${seconds.toFixed(1)} GPU-seconds)` : "");
-  drawChart(labels.map(dayLabel), datasets);
+  const key = JSON.stringify([labels, datasets.map((d) => [d.label, d.data])]);
+  if (key !== lastChart) { lastChart = key; drawChart(labels.map(dayLabel), datasets); }
 }
 
 function drawChart(labels, datasets) {
@@ -259,27 +269,49 @@ async function followJupyterLabTheme() {
   } catch (_) { /* no JupyterLab: prefers-color-scheme decides */ }
 }
 
-async function refresh(force = false) {
+function usagePath() {
+  const count = Number(document.getElementById("gs-range").value);
+  const since = Math.floor(Date.now() / 1000) - count * 86400;
+  return [`/usage?by=day&since=${since}`, days(count)];
+}
+
+let latest = 0; // the newest refresh started; an older one's answers are never drawn over it
+let inFlight = 0;
+// One refresh draws everything from one set of answers. An action (save, reset, add, revoke)
+// starts a new one at once, and answers fetched before it are dropped: the page never goes back to
+// what the server held before the action. While the server brings its cluster up it answers
+// {"state": "starting", "elapsed_s": N}: the banner says so, and the page keeps asking.
+async function refresh() {
+  const id = ++latest;
+  inFlight++;
+  const [path, labels] = usagePath();
   try {
-    const [cluster, leases, quotas] = await Promise.all([api("/cluster"), api("/leases"), api("/quotas")]);
+    const [cluster, leases, quotas, usage] = await Promise.all([api("/cluster"), api("/leases"), api("/quotas"), api(path)]);
+    if (id !== latest) return;
     renderCluster(cluster);
     renderLeases(leases);
-    renderQuotas(quotas, force);
+    renderQuotas(quotas);
+    renderUsage(usage, labels);
     document.getElementById("gs-updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
     if (document.getElementById("gs-banner").classList.contains("stale")) banner("");
   } catch (error) {
-    banner(`Cannot reach the broker: ${error.message}`, "error stale");
+    if (id !== latest) return;
+    const starting = error.body && error.body.state === "starting";
+    document.getElementById("gs-updated").textContent = starting ? "starting the cluster…" : "not updated";
+    banner(starting ? `Starting the cluster (${error.body.elapsed_s} s)… the page fills in when it is up.`
+      : `Cannot reach the broker: ${error.message}`, starting ? "info stale" : "error stale");
+  } finally {
+    inFlight--;
   }
 }
 
 async function start() {
   await followJupyterLabTheme();
   document.getElementById("gs-add").addEventListener("click", addQuota);
-  document.getElementById("gs-range").addEventListener("change", () => refreshUsage().catch((e) => banner(e.message, "error")));
-  await refresh(true);
-  await refreshUsage().catch((e) => banner(`Cannot load usage: ${e.message}`, "error"));
-  setInterval(refresh, REFRESH_MS);
-  setInterval(() => refreshUsage().catch(() => {}), USAGE_REFRESH_MS);
+  document.getElementById("gs-add-user").addEventListener("keydown", (e) => { if (e.key === "Enter") addQuota(); });
+  document.getElementById("gs-range").addEventListener("change", () => refresh());
+  await refresh();
+  setInterval(() => { if (!inFlight) refresh(); }, REFRESH_MS); // a slow server is not asked twice at once
 }
 
 start();

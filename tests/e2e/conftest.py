@@ -1,5 +1,6 @@
-"""A real `jupyter server` process (with the gpusession extension, on the session's Ray cluster)
-and a real headless Chromium (Debian's /usr/bin/chromium) driven by Playwright."""
+"""A real JupyterLab process (`python -m jupyterlab`, with the gpusession extension, on the session's
+Ray cluster) and a real headless Chromium (Debian's /usr/bin/chromium) driven by Playwright. One
+server for the whole session: the browser tests open JupyterLab itself and the admin page."""
 from __future__ import annotations
 
 import json
@@ -27,8 +28,26 @@ class Server:
     url: str
     token: str
 
+    runtime_dir: Path | None = None
+
     def admin_page(self) -> str:
         return f"{self.url}/gpusession/admin?token={self.token}"  # the token logs the browser in
+
+    def lab(self, path: str = "") -> str:
+        return f"{self.url}/lab{'/tree/' + path if path else ''}?token={self.token}&reset"
+
+    def put_notebook(self, name: str, cells: list[str]) -> None:
+        """Create (or replace) a notebook of code cells through Jupyter's contents API."""
+        notebook = {"nbformat": 4, "nbformat_minor": 5, "metadata": {
+            "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+            "cells": [{"cell_type": "code", "id": f"c{i}", "source": source, "metadata": {}, "outputs": [],
+                       "execution_count": None} for i, source in enumerate(cells)]}
+        body = json.dumps({"type": "notebook", "format": "json", "content": notebook}).encode()
+        request = urllib.request.Request(f"{self.url}/api/contents/{name}", data=body, method="PUT",
+                                         headers={"Authorization": f"token {self.token}",
+                                                  "Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30):
+            pass
 
 
 def _free_port() -> int:
@@ -48,22 +67,29 @@ def _answers(url: str, token: str) -> bool:
 
 @pytest.fixture(scope="session")
 def jupyter(cluster, tmp_path_factory):
-    """`jupyter server` on a free port; its owner `tester` is the gpusession admin."""
+    """JupyterLab on a free port; its owner `tester` is the gpusession admin; its settings and
+    workspaces are its own (no state from an earlier run or another user)."""
     config_dir = tmp_path_factory.mktemp("jupyter-config")
     token, port = "e2e-token", _free_port()
     (config_dir / "jupyter_server_config.json").write_text(json.dumps({
         "ServerApp": {"jpserver_extensions": {"gpusession": True}, "port": port, "ip": "127.0.0.1",
                       "open_browser": False, "allow_root": True, "root_dir": str(config_dir)},
         "IdentityProvider": {"token": token},
+        "LabApp": {"user_settings_dir": str(config_dir / "lab-settings"),
+                   "workspaces_dir": str(config_dir / "lab-workspaces"), "news_url": None},
         "GPUSession": {"ray_address": cluster.address, "admin_token": cluster.admin_token, "admin_users": [ADMIN]},
     }))
+    # no "news?" toast over the screenshots
+    news = config_dir / "lab-settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    news.parent.mkdir(parents=True)
+    news.write_text(json.dumps({"fetchNews": "false", "checkForUpdates": False}))
     env = cluster.env(GPUSESSION_USER=ADMIN, JUPYTER_CONFIG_DIR=str(config_dir),
                       JUPYTER_RUNTIME_DIR=str(config_dir / "runtime"))
     log = open(config_dir / "server.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "jupyter_server"], env=env, stdout=log,
+    proc = subprocess.Popen([sys.executable, "-m", "jupyterlab"], env=env, stdout=log,
                             stderr=subprocess.STDOUT, cwd=str(config_dir))
-    server = Server(f"http://127.0.0.1:{port}", token)
-    deadline = time.monotonic() + 120
+    server = Server(f"http://127.0.0.1:{port}", token, config_dir / "runtime")
+    deadline = time.monotonic() + 180
     while not _answers(f"{server.url}/gpusession/api/cluster", token):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()

@@ -99,3 +99,77 @@ def test_an_admin_revokes_a_running_lease_with_two_clicks(page, jupyter, hold, b
     lease_row(page, lease.lease_id).wait_for(state="detached", timeout=10_000)
     ended = client.call(broker.leases, admin, True, 5)
     assert next(l for l in ended if l["lease_id"] == lease.lease_id)["end_reason"] == "revoked"
+
+
+def test_after_a_rejected_save_adding_a_user_and_resetting_still_show_what_the_server_holds(
+        page, jupyter, broker, admin):
+    """The sequence that once left the page stale: a bad save of -3, then adding alice, then Reset."""
+    client.call(broker.set_quota, "bob", {"max_gpus": 1}, admin)
+    try:
+        page.goto(jupyter.admin_page())
+        bob = quota_row(page, "bob")
+        bob.wait_for()
+        bob.get_by_label("max GPUs of bob").fill("-3")
+        bob.get_by_role("button", name="Save").click()
+        expect(bob.locator(".row-error")).to_contain_text("max_gpus must be a number >= 0")
+        expect(page.locator("#gs-banner")).to_be_hidden()  # the error is on bob's row, nowhere else
+        screenshot(page, "admin-1-rejected-save")
+
+        page.locator("#gs-add-user").fill("alice")
+        page.locator("#gs-add-max-gpus").fill("2")
+        page.locator("#gs-add").click()
+        alice = quota_row(page, "alice")
+        expect(alice.get_by_label("max GPUs of alice")).to_have_value("2")  # drawn from the server's answer
+        expect(page.locator("#gs-banner")).to_have_text("Saved the quota of alice.")
+        expect(bob.locator(".row-error")).to_contain_text("max_gpus must be a number >= 0")  # still on its row
+        assert client.call(broker.quota, "alice", admin)["max_gpus"] == 2
+        screenshot(page, "admin-2-user-added")
+
+        bob.get_by_role("button", name="Reset").click()
+        expect(page.locator("#gs-banner")).to_have_text("bob is back on the default quota.")
+        # bob has no row of his own now: the server lists him only if he holds or used GPUs lately
+        listed = [q for q in client.call(broker.quotas, admin) if q["user"] == "bob"]
+        if listed:
+            expect(quota_row(page, "bob").locator(".gs-badge")).to_have_text("default")
+            expect(quota_row(page, "bob").locator(".row-error")).to_have_text("")
+        else:
+            expect(quota_row(page, "bob")).to_have_count(0)
+        expect(page.locator("#gs-quotas")).not_to_contain_text("max_gpus must be")
+        expect(quota_row(page, "alice").get_by_label("max GPUs of alice")).to_have_value("2")
+        screenshot(page, "admin-3-reset")
+    finally:
+        client.call(broker.reset_quota, "bob", admin)
+        client.call(broker.reset_quota, "alice", admin)
+
+
+def test_at_700_px_the_tables_scroll_inside_their_box_and_the_page_does_not(browser, jupyter, broker, admin):
+    client.call(broker.set_quota, "a-user-with-a-rather-long-name", {"max_gpus": 1}, admin)
+    context = browser.new_context(color_scheme="light", viewport={"width": 700, "height": 900})
+    narrow = context.new_page()
+    try:
+        narrow.goto(jupyter.admin_page())
+        quota_row(narrow, "a-user-with-a-rather-long-name").wait_for()
+        assert narrow.evaluate("document.documentElement.scrollWidth") <= 700
+        box = narrow.locator("#gs-quotas").locator("xpath=..")
+        assert box.evaluate("b => b.scrollWidth > b.clientWidth && getComputedStyle(b).overflowX === 'auto'")
+        screenshot(narrow, "admin-700px")
+    finally:
+        context.close()
+        client.call(broker.reset_quota, "a-user-with-a-rather-long-name", admin)
+
+
+def test_the_usage_total_and_the_quota_table_come_from_the_same_refresh(page, jupyter, hold):
+    hold("dora", gpus=1).release()
+    page.goto(jupyter.admin_page())
+    quota_row(page, "dora").wait_for()
+    expect(page.locator("#gs-usage-total")).to_contain_text("in the last 7 days")
+    calls = page.evaluate("""() => new Promise((resolve) => {
+        const seen = [];
+        const observer = new PerformanceObserver((list) => {
+            for (const entry of list.getEntries()) seen.push(entry.name);
+            if (seen.some((n) => n.includes('/usage')) && seen.some((n) => n.includes('/quotas'))) resolve(seen);
+        });
+        observer.observe({ type: 'resource', buffered: false });
+    })""")
+    refresh = [name.split("/gpusession/api")[1].split("?")[0] for name in calls]
+    assert "/usage" in refresh and "/quotas" in refresh  # one refresh fetches both, every 3 s

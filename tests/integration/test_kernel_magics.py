@@ -128,10 +128,12 @@ for step in range(40):
 """)
     plots = run.displays("image/png")
     tables = [m for m in run.displays("text/html") if "gpusession-metrics" in m["content"]["data"]["text/html"]]
-    for messages in (plots, tables):
-        assert messages[0]["msg_type"] == "display_data"
-        assert all(m["msg_type"] == "update_display_data" for m in messages[1:])
-        assert len({m["content"]["transient"]["display_id"] for m in messages}) == 1
+    for drawn in (plots, tables):
+        assert len({m["content"]["transient"]["display_id"] for m in drawn}) == 1
+        # created empty before any worker could print (the log goes below it), then updated in place
+        same = [m for m in run.of_type("display_data", "update_display_data")
+                if m["content"].get("transient", {}).get("display_id") == drawn[0]["content"]["transient"]["display_id"]]
+        assert same[0]["msg_type"] == "display_data" and all(m["msg_type"] == "update_display_data" for m in same[1:])
     assert 2 <= len(plots) < 40  # drawn live, but throttled
     assert len(tables) < 40
     assert "39" in tables[-1]["content"]["data"]["text/plain"]  # the final state is drawn
@@ -146,29 +148,30 @@ def _display_id(msg: dict) -> str:
     return msg["content"]["transient"]["display_id"]
 
 
-def test_the_queue_line_updates_while_waiting_and_goes_away_on_grant(kernel):
+def test_the_status_line_shows_the_queue_then_moves_on_in_place_on_grant(kernel):
     holder = gs.lease(gpus=CLUSTER_GPUS)  # every GPU: the kernel's cell must queue
-    queue_lines: list[dict] = []
+    status: list[dict] = []
 
     def on_message(msg):
         if msg["msg_type"] in ("display_data", "update_display_data"):
-            same_line = queue_lines and _display_id(msg) == _display_id(queue_lines[0])
-            if "waiting for 1 GPU" in _text(msg) or same_line:
-                queue_lines.append(msg)
-            if len(queue_lines) == 3:
-                holder.release()  # after the line was drawn and updated twice
+            if not status and "asking the cluster" in _text(msg) or status and _display_id(msg) == _display_id(status[0]):
+                status.append(msg)
+            if sum("waiting for 1 GPU" in _text(m) for m in status) == 3:
+                holder.release()  # after the queue line was drawn and updated twice
 
     try:
         run = kernel.execute("%%gpu\nprint('granted')", on_message=on_message)
     finally:
         holder.release()
     assert run.status == "ok" and "granted" in run.stream("stdout")
-    first, *updates = queue_lines
+    first, *updates = status
     assert first["msg_type"] == "display_data" and all(m["msg_type"] == "update_display_data" for m in updates)
-    assert "position 1 in the queue" in _text(first) and "waiting for capacity" in _text(first)
-    waited = [int(_text(m).rsplit("· ", 1)[1].rstrip(" s")) for m in queue_lines if _text(m)]
+    queued = [_text(m) for m in status if "waiting for 1 GPU" in _text(m)]
+    assert "position 1 in the queue" in queued[0] and "waiting for capacity" in queued[0]
+    waited = [int(line.rsplit("· ", 1)[1].rstrip(" s")) for line in queued]
     assert waited == sorted(waited) and waited[-1] > waited[0]  # the elapsed time keeps moving
-    assert _text(updates[-1]) == ""  # gone on grant
+    assert all(_text(m).strip() for m in status)  # never blank: the queue line becomes the next phase
+    assert _text(status[-1]).startswith("done · 1 logical GPU · queued")
     assert kernel.value("_gpu.queued_s > 1")
 
 

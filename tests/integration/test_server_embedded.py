@@ -105,7 +105,6 @@ def test_the_server_runs_its_own_cluster_whose_kernels_lease_gpus_as_their_signe
         usage = await fetch_json("gpusession/api/usage")
         trespass = await run_in_kernel(jp_serverapp, kernel["id"], TRESPASS)
         quota = await fetch_json(f"gpusession/api/quotas/{OWNER}")
-        await jp_fetch("api", "kernels", kernel["id"], method="DELETE")
         return running, output, usage, trespass, quota
 
     running, output, usage, trespass, quota = jp_asyncio_loop.run_until_complete(scenario())
@@ -116,6 +115,10 @@ def test_the_server_runs_its_own_cluster_whose_kernels_lease_gpus_as_their_signe
         assert f"REFUSED {attempt}" in trespass, trespass
     assert quota["max_gpus"] == 4 and quota["is_default"]  # the refused set_quota changed nothing
 
+    # at shutdown the kernels go first (still connected), then the head: none dies under a vanished cluster
+    kernels = jp_serverapp.kernel_manager
+    assert len(kernels.list_kernel_ids()) == 1
     jp_asyncio_loop.run_until_complete(app.stop_extension())
+    assert kernels.list_kernel_ids() == []
     assert not psutil.pid_exists(head.pid) or psutil.Process(head.pid).status() == psutil.STATUS_ZOMBIE
     assert not (tmp_path / "gs-home" / "local-head.json").exists()

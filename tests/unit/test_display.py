@@ -17,7 +17,7 @@ from gpusession.events import RunInfo
 def test_queue_line_says_gpus_position_reason_and_elapsed():
     view = {"gpus": 2, "position": 3, "reason": "waiting for capacity: 4 of 4 GPUs in use"}
     assert queue_line(view, 12.4) == (
-        "⏳ waiting for 2 GPUs · position 3 in the queue · waiting for capacity: 4 of 4 GPUs in use · 12 s")
+        "waiting for 2 GPUs · position 3 in the queue · waiting for capacity: 4 of 4 GPUs in use · 12 s")
     assert "1 GPU ·" in queue_line({"gpus": 1}, 0)
 
 
@@ -26,14 +26,14 @@ def test_receipt_names_the_costs_the_outcome_and_logical_gpus():
                    logical_gpus=True, end_reason="finished")
     line = receipt_line(info, None)
     assert line.startswith(
-        "✓ 2 logical GPUs · queued 1.2 s · setup 0.5 s · run 3.0 s · 9.5 GPU·s · released")
+        "done · 2 logical GPUs · queued 1.2 s · setup 0.5 s · run 3.0 s · 9.5 GPU·s · released")
     assert "workers ran on the CPU" in line
     info.end_reason = "interrupted"
-    assert receipt_line(info, KeyboardInterrupt()).startswith("✗ interrupted · 2 logical GPUs")
+    assert receipt_line(info, KeyboardInterrupt()).startswith("failed: interrupted · 2 logical GPUs")
 
 
 def test_receipt_of_a_request_that_never_got_gpus_says_nothing_was_leased():
-    assert receipt_line(RunInfo(), TimeoutError()) == "✗ TimeoutError · nothing was leased"
+    assert receipt_line(RunInfo(), TimeoutError()) == "failed: TimeoutError · nothing was leased"
 
 
 def test_series_use_step_when_reported_else_the_report_index():

@@ -1,0 +1,181 @@
+"""How the CLI reaches the broker: through a gpusession Jupyter server of this user when one runs
+on the same cluster (an HTTP request: well under a second), else by joining Ray as a driver
+(seconds: Ray's import alone is more than one).
+
+A Jupyter server with gpusession announces itself once its cluster is up, in Jupyter's runtime
+directory (per user, written privately like Jupyter's own jpserver-*.json):
+`gpusession-<pid>.json` = {"url", "token", "ray_address", "pid"}. The CLI uses it only when its
+Ray address is the one the CLI would join (RAY_ADDRESS, else the head recorded by `gpusession
+cluster start` or `gpusession lab`), and only without an explicit --admin-token (then the CLI acts
+as that token's holder, which only the Ray path can do).
+"""
+from __future__ import annotations
+
+import json
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from .errors import GPUSessionError, LeaseNotFound, NotAuthorized
+
+ANNOUNCE_PREFIX = "gpusession-"
+TIMEOUT_S = 10.0
+
+
+def runtime_dir() -> Path:
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    return Path(jupyter_runtime_dir())
+
+
+def announce_path(pid: int | None = None) -> Path:
+    return runtime_dir() / f"{ANNOUNCE_PREFIX}{pid or os.getpid()}.json"
+
+
+def target_address() -> str | None:
+    """The cluster the CLI would join, without importing Ray."""
+    if os.environ.get("RAY_ADDRESS"):
+        return os.environ["RAY_ADDRESS"]
+    home = Path(os.environ.get("GPUSESSION_HOME", Path.home() / ".gpusession"))
+    try:
+        return json.loads((home / "local-head.json").read_text()).get("address")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def find_server(address: str | None) -> dict | None:
+    """The announcement of a live server of this user on `address`, if any."""
+    if not address:
+        return None
+    try:
+        candidates = sorted(runtime_dir().glob(f"{ANNOUNCE_PREFIX}*.json"))
+    except OSError:
+        return None
+    for path in candidates:
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if record.get("ray_address") == address and _alive(record.get("pid")):
+            return record
+    return None
+
+
+def _alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+        return True
+    except (OSError, TypeError, ValueError):
+        return False
+
+
+class ServerAccess:
+    """The broker's operations through the server's REST API (it acts as this server's owner)."""
+
+    def __init__(self, record: dict) -> None:
+        self.base = record["url"].rstrip("/") + "/gpusession/api/"
+        self.token = record["token"]
+
+    def status(self) -> dict:
+        return self._call("GET", "status")
+
+    def leases(self, include_ended: bool) -> list[dict]:
+        return self._call("GET", "leases", all="true" if include_ended else None)
+
+    def revoke(self, lease_id: int) -> dict:
+        return self._call("DELETE", f"leases/{lease_id}")
+
+    def quotas(self) -> list[dict]:
+        return self._call("GET", "quotas")
+
+    def quota(self, user: str) -> dict:
+        return self._call("GET", f"quotas/{urllib.parse.quote(user, safe='')}")
+
+    def set_quota(self, user: str, update: dict) -> dict:
+        return self._call("PUT", f"quotas/{urllib.parse.quote(user, safe='')}", body=update)
+
+    def reset_quota(self, user: str) -> dict:
+        return self._call("DELETE", f"quotas/{urllib.parse.quote(user, safe='')}")
+
+    def usage(self, since: float | None, until: float | None, by: str) -> list[dict]:
+        return self._call("GET", "usage", since=since, until=until, by=by)
+
+    def _call(self, method: str, path: str, *, body: dict | None = None, **query):
+        params = urllib.parse.urlencode({k: v for k, v in query.items() if v is not None})
+        request = urllib.request.Request(self.base + path + (f"?{params}" if params else ""), method=method,
+                                         data=None if body is None else json.dumps(body).encode(),
+                                         headers={"Authorization": f"token {self.token}",
+                                                  "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+                return json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as error:
+            raise _error(error.code, _message(error)) from None
+        except OSError as exc:
+            raise GPUSessionError(f"The Jupyter server at {self.base} did not answer ({exc}).") from None
+
+
+def _message(error: urllib.error.HTTPError) -> str:
+    try:
+        return json.loads(error.read()).get("message") or error.reason
+    except (ValueError, AttributeError):
+        return str(error.reason)
+
+
+def _error(status: int, message: str) -> Exception:
+    if status == 400:
+        return ValueError(message)
+    if status == 403:
+        return NotAuthorized(message)
+    if status == 404:
+        return LeaseNotFound(message)
+    return GPUSessionError(message)
+
+
+class RayAccess:
+    """The broker's operations as a Ray driver (what the CLI did before; needs a second or more)."""
+
+    def __init__(self, admin_token: str | None) -> None:
+        from .broker import client
+
+        self.client, self.handle = client, client.broker()
+        self.admin_token = admin_token
+
+    def _auth(self) -> dict:
+        from .identity import current_identity
+
+        identity = current_identity()
+        auth = {"user": identity.user, "signature": identity.signature, "token": self.admin_token}
+        if not auth["token"]:  # the broker tells its ledger's place to admins only: look beside the default
+            auth["token"] = self.client.admin_token_here()
+        return auth
+
+    def status(self) -> dict:
+        from .identity import current_identity
+
+        identity = current_identity()
+        return self.client.call(self.handle.status, {"user": identity.user, "signature": identity.signature})
+
+    def leases(self, include_ended: bool) -> list[dict]:
+        return self.client.call(self.handle.leases, self._auth(), include_ended)
+
+    def revoke(self, lease_id: int) -> dict:
+        return self.client.call(self.handle.revoke, lease_id, self._auth())
+
+    def quotas(self) -> list[dict]:
+        return self.client.call(self.handle.quotas, self._auth())
+
+    def quota(self, user: str) -> dict:
+        return self.client.call(self.handle.quota, user, self._auth())
+
+    def set_quota(self, user: str, update: dict) -> dict:
+        return self.client.call(self.handle.set_quota, user, update, self._auth())
+
+    def reset_quota(self, user: str) -> dict:
+        return self.client.call(self.handle.reset_quota, user, self._auth())
+
+    def usage(self, since: float | None, until: float | None, by: str) -> list[dict]:
+        return self.client.call(self.handle.usage, self._auth(), since, until, by)
+

@@ -1,0 +1,100 @@
+"""The status line of a notebook cell: one display updated in place, and a ticker thread that
+keeps its seconds moving while no event comes.
+
+Output from a thread of an IPython kernel goes to the cell whose context the thread runs in
+(ipykernel keeps the parent message in a contextvar): the ticker runs in a copy of the context of
+the cell that created the line, so a tick never lands in a later cell. It stops when the run is
+done, or when that cell's execution ends (a held `gs.lease` waits between cells: its line then
+stays as it was, and the next run in another cell gets a line of its own).
+"""
+from __future__ import annotations
+
+import contextvars
+import threading
+import time
+from typing import Callable
+
+from .statusline import Status, status_html, status_text
+
+TICK_S = 0.25  # redraws only when the text changed, so about once a second
+
+
+class LiveStatus:
+    def __init__(self, status: Status, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.status = status
+        self._lock = threading.Lock()
+        self._handle = None
+        self._shown = None  # the text last drawn
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._shell = None
+
+    @property
+    def attached(self) -> bool:
+        """Still drawing in the cell that created it."""
+        return self._handle is not None and not self._stop.is_set()
+
+    def show(self) -> None:
+        """Draw the line now, in the current cell, and start ticking."""
+        from IPython.display import display
+
+        with self._lock:
+            self._shown = status_text(self.status, self.clock())
+            self._handle = display(self._bundle(self._shown), raw=True, display_id=True)
+        context = contextvars.copy_context()  # the cell's parent message, for the ticker's updates
+        self._stop.clear()
+        self._thread = threading.Thread(target=context.run, args=(self._tick,), name="gpusession-status",
+                                        daemon=True)
+        self._thread.start()
+        self._watch_cell_end()
+
+    def set(self, status: Status, *, draw: bool = True) -> None:
+        with self._lock:
+            self.status = status
+        if draw:
+            self.redraw()
+
+    def redraw(self) -> None:
+        with self._lock:  # one drawer at a time, always of the newest status
+            if self._handle is None:
+                return
+            text = status_text(self.status, self.clock())
+            if text != self._shown:
+                self._shown = text
+                self._handle.update(self._bundle(text), raw=True)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._unwatch_cell_end()
+
+    def _bundle(self, text: str) -> dict:
+        return {"text/plain": text, "text/html": status_html(self.status, self.clock())}
+
+    def _tick(self) -> None:
+        while not self._stop.wait(TICK_S):
+            try:
+                self.redraw()
+            except Exception:  # the frontend went away: a status line is not worth a traceback
+                return
+
+    def _watch_cell_end(self) -> None:
+        try:
+            from IPython import get_ipython
+        except ImportError:
+            return
+        shell = get_ipython()
+        if shell is not None and self._shell is None:
+            self._shell = shell
+            shell.events.register("post_run_cell", self._cell_ended)
+
+    def _unwatch_cell_end(self) -> None:
+        shell, self._shell = self._shell, None
+        if shell is not None:
+            try:
+                shell.events.unregister("post_run_cell", self._cell_ended)
+            except ValueError:
+                pass
+
+    def _cell_ended(self, *_args) -> None:
+        self.stop()
