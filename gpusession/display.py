@@ -272,6 +272,14 @@ def _display(bundle: dict):
     return display(bundle, raw=True, display_id=True)
 
 
+def _show(handle, bundle: dict):
+    """Create the display the first time, update it in place afterwards (the sweep's views)."""
+    if handle is None:
+        return _display(bundle)
+    handle.update(bundle, raw=True)
+    return handle
+
+
 def _write(stream: str, text: str) -> None:
     target = sys.stdout if stream == "stdout" else sys.stderr
     target.write(text)
