@@ -109,9 +109,10 @@ function renderLeases(leases) {
     el("td", { class: "num", text: fmt(l.gpus, 2) }), el("td", { text: l.priority }),
     el("td", { text: stateCell(l) }), el("td", { class: "num", text: age(l.age_s) }),
     el("td", {}, l.over_quota ? el("span", { class: "gs-badge warn", text: "over quota" }) : ""),
+    el("td", { class: "sweep", text: l.sweep_id || "" }),  // a sweep's trials share its id
     el("td", {}, revokeButton(l)),
   ]));
-  const empty = el("tr", {}, el("td", { colspan: 8, class: "empty", text: "No running or queued leases." }));
+  const empty = el("tr", {}, el("td", { colspan: 9, class: "empty", text: "No running or queued leases." }));
   document.querySelector("#gs-leases tbody").replaceChildren(...(rows.length ? rows : [empty]));
 }
 
