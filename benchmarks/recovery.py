@@ -131,8 +131,9 @@ def ray_train_recovery_s(marker: str) -> float:
     import json
 
     killed = float(open(marker).read())
-    done = [json.loads(line)["at"] for line in open(steps_log)]
-    return min(t for t in done if t > killed) - killed
+    # the first step after the checkpointed one: only the new attempt can finish it (it needs rank 1)
+    done = [entry["at"] for entry in map(json.loads, open(steps_log)) if entry["step"] > KILL_AT]
+    return min(done) - killed
 
 
 def main() -> None:
