@@ -291,11 +291,11 @@ class Lease:
                         auth=client.lease_auth(self.identity))
         return self._workers
 
-    def stop_ranks(self) -> None:
-        """Kill every rank process of the current attempt now (a survivor may be blocked in a
+    def stop_ranks(self, run_id: str | None = None) -> None:
+        """Kill every rank process of the attempt `run_id` now (a survivor may be blocked in a
         collective whose peer is gone); the worker actors stay, warm for the next attempt."""
         if self._workers:
-            stops = [worker.actor.stop.remote() for worker in self._workers]
+            stops = [worker.actor.stop.remote(run_id) for worker in self._workers]
             ray.wait(stops, num_returns=len(stops), timeout=STOP_TIMEOUT_S)
 
     def request_checkpoints(self, reason: str) -> None:

@@ -9,6 +9,7 @@ rank processes (a peer may still be waiting on its last answer when rank 0 exits
 """
 from __future__ import annotations
 
+import collections
 import os
 import shutil
 import socket
@@ -65,6 +66,7 @@ class Worker:
         self._store = None  # the rendezvous store rank 0's actor serves for the current attempt
         self._run_lock = threading.Lock()  # one rank at a time
         self._child: int | None = None
+        self._stopped_runs: collections.deque = collections.deque(maxlen=64)  # attempts told to stop
         self._conn = None
         self._conn_lock = threading.Lock()
 
@@ -86,8 +88,11 @@ class Worker:
     def cleanup(self, lease_id: int) -> None:
         shutil.rmtree(scratch_dir(lease_id), ignore_errors=True)
 
-    def stop(self) -> None:
-        """Kill the current rank process (and everything it started) now."""
+    def stop(self, run_id: str | None = None) -> None:
+        """Kill the rank process of this attempt (any, without run_id) and everything it started,
+        now; a rank of that attempt whose launch is still queued behind this call never starts."""
+        if run_id is not None:
+            self._stopped_runs.append(run_id)
         pid = self._child
         if pid is not None:
             Zygote.kill(pid)
@@ -106,6 +111,8 @@ class Worker:
         the Pickled bytes, so the caller keeps them in the object store without fetching them.
         The last item is always RankExited."""
         with self._run_lock:
+            if spec.run_id in self._stopped_runs:  # torn down before it could start
+                return
             snapshot = ray.get(checkpoint[0]).data if checkpoint else None
             if not self.zygote.alive():  # killed while idle (the OOM killer picks big processes)
                 self.zygote = Zygote()

@@ -83,6 +83,7 @@ class RunController:
         self.call_bytes = pickle_call(fn, args, kwargs)
         self.state = RunState.STARTING
         self.failures = 0
+        self._run_id: str | None = None  # the current attempt's, once its ranks are specified
         _reset_run_fields(info, checkpoint_ref)
 
     def run(self) -> Any:
@@ -96,12 +97,12 @@ class RunController:
             try:
                 results = self._attempt(backend, attempt, deadline)
             except AttemptFailed as failed:
-                self.lease.stop_ranks()
+                self.lease.stop_ranks(self._run_id)
                 self._recover_or_raise(failed, attempt)
                 attempt += 1
                 continue
             except BaseException as exc:
-                self.lease.stop_ranks()  # ranks may be stuck in a collective: stop them all
+                self.lease.stop_ranks(self._run_id)  # ranks may be stuck in a collective: stop them all
                 self._move(_terminal_state(exc), type(exc).__name__)
                 raise
             self._move(RunState.FINISHED, "the function returned")
@@ -113,6 +114,7 @@ class RunController:
         workers = self.lease.acquire_workers(self.options.runtime_env)
         ranks = rank_specs(self.lease, workers, backend=backend, return_all=self.options.return_all,
                            attempt=attempt)
+        self._run_id = ranks[0][0].run_id
         checkpoint = [self.info._checkpoint_ref] if self.info._checkpoint_ref is not None else []
         launches = [(spec, (self.call_bytes, spec, checkpoint), worker) for spec, worker in ranks]
         follower = Follower(self.lease, launches, self.info, self.observer, launched=time.time(),
