@@ -13,49 +13,19 @@ import collections
 import os
 import shutil
 import socket
-import tempfile
 import threading
 import time
-from dataclasses import dataclass
 from datetime import timedelta
 
 import ray
 
 from .run import messages as m
+from .run.spec import RankSpec, scratch_dir  # noqa: F401  (RankSpec: imported from here by callers)
 from .run.zygote import Zygote
 
 ZYGOTE_START_TIMEOUT_S = 120.0  # a loaded node may take a while to import torch
 EXIT_STATUS_WAIT_S = 2.0
 WATCHDOG_POLL_S = 1.0
-
-
-@dataclass(frozen=True)
-class RankSpec:
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    node_rank: int
-    master_addr: str
-    master_port: int
-    backend: str
-    node_gpu_ids: tuple[str, ...]  # every GPU of the lease on this node, in order
-    gpu_ids: tuple[str, ...]  # this worker's own GPUs (a subset of node_gpu_ids)
-    lease_id: int
-    logical_gpus: bool
-    return_value: bool  # rank 0, or every rank with return_all
-    caller_host: str
-    caller_cwd: str
-    pg_timeout_s: float
-    run_id: str = ""  # unique per attempt: the rendezvous keys live under it
-    group_id: str | None = None  # the lease's placement group: if it is removed, this worker stops
-    attempt: int = 0
-    address: str = ""  # this rank's Ray node IP
-    node_id: str = ""  # this rank's Ray node id
-
-
-def scratch_dir(lease_id: int) -> str:
-    return os.path.join(tempfile.gettempdir(), "gpusession-scratch", f"lease-{lease_id}")
 
 
 class Worker:

@@ -134,7 +134,7 @@ def _error(exc: BaseException, spec) -> m.RankError:
 def _set_environment(spec) -> None:
     """torchrun's variables and the lease's GPUs first; then the caller's directory when the
     rank runs on the caller's host, so code next to the notebook imports as it does there."""
-    from ..workers import scratch_dir
+    from .spec import scratch_dir
 
     os.environ.update({
         "RANK": str(spec.rank), "LOCAL_RANK": str(spec.local_rank),
@@ -196,7 +196,7 @@ def _make_context(spec):
     import torch
 
     from ..context import RunContext
-    from ..workers import scratch_dir
+    from .spec import scratch_dir
 
     if not spec.logical_gpus and torch.cuda.is_available():
         devices = tuple(torch.device("cuda", i) for i in _local_devices(spec))

@@ -19,7 +19,7 @@ import ray
 
 from ..events import Observer, RunInfo
 from ..shipping import pickle_call
-from ..workers import RankSpec
+from .spec import RankSpec
 from .follower import AttemptFailed, Follower
 from .policies import Action, FailurePolicy, RunState, can_move, restart_line
 

@@ -29,7 +29,10 @@ from multiprocessing.connection import Connection
 
 PATH_ENV = "GPUSESSION_ZYGOTE_SYS_PATH"
 REAP_EVERY_S = 0.05
-PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "cloudpickle", "gpusession.run.child")
+# What every rank needs, imported once here. Not Ray: a rank is not a Ray worker (see spec.py).
+PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "cloudpickle", "psutil", "gpusession.run.child",
+           "gpusession.run.spec", "gpusession.context", "gpusession.capture", "gpusession.netif",
+           "gpusession.errors")
 
 
 # ----- the zygote process ------------------------------------------------------------------------

@@ -64,7 +64,7 @@ def _rank(rank: int, ports, barrier, results) -> None:
     import torch.distributed as dist
 
     from gpusession.run.child import _init_process_group
-    from gpusession.workers import RankSpec
+    from gpusession.run.spec import RankSpec
 
     store = None
     if rank == 0:  # opens the store on a port the OS picks and tells the others
