@@ -20,7 +20,7 @@ from .errors import GPUSessionError
 from .workers import Worker
 
 IDLE_S_ENV = "GPUSESSION_WARM_WORKER_IDLE_S"
-DEFAULT_IDLE_S = 600.0  # an idle warm worker costs ~300 MB of RAM; give it back after this
+DEFAULT_IDLE_S = 600.0  # an idle worker and its warm parent cost ~500 MB of RAM; give them back after this
 MAX_IDLE_PER_NODE = 16
 REPLACE_DELAY_S = 3.0  # start replacements after the release, not during the next lease's start
 # Threads: `stop` and `request_checkpoint` must reach the actor while its `run` streams.
