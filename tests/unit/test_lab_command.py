@@ -13,12 +13,12 @@ from gpusession.lab import plan
 
 
 def test_lab_runs_jupyterlab_with_the_extension_a_token_and_the_chosen_port():
-    chosen = plan(port=8890, ip="localhost", gpus=2, open_browser=False, notebook_dir="/work/nb", extra=[],
+    chosen = plan(port=8890, ip="localhost", gpus=2, open_browser=False, notebook_dir="/home/alice/notebooks", extra=[],
                   is_root=False, token="t0k")
     assert chosen.command[:3] == [sys.executable, "-m", "jupyterlab"]
     assert "--ServerApp.jpserver_extensions=gpusession=True" in chosen.command
     assert {"--ServerApp.port=8890", "--ServerApp.port_retries=0", "--IdentityProvider.token=t0k",
-            "--GPUSession.local_gpus=2", "--ServerApp.root_dir=/work/nb",
+            "--GPUSession.local_gpus=2", "--ServerApp.root_dir=/home/alice/notebooks",
             "--ServerApp.open_browser=False"} <= set(chosen.command)
     assert "--allow-root" not in chosen.command
     assert chosen.url == "http://localhost:8890/lab?token=t0k"
