@@ -29,6 +29,21 @@ class Server:
     token: str
 
     runtime_dir: Path | None = None
+    log: Path | None = None
+
+    def diagnose(self) -> str:
+        """What a failing browser test should print: the server's kernels and sessions, and its log's tail."""
+        parts = []
+        for route in ("api/kernels", "api/sessions"):
+            request = urllib.request.Request(f"{self.url}/{route}", headers={"Authorization": f"token {self.token}"})
+            try:
+                with urllib.request.urlopen(request, timeout=10) as response:
+                    parts.append(f"{route}: {response.read().decode()[:2000]}")
+            except OSError as error:
+                parts.append(f"{route}: {error}")
+        if self.log is not None and self.log.exists():
+            parts.append("server log tail:\n" + self.log.read_text()[-4000:])
+        return "\n".join(parts)
 
     def admin_page(self) -> str:
         return f"{self.url}/gpusession/admin?token={self.token}"  # the token logs the browser in
@@ -88,7 +103,7 @@ def jupyter(cluster, tmp_path_factory):
     log = open(config_dir / "server.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "jupyterlab"], env=env, stdout=log,
                             stderr=subprocess.STDOUT, cwd=str(config_dir))
-    server = Server(f"http://127.0.0.1:{port}", token, config_dir / "runtime")
+    server = Server(f"http://127.0.0.1:{port}", token, config_dir / "runtime", config_dir / "server.log")
     deadline = time.monotonic() + 180
     while not _answers(f"{server.url}/gpusession/api/cluster", token):
         if proc.poll() is not None or time.monotonic() > deadline:
