@@ -21,6 +21,7 @@ from typing import Callable
 
 import psutil
 
+from . import rayprivate
 from .raycluster import (
     DEFAULT_LOCAL_GPUS,
     _reachable,
@@ -74,9 +75,7 @@ def start(*, gpus: int | None = None, timeout_s: float = 120.0,
         return running, False
     real = machine_gpu_count()
     count = real or int(gpus or os.environ.get("GPUSESSION_LOCAL_GPUS") or DEFAULT_LOCAL_GPUS)
-    from ray._private.services import get_node_ip_address
-
-    address = f"{get_node_ip_address()}:{_free_port()}"
+    address = f"{rayprivate.node_ip_address()}:{_free_port()}"
     home = state_dir()
     home.mkdir(parents=True, exist_ok=True)
     log_path = home / "local-head.log"

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import ray
 
+from . import rayprivate
+
 log = logging.getLogger("gpusession")
 
 LOCAL_GPUS_ENV = "GPUSESSION_LOCAL_GPUS"
@@ -42,9 +44,7 @@ class NodeInfo:
 def machine_gpu_count() -> int:
     """Real GPUs on this machine, found the way Ray finds them (NVML), without touching CUDA."""
     try:
-        from ray._private.accelerators import get_accelerator_manager_for_resource
-
-        return int(get_accelerator_manager_for_resource("GPU").get_current_node_num_accelerators())
+        return rayprivate.accelerator_count("GPU")
     except Exception:  # no driver, no NVML: no GPUs
         return 0
 
@@ -111,9 +111,7 @@ def _use_auth_mode(mode: str) -> None:
     Ray itself does when it turns token authentication on."""
     os.environ["RAY_AUTH_MODE"] = mode
     try:
-        from ray._private.authentication.authentication_token_setup import Config
-
-        Config.initialize("")
+        rayprivate.refresh_auth_config()
     except Exception:  # another Ray: it reads the variable at ray.init
         pass
 
@@ -167,11 +165,9 @@ def head_node_id() -> str:
 
 def available_gpus_by_node() -> dict[str, float]:
     """Ray's own view of free GPUs per node (what a new placement group could take)."""
-    from ray._private import state  # the only per-node view Ray exposes without the dashboard
-
     return {
         node_id: float(resources.get("GPU", 0.0))
-        for node_id, resources in state.available_resources_per_node().items()
+        for node_id, resources in rayprivate.available_resources_per_node().items()
     }
 
 
@@ -186,11 +182,9 @@ def unreserved_gpus_by_node(*, excluding_group: str) -> dict[str, float]:
     Ray drops a removed group's keys from its view before it adds the GPUs back, so "our
     group's keys are gone" does not mean "free". This sum grows by exactly our GPUs when ours
     are back, whatever other groups do meanwhile."""
-    from ray._private import state
-
-    available = state.available_resources_per_node()
+    available = rayprivate.available_resources_per_node()
     result = {}
-    for node_id, totals in state.total_resources_per_node().items():
+    for node_id, totals in rayprivate.total_resources_per_node().items():
         held_by_others = sum(v for k, v in totals.items() if _is_group_total(k) and excluding_group not in k)
         result[node_id] = available.get(node_id, {}).get("GPU", 0.0) + held_by_others
     return result

@@ -15,7 +15,7 @@ import ray
 from packaging.version import Version
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .. import __version__
+from .. import __version__, rayprivate
 from ..errors import BrokerOutdated, GPUSessionError, NotAuthorized
 from ..identity import Identity, current_identity
 from ..raycluster import ensure_connected, head_node_id
@@ -162,13 +162,7 @@ def _code_of_this_client() -> dict:
     import gpusession
 
     try:
-        from ray._private.runtime_env.py_modules import upload_py_modules_if_needed
-
-        scratch = ray._private.worker.global_worker.node.get_runtime_env_dir_path()
-        return upload_py_modules_if_needed(
-            {"py_modules": [gpusession.__path__[0]], "excludes": ["__pycache__"]},
-            include_gitignore=False, scratch_dir=scratch, logger=log,
-        )
+        return rayprivate.upload_package(gpusession.__path__[0], log)
     except Exception as exc:  # a Ray without this helper: fall back to the installed copy
         log.warning("Could not ship gpusession %s to the broker (%s); using the head's copy.", __version__, exc)
         return {}

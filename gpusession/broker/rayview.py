@@ -5,9 +5,9 @@ import re
 from dataclasses import dataclass, field
 
 import ray
-from ray._private import state  # per-node resources and the job table (no dashboard needed)
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
+from .. import rayprivate
 from ..raycluster import nodes as alive_nodes
 from .model import NodeCapacity
 
@@ -41,7 +41,7 @@ def take(ledger_id: str, previous: Snapshot | None = None) -> Snapshot:
     smaller of this and the previous reading is kept because Ray's resource view lags group
     creation and removal by ~0.1 s and a transient must not look like foreign use."""
     groups = _our_groups(ledger_id)
-    free = {n: r.get("GPU", 0.0) for n, r in state.available_resources_per_node().items()}
+    free = {n: r.get("GPU", 0.0) for n, r in rayprivate.available_resources_per_node().items()}
     ours: dict[str, float] = {}
     for group in groups.values():
         if group.state == "CREATED":
@@ -85,7 +85,7 @@ def _our_groups(ledger_id: str) -> dict[int, GroupState]:
 def _dead_jobs() -> dict[str, float]:
     return {
         job["JobID"]: (job.get("EndTime") or 0) / 1000.0
-        for job in state.jobs()
+        for job in rayprivate.jobs()
         if job.get("IsDead")
     }
 

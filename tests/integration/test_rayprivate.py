@@ -1,0 +1,39 @@
+"""Each private Ray API gpusession relies on, called against the installed Ray on the session's
+cluster: when a Ray upgrade moves one, this names the call instead of a broker that silently
+cannot see free GPUs or dead drivers."""
+from __future__ import annotations
+
+import logging
+import os
+
+import ray
+
+import gpusession
+from gpusession import rayprivate
+
+from ..conftest import CLUSTER_GPUS
+
+
+def test_per_node_resources_show_the_clusters_gpus(cluster):
+    node_id = ray.get_runtime_context().get_node_id()
+    assert rayprivate.total_resources_per_node()[node_id]["GPU"] == CLUSTER_GPUS
+    assert 0 <= rayprivate.available_resources_per_node()[node_id].get("GPU", 0.0) <= CLUSTER_GPUS
+
+
+def test_the_job_table_lists_this_driver_as_running(cluster):
+    mine = ray.get_runtime_context().get_job_id()
+    rows = {row["JobID"]: row for row in rayprivate.jobs()}
+    assert mine in rows and not rows[mine]["EndTime"]
+
+
+def test_node_address_session_dir_and_accelerators(cluster):
+    node_ip = ray.nodes()[0]["NodeManagerAddress"]
+    assert rayprivate.node_ip_address() == node_ip
+    assert os.path.isdir(os.path.join(rayprivate.session_dir(), "logs"))
+    assert rayprivate.accelerator_count("GPU") == 0  # this machine has no GPU; Ray's NVML probe says so
+    rayprivate.refresh_auth_config()  # raises if Ray moved its auth config
+
+
+def test_the_package_uploads_as_a_gcs_module(cluster):
+    env = rayprivate.upload_package(gpusession.__path__[0], logging.getLogger("test"))
+    assert [uri.startswith("gcs://") for uri in env["py_modules"]] == [True]
