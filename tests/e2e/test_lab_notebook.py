@@ -57,6 +57,13 @@ def lab(browser, jupyter):
     page.goto(jupyter.lab(NOTEBOOK))
     page.locator(".jp-Notebook .jp-Cell").nth(len(CELLS) - 1).wait_for(timeout=120_000)
     page.evaluate(SAMPLER)
+    # Under load the page draws the cells before its kernel is connected, and a Shift+Enter pressed
+    # then can be lost: wait until the toolbar says the kernel is idle, as a user would see.
+    try:
+        page.locator('.jp-Notebook-ExecutionIndicator[data-status="idle"]').wait_for(timeout=180_000)
+    except Exception:
+        screenshot(page, "lab-0-kernel-not-idle")
+        pytest.fail(f"the notebook's kernel never became idle; {jupyter.diagnose()}")
     run_cell(page, 0)
     try:
         page.locator(".jp-Notebook .jp-Cell").nth(0).locator(".jp-InputPrompt", has_text="[1]").wait_for(
