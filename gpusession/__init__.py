@@ -9,12 +9,9 @@
 """
 __version__ = "0.1.0"
 
-import copyreg as _copyreg
 import importlib as _importlib
 import logging as _logging
-import sys as _sys
 import warnings as _warnings
-import types as _types
 
 # Ray notes at import that ipywidgets is missing (for its own progress widgets); in a notebook
 # that lands in the user's first cell. gpusession draws its own display.
@@ -25,27 +22,21 @@ _warnings.filterwarnings("ignore", message="IProgress not found", module=r"tqdm\
 
 # Public names resolve on first use (PEP 562), so `import gpusession` -- and the `gpusession` CLI --
 # import neither Ray nor torch until something needs them (`gpusession status` answers in well
-# under a second). Three public functions share their name with the module that defines them
-# (context, lease, status): the package keeps the function, never the submodule, under that name.
+# under a second). No public function shares its name with a submodule: the rank-side API lives in
+# run/ (context.py, distributed.py), the client's lease and `gs.status` in cluster/
+# (tests/unit/test_package.py keeps it so).
 _EXPORTS = {
-    "context": "context", "load_checkpoint": "context", "prepare_loader": "context", "prepare_model": "context",
-    "report": "context", "save_checkpoint": "context", "unwrap": "context",
-    "DistributedFunction": "distributed", "distributed": "distributed",
+    "context": "run.context", "load_checkpoint": "run.context", "prepare_loader": "run.context",
+    "prepare_model": "run.context", "report": "run.context", "save_checkpoint": "run.context",
+    "unwrap": "run.context", "should_checkpoint": "run.context",
+    "DistributedFunction": "run.distributed", "distributed": "run.distributed",
     "GPUSessionError": "errors", "Infeasible": "errors", "LeaseRevoked": "errors", "Preempted": "errors",
     "QueueTimeout": "errors", "QuotaExceeded": "errors", "RunTimeout": "errors", "WorkerFailed": "errors",
-    "RunInfo": "events", "Lease": "lease", "lease": "lease", "Status": "status", "status": "status",
-    "should_checkpoint": "context",
+    "RunInfo": "events", "Lease": "cluster.lease", "lease": "cluster.lease", "Status": "cluster.status",
+    "status": "cluster.status",
     "sweep": "sweeps", "SweepFailed": "sweeps", "SweepResult": "sweeps", "choice": "sweeps",
     "loguniform": "sweeps", "randint": "sweeps", "uniform": "sweeps",
 }
-_SHADOWED = frozenset(name for name, module in _EXPORTS.items() if name == module)
-
-
-class _Package(_types.ModuleType):
-    def __setattr__(self, name, value):
-        if name in _SHADOWED and isinstance(value, _types.ModuleType):
-            return  # the import system binding the submodule: keep resolving the function
-        super().__setattr__(name, value)
 
 
 def __getattr__(name):
@@ -61,11 +52,6 @@ def __dir__():
     return sorted(set(globals()) | set(_EXPORTS))
 
 
-_sys.modules[__name__].__class__ = _Package
-# pickle (and cloudpickle, which ships user functions that read `gs.`) knows plain modules by
-# their name; the subclass needs saying so, or a function using `gs` could not be sent to workers.
-_copyreg.pickle(_Package, lambda module: (_importlib.import_module, (module.__name__,)))
-
 __all__ = [
     "distributed", "DistributedFunction", "lease", "Lease", "status", "Status", "RunInfo",
     "context", "report", "save_checkpoint", "load_checkpoint", "prepare_model", "prepare_loader",
@@ -77,7 +63,7 @@ __all__ = [
 
 def load_ipython_extension(ipython) -> None:
     """`%load_ext gpusession`: the %%gpu and %gpu magics."""
-    from .magics import load_ipython_extension as load
+    from .notebook.magics import load_ipython_extension as load
 
     load(ipython)
 

@@ -160,7 +160,7 @@ def _broker(args):
     server = None if getattr(args, "admin_token", None) else cli_access.find_server(address)
     if server is not None:
         return cli_access.ServerAccess(server)
-    from . import raycluster
+    from .cluster import raycluster
 
     if not (os.environ.get("RAY_ADDRESS") or raycluster.recorded_local_head()):
         raise GPUSessionError(NO_CLUSTER)
@@ -172,7 +172,7 @@ def _print(data, args, render) -> None:
 
 
 def _status(args) -> int:
-    from .status import Status
+    from .cluster.status import Status
 
     data = _broker(args).status()
     result = Status(user=data["user"], cluster=data["cluster"], quota=data["quota"], leases=data["leases"])

@@ -50,8 +50,8 @@ def _positive(text: str) -> int:
 
 
 def _start(args: argparse.Namespace) -> int:
-    from . import localhead
-    from .raycluster import local_head_file
+    from .cluster import localhead
+    from .cluster.raycluster import local_head_file
 
     try:
         head, started = localhead.start(gpus=args.gpus, timeout_s=args.timeout)
@@ -68,8 +68,8 @@ def _start(args: argparse.Namespace) -> int:
 
 
 def _stop(args: argparse.Namespace) -> int:
-    from . import localhead
-    from .raycluster import local_head_file
+    from .cluster import localhead
+    from .cluster.raycluster import local_head_file
 
     head = localhead.stop()
     if head is None:
@@ -80,7 +80,7 @@ def _stop(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from . import localhead
+    from .cluster import localhead
 
     head = localhead.status()
     if head is None:

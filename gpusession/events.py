@@ -160,7 +160,7 @@ def default_observer(world_size: int) -> Observer:
     if _factory is not None:
         return _factory(world_size)
     if _in_notebook_kernel():
-        from .display import NotebookObserver
+        from .notebook.display import NotebookObserver
 
         return NotebookObserver(world_size)
     from .console import ConsoleObserver

@@ -27,7 +27,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from .raycluster import state_dir
+from .cluster.raycluster import state_dir
 
 NOT_INSTALLED = ("JupyterLab is not installed in this environment. Install it with "
                  "`pip install 'gpusession[lab]'` (scripts/setup does), then run `gpusession lab` again.")

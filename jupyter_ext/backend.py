@@ -19,9 +19,9 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from gpusession import localhead
+from gpusession.cluster import localhead
 from gpusession.identity import SIGNATURE_ENV, USER_ENV, sign
-from gpusession.raycluster import state_dir
+from gpusession.cluster.raycluster import state_dir
 
 from . import bringup
 from .brokerlink import BrokerLink, BrokerUnavailable, settle

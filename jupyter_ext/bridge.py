@@ -70,7 +70,7 @@ def connect(policy: dict | None) -> dict:
 
     from gpusession.broker import client
     from gpusession.broker.settings import BrokerConfig
-    from gpusession.raycluster import _reachable
+    from gpusession.cluster.raycluster import _reachable
 
     address = os.environ.get("RAY_ADDRESS", "")
     if ":" in address and "://" not in address and not _reachable(address, timeout=5.0):

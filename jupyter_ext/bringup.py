@@ -2,7 +2,7 @@
 the cluster is (starting the local head for ray_address "local"), and the admin credentials."""
 from __future__ import annotations
 
-from gpusession import localhead
+from gpusession.cluster import localhead
 from gpusession.broker.secrets import admin_token_path
 from gpusession.broker.settings import BrokerConfig, resolve_db_path
 from gpusession.errors import NotAuthorized

@@ -16,7 +16,7 @@ from typing import Any
 
 import jupyter_ext
 from gpusession.errors import ERRORS_BY_NAME
-from gpusession.localhead import terminate
+from gpusession.cluster.localhead import terminate
 
 IMPORT_ROOT = str(Path(jupyter_ext.__file__).resolve().parent.parent)
 

@@ -15,10 +15,11 @@ import ray
 from packaging.version import Version
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .. import __version__, rayprivate
+from .. import __version__
+from ..cluster import rayprivate
 from ..errors import BrokerOutdated, GPUSessionError, NotAuthorized
 from ..identity import Identity, current_identity
-from ..raycluster import ensure_connected, head_node_id
+from ..cluster.raycluster import ensure_connected, head_node_id
 from .request import PROTOCOL
 from .secrets import admin_token_path
 from .settings import BrokerConfig, resolve_db_path

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
-from .. import rayprivate
-from ..raycluster import nodes as alive_nodes
+from ..cluster import rayprivate
+from ..cluster.raycluster import nodes as alive_nodes
 from .model import NodeCapacity
 
 PG_PREFIX = "gpusession"

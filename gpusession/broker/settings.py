@@ -6,7 +6,7 @@ import json
 import os
 from dataclasses import dataclass, fields
 
-from ..raycluster import state_dir
+from ..cluster.raycluster import state_dir
 from .books import PolicySettings
 from .ledger import Ledger
 from .model import Priority, Quota

@@ -93,12 +93,10 @@ def _run(launch: m.Launch, channel: Channel) -> int:
 
 
 def _call(launch: m.Launch, channel: Channel):
-    import importlib
-
     import cloudpickle
     import torch.distributed as dist
 
-    ctx_module = importlib.import_module("gpusession.context")  # gpusession.context is a function
+    from . import context as ctx_module
     spec = launch.spec
     try:
         fn, args, kwargs = cloudpickle.loads(launch.call)
@@ -150,7 +148,7 @@ def _set_environment(spec) -> None:
         for key, value in ACCELERATE_CPU_ENV.items():
             os.environ.setdefault(key, value)
     if spec.address:  # gloo/nccl bind to the interface of the Ray node IP, whatever the host name says
-        from ..netif import socket_ifname_env
+        from ..cluster.netif import socket_ifname_env
 
         os.environ.update(socket_ifname_env(spec.address))
     os.makedirs(scratch_dir(spec.lease_id), exist_ok=True)
@@ -195,7 +193,7 @@ def _local_devices(spec) -> list[int]:
 def _make_context(spec):
     import torch
 
-    from ..context import RunContext
+    from .context import RunContext
     from .spec import scratch_dir
 
     if not spec.logical_gpus and torch.cuda.is_available():

@@ -236,7 +236,7 @@ class Follower:
 
     # ----- the broker's notice --------------------------------------------------------------------
     def _on_notice(self) -> None:
-        from ..lease import notice_error
+        from ..cluster.lease import notice_error
 
         notice = self.lease.notice()
         if notice is None:  # the broker was replaced; the lease now watches the new one
@@ -250,7 +250,7 @@ class Follower:
         raise notice_error(self.lease, notice, checkpointed=bool(self.checkpoints))
 
     def _preempted(self, notice: dict) -> Preempted:
-        from ..lease import notice_error
+        from ..cluster.lease import notice_error
 
         return notice_error(self.lease, notice, checkpointed=True)
 

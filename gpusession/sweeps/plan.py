@@ -8,7 +8,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..distributed import DistributedFunction, parse_options
+from ..run.distributed import DistributedFunction, parse_options
 from ..options import RunOptions
 from .space import Space, parse_space
 

@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Any
 
-from ..distributed import DistributedFunction
+from ..run.distributed import DistributedFunction
 from ..errors import Infeasible, Preempted, QuotaExceeded
 from ..interrupts import deferred_interrupts
 from .plan import SweepPlan
@@ -66,7 +66,7 @@ class SweepRunner:
 
     # ----- the caller's thread --------------------------------------------------------------------
     def run(self) -> None:
-        from .. import raycluster
+        from ..cluster import raycluster
 
         raycluster.ensure_connected()  # once, here, not raced by the trial threads
         threads = [threading.Thread(target=self._slot, name=f"gpusession-sweep-{i}", daemon=True)

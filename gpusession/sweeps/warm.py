@@ -16,7 +16,7 @@ log = logging.getLogger("gpusession")
 
 def _pool():
     try:
-        from ..pool import pool
+        from ..run.pool import pool
     except ImportError:
         return None
     warm = pool()
@@ -25,7 +25,7 @@ def _pool():
 
 def gpu_nodes(addresses: list[str] | None = None) -> list[str]:
     """Node ids of alive nodes with GPUs (at these addresses, when given)."""
-    from .. import raycluster
+    from ..cluster import raycluster
 
     return [n.node_id for n in raycluster.nodes() if n.gpus > 0 and (addresses is None or n.address in addresses)]
 

@@ -7,7 +7,7 @@ from playwright.sync_api import expect
 
 from gpusession.broker import client
 from gpusession.identity import Identity
-from gpusession.lease import Lease
+from gpusession.cluster.lease import Lease
 from gpusession.options import validate_run_options
 
 from ..conftest import wait_for

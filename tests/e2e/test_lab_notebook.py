@@ -11,7 +11,7 @@ import pytest
 
 from gpusession.broker import client
 from gpusession.identity import Identity
-from gpusession.lease import Lease
+from gpusession.cluster.lease import Lease
 from gpusession.options import validate_run_options
 
 from ..conftest import CLUSTER_GPUS

@@ -96,7 +96,7 @@ def test_a_grant_revoked_while_it_is_being_placed_raises_the_brokers_reason(clus
     vanishes under it. The caller must see why (not a raw Ray error), and nothing stays held."""
     from gpusession.broker import client
 
-    monkeypatch.setattr(sys.modules["gpusession.lease"], "_probe", _probe_that_never_answers)
+    monkeypatch.setattr(sys.modules["gpusession.cluster.lease"], "_probe", _probe_that_never_answers)
     outcome: dict = {}
 
     def acquire() -> None:

@@ -9,7 +9,7 @@ import os
 import ray
 
 import gpusession
-from gpusession import rayprivate
+from gpusession.cluster import rayprivate
 
 from ..conftest import CLUSTER_GPUS
 

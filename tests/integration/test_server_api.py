@@ -16,7 +16,7 @@ from tornado.httpclient import HTTPClientError
 from traitlets.config import Config
 
 from gpusession.identity import Identity
-from gpusession.lease import Lease
+from gpusession.cluster.lease import Lease
 from gpusession.options import validate_run_options
 
 RAY_TOKEN = Path.home() / ".ray" / "auth_token"  # read before jp_environ moves HOME

@@ -9,7 +9,7 @@ import sys
 import psutil
 import pytest
 
-from gpusession import localhead
+from gpusession.cluster import localhead
 from gpusession.cli import main as gpusession
 
 

@@ -14,7 +14,7 @@ from tornado.httpclient import HTTPClientError
 from traitlets.config import Config
 
 from jupyter_ext.backend import readable
-from gpusession.localhead import LocalHeadError
+from gpusession.cluster.localhead import LocalHeadError
 
 
 @pytest.fixture

@@ -2,17 +2,16 @@
 from __future__ import annotations
 
 import types
-import importlib
 import threading
 import traceback
 
 import pytest
 import torch
 
-from gpusession import cellrun
-from gpusession.cellcode import analyze, ends_with_semicolon, parse_names, split_last_expression
+from gpusession.notebook import cellrun
+from gpusession.run import context as context_module
+from gpusession.notebook.cellcode import analyze, ends_with_semicolon, parse_names, split_last_expression
 
-context_module = importlib.import_module("gpusession.context")  # gs.context (the function) hides it
 
 
 # ----- analysis --------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """What the notebook display contains: queue line, metric table and plot data, receipt, throttle."""
 from __future__ import annotations
 
-from gpusession.display import (
+from gpusession.notebook.display import (
     Throttle,
     metric_series,
     metric_table,

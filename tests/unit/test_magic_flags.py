@@ -5,7 +5,7 @@ import pytest
 from IPython.core.error import UsageError
 from IPython.core.magic_arguments import parse_argstring
 
-from gpusession.magics import GPUMagics, _run_options
+from gpusession.notebook.magics import GPUMagics, _run_options
 
 MAGICS = (GPUMagics.gpu_cell, GPUMagics.gpu_line)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from gpusession.netif import collective_env, interface_for, socket_ifname_env
+from gpusession.cluster.netif import collective_env, interface_for, socket_ifname_env
 
 HOST = {
     "lo": ["127.0.0.1", "::1", "00:00:00:00:00:00"],
@@ -49,6 +49,6 @@ def test_the_first_interface_carrying_the_ip_wins():
 
 def test_on_this_machine_loopback_is_found_and_a_missing_ip_is_logged(caplog):
     assert socket_ifname_env("127.0.0.1", {}) == {"GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "=lo"}
-    with caplog.at_level(logging.DEBUG, logger="gpusession.netif"):
+    with caplog.at_level(logging.DEBUG, logger="gpusession.cluster.netif"):
         assert socket_ifname_env("203.0.113.77", {}) == {}
     assert "No network interface on this host carries its Ray node IP 203.0.113.77" in caplog.text

@@ -44,7 +44,7 @@ def test_unknown_option_name_is_rejected_with_the_list_of_options():
 
 
 def test_invalid_options_lease_nothing_because_they_fail_before_connecting(monkeypatch):
-    from gpusession import raycluster
+    from gpusession.cluster import raycluster
     from gpusession.broker import client
 
     def must_not_connect(*args, **kwargs):

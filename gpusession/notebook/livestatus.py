@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Callable
 
-from .statusline import Status, status_html, status_text
+from ..statusline import Status, status_html, status_text
 
 TICK_S = 0.25  # redraws only when the text changed, so about once a second
 

@@ -37,8 +37,8 @@ class Status:
 
 def status() -> Status:
     """Cluster capacity, your quota and usage, and your leases with their queue positions."""
-    from .broker import client  # here, not at the top: the CLI renders a Status without importing Ray
-    from .identity import current_identity
+    from ..broker import client  # here, not at the top: the CLI renders a Status without importing Ray
+    from ..identity import current_identity
 
     identity = current_identity()
     data = client.call(client.broker().status, {"user": identity.user, "signature": identity.signature})

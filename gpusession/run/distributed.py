@@ -5,11 +5,11 @@ import functools
 import inspect
 from typing import Any, Callable
 
-from .errors import GPUSessionError
-from .events import RunInfo, default_observer
-from .run.controller import run_function
-from .lease import Lease, _end_reason
-from .options import RunOptions, validate_run_options
+from ..errors import GPUSessionError
+from ..events import RunInfo, default_observer
+from .controller import run_function
+from ..cluster.lease import Lease, _end_reason
+from ..options import RunOptions, validate_run_options
 
 OPTION_NAMES = tuple(inspect.signature(validate_run_options).parameters)
 

@@ -20,14 +20,14 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from . import raycluster
-from .broker import client
-from .broker.request import LeaseRequest
-from .errors import ERRORS_BY_NAME, GPUSessionError, Infeasible, LeaseRevoked, Preempted, QueueTimeout
-from .events import Observer, RunInfo
-from .identity import Identity, current_identity
-from .interrupts import deferred_interrupts
-from .options import RunOptions, validate_run_options
-from .pool import WorkerHandle, pool
+from ..broker import client
+from ..broker.request import LeaseRequest
+from ..errors import ERRORS_BY_NAME, GPUSessionError, Infeasible, LeaseRevoked, Preempted, QueueTimeout
+from ..events import Observer, RunInfo
+from ..identity import Identity, current_identity
+from ..interrupts import deferred_interrupts
+from ..options import RunOptions, validate_run_options
+from ..run.pool import WorkerHandle, pool
 
 log = logging.getLogger("gpusession")
 PLACE_TIMEOUT_S = 30.0  # Ray should place a granted group at once; longer means foreign GPU use
@@ -92,7 +92,7 @@ class Lease:
 
     def run(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
         """Run fn on every worker of this lease; returns rank 0's value (or all with return_all)."""
-        from .run.controller import run_function
+        from ..run.controller import run_function
 
         if self._released:
             raise GPUSessionError(
@@ -406,7 +406,7 @@ def _end_reason(exc: BaseException | None) -> str:
         return "preempted"
     if isinstance(exc, LeaseRevoked):
         return "revoked"
-    from .errors import RunTimeout
+    from ..errors import RunTimeout
 
     return "timeout" if isinstance(exc, RunTimeout) else "failed"
 
@@ -418,7 +418,7 @@ def lease(**options: Any) -> Lease:
        ...:     lease.run(train, 0.1)
        ...:     lease.run(evaluate)
     Accepts the options of `gs.distributed`; `timeout` bounds each run."""
-    from .events import default_observer
+    from ..events import default_observer
 
     run_options = validate_run_options(**options)
     # `timeout` bounds each run of a held lease, not the lease: declare no hold limit to the broker.

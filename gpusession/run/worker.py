@@ -19,9 +19,9 @@ from datetime import timedelta
 
 import ray
 
-from .run import messages as m
-from .run.spec import RankSpec, scratch_dir  # noqa: F401  (RankSpec: imported from here by callers)
-from .run.zygote import Zygote
+from . import messages as m
+from .spec import RankSpec, scratch_dir  # noqa: F401  (RankSpec: imported from here by callers)
+from .zygote import Zygote
 
 ZYGOTE_START_TIMEOUT_S = 120.0  # a loaded node may take a while to import torch
 EXIT_STATUS_WAIT_S = 2.0

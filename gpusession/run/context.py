@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from numbers import Number
 from typing import Any, Callable
 
-from .errors import GPUSessionError
+from ..errors import GPUSessionError
 
 _NOT_IN_RUN = (
     "{name}() only works inside a function run by @gs.distributed, gs.lease().run or a %%gpu cell."
@@ -64,7 +64,7 @@ def report(metrics: dict | None = None, /, **values: Any) -> None:
     if run.context.rank != 0:
         return
     merged = {**(metrics or {}), **values}
-    from .run import messages
+    from . import messages
 
     run.channel.send(messages.Report({k: _plain(v) for k, v in merged.items()}))
 
@@ -77,7 +77,7 @@ def save_checkpoint(state: Any) -> None:
         return
     import cloudpickle
 
-    from .run import messages
+    from . import messages
 
     data = cloudpickle.dumps(state)
     run.checkpoints_saved += 1

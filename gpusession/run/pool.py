@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .errors import GPUSessionError
-from .workers import Worker
+from ..errors import GPUSessionError
+from .worker import Worker
 
 IDLE_S_ENV = "GPUSESSION_WARM_WORKER_IDLE_S"
 DEFAULT_IDLE_S = 600.0  # an idle worker and its warm parent cost ~500 MB of RAM; give them back after this

@@ -16,11 +16,11 @@ from IPython.core.magic_arguments import argument, kwds, magic_arguments, parse_
 
 from .cellcode import CellCode, analyze, parse_names
 from .cellrun import CellPayload, CellResult, pack, run_cell, unpack
-from .distributed import DistributedFunction, parse_options
-from .errors import GPUSessionError
-from .lease import held_leases, release_all
-from .options import parse_duration
-from .shipping import local_modules
+from ..run.distributed import DistributedFunction, parse_options
+from ..errors import GPUSessionError
+from ..cluster.lease import held_leases, release_all
+from ..options import parse_duration
+from ..shipping import local_modules
 
 MAGIC_SYNTAX = ("The %%gpu body uses IPython syntax (%magic, !command or ?), which the workers cannot "
                 "run. Move those lines to a cell of their own.")
@@ -137,14 +137,14 @@ def load_ipython_extension(ipython) -> None:
 def warm_up() -> None:
     """What the first %%gpu cell would otherwise pay before its status line shows: finding the
     installed packages (~0.5 s, cached) to tell the user's own modules from libraries."""
-    from .shipping import _installed_top_level_names
+    from ..shipping import _installed_top_level_names
 
     threading.Thread(target=_installed_top_level_names, name="gpusession-warm-up", daemon=True).start()
 
 
 # ----- %gpu ------------------------------------------------------------------------------------------
 def show_status() -> str:
-    from .status import status
+    from ..cluster.status import status
 
     held = held_leases()
     mine = "\n".join(f"  {lease!r}" for lease in held) or "  (none)"
@@ -182,7 +182,7 @@ def run_gpu_cell(shell, cell: str, args: argparse.Namespace) -> Any:
 
 
 def _status_now(options) -> None:
-    from . import events
+    from .. import events
 
     if events._factory is None and events._in_notebook_kernel():  # the default renderer will adopt it
         from .display import show_early

@@ -26,11 +26,11 @@ import time
 from numbers import Real
 from typing import Any, Callable
 
-from .console import LineAssembler
-from .events import Observer, RunInfo
-from .receipt import format_value, receipt_text
+from ..console import LineAssembler
+from ..events import Observer, RunInfo
+from ..receipt import format_value, receipt_text
 from .livestatus import LiveStatus
-from .statusline import Phase, Status, queue_text, step_of
+from ..statusline import Phase, Status, queue_text, step_of
 
 TABLE_ROWS = 8  # the last reports shown in the table; the plot shows them all
 TABLE_EVERY_S = 0.25
