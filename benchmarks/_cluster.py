@@ -15,18 +15,13 @@ CLUSTER_GPUS = 4
 def local_cluster(*, gpus: int = CLUSTER_GPUS, cpus: int = 4):
     import ray
 
+    from gpusession.cluster.raycluster import init_local_head
+
     home = tempfile.mkdtemp(prefix="gpusession-bench-")
     os.environ["GPUSESSION_HOME"] = home  # a private ledger: benchmarks never touch yours
     os.environ.pop("RAY_ADDRESS", None)
-    for attempt in range(3):  # on a loaded machine Ray's agents may miss the raylet's start window
-        try:
-            ray.init(address="local", num_gpus=gpus, num_cpus=cpus, include_dashboard=False,
-                     logging_level=logging.ERROR, log_to_driver=False)
-            break
-        except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for this
-            if "timed out during startup" not in str(exc) or attempt == 2:
-                raise
-            ray.shutdown()
+    init_local_head(num_gpus=gpus, num_cpus=cpus, include_dashboard=False, logging_level=logging.ERROR,
+                    log_to_driver=False)
     try:
         yield
     finally:

@@ -70,15 +70,10 @@ def cluster(tmp_path_factory):
     home = tmp_path_factory.mktemp("gpusession-home")
     os.environ["GPUSESSION_HOME"] = str(home)  # the broker (a child of this head) inherits it
     os.environ.pop("RAY_ADDRESS", None)
-    for attempt in range(3):  # on a loaded machine Ray's agents may miss the raylet's 30 s start window
-        try:
-            ray.init(address="local", num_gpus=CLUSTER_GPUS, num_cpus=4, include_dashboard=False,
-                     logging_level=logging.ERROR, log_to_driver=True)
-            break
-        except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for this
-            if "timed out during startup" not in str(exc) or attempt == 2:
-                raise
-            ray.shutdown()
+    from gpusession.cluster.raycluster import init_local_head
+
+    init_local_head(num_gpus=CLUSTER_GPUS, num_cpus=4, include_dashboard=False, logging_level=logging.ERROR,
+                    log_to_driver=True)
     from gpusession.broker import client
     from gpusession.broker.settings import BrokerConfig
 

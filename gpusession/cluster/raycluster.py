@@ -127,13 +127,24 @@ def start_embedded(*, local_gpus: int | None = None) -> None:
             "(workers train on the CPU with gloo).",
             gpus,
         )
-    ray.init(
-        address="local",
-        num_gpus=gpus,
-        include_dashboard=False,
-        logging_level=logging.ERROR,
-        log_to_driver=False,
-    )
+    init_local_head(num_gpus=gpus, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
+
+
+STARTUP_TIMEOUT = "timed out during startup"
+
+
+def init_local_head(*, attempts: int = 3, **init_options) -> None:
+    """`ray.init(address="local", ...)`, tried again when the new head's agents missed Ray's fixed
+    30 s start window (a loaded machine); any other failure is raised at once."""
+    for attempt in range(attempts):
+        try:
+            ray.init(address="local", **init_options)
+            return
+        except Exception as exc:  # noqa: BLE001 - Ray raises a bare Exception for this
+            if STARTUP_TIMEOUT not in str(exc) or attempt == attempts - 1:
+                raise
+            log.warning("The local Ray head timed out during startup (a loaded machine?); trying again.")
+            ray.shutdown()
 
 
 def nodes() -> list[NodeInfo]:
