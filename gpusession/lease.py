@@ -229,7 +229,9 @@ class Lease:
         self.info.logical_gpus = self.logical_gpus
         self.info.nodes = sorted({slot.address for slot in self.slots})
         node_workers = dict(collections.Counter(slot.node_id for slot in self.slots))
-        client.call(broker.placed, self.lease_id, node_workers, auth=client.lease_auth(self.identity))
+        gpu_ids = {node: [list(s.gpu_ids) for s in self.slots if s.node_id == node] for node in node_workers}
+        client.call(broker.placed, self.lease_id, node_workers, gpu_ids=gpu_ids,
+                    auth=client.lease_auth(self.identity))
         self._watch = broker.watch.remote(self.lease_id, auth=client.lease_auth(self.identity))
 
     def _probe_slots(self, group) -> list[Slot]:

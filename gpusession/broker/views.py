@@ -35,6 +35,7 @@ def lease_view(row: dict, *, waiting: Waiting | None, version: int, now: float) 
         "end_reason": row.get("end_reason"),
         "gpu_seconds": row.get("gpu_seconds"),
         "node_workers": row.get("node_workers"),
+        "gpu_ids": row.get("gpu_ids"),
         "notice": notice if notice.get("kind") else None,
         "error": notice.get("error"),
         "message": notice.get("message"),
