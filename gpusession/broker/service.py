@@ -22,7 +22,7 @@ import uuid
 
 from .. import __version__
 from ..errors import InvalidRequest, LeaseNotFound, NotAuthorized
-from . import authz, gpuids, rayview, reconcile, request as checks, secrets, settings, views
+from . import authz, gpuids, rayview, reconcile, request as checks, secrets, settings, statedir, views
 from .admin_api import AdminMethods, books_week
 from .books import Books, Effects, Notice, NoticeKind
 from .door import door
@@ -44,7 +44,11 @@ class BrokerService(AdminMethods):
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         self.config = settings.BrokerConfig(**(config or {}))
         self.version_string = self.config.version_override or __version__
-        self.db_path = settings.resolve_db_path(self.config)
+        self.db_path = settings.explicit_db_path(self.config)
+        self.state_claim = None  # held while this broker runs: no other cluster's broker takes its directory
+        if self.db_path is None:
+            self.state_claim = await asyncio.to_thread(statedir.claim_for_this_cluster)
+            self.db_path = self.state_claim.db_path
         ledger = Ledger(self.db_path)
         values = settings.resolve(self.config, ledger)
         self.policy_values = values
