@@ -20,7 +20,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from . import raycluster
-from .broker import client
+from .broker import client, messages
 from .broker.request import LeaseRequest
 from .errors import ERRORS_BY_NAME, GPUSessionError, Infeasible, LeaseRevoked, Preempted, QueueTimeout
 from .events import Observer, RunInfo
@@ -214,10 +214,7 @@ class Lease:
         try:
             ray.get(self._pg.ready(), timeout=PLACE_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
-            raise Infeasible(
-                f"The broker granted {self.gpus:g} GPUs but Ray could not place them within "
-                f"{PLACE_TIMEOUT_S:.0f} s: something outside gpusession is using GPUs. Try again."
-            ) from None
+            raise Infeasible(messages.not_placed(self.gpus, PLACE_TIMEOUT_S, _cluster_view(broker))) from None
         # Workers start (or come warm from the pool) while the probes run: a first call pays
         # one process start, not two in a row.
         bundle_nodes = ray.util.placement_group_table(self._pg)["bundles_to_node_id"]
@@ -364,10 +361,18 @@ class Lease:
             except Exception as exc:  # Ray already freed the group; the broker reconciles later
                 log.warning("Could not tell the broker lease %s ended (%s); it will notice by itself.",
                             self.lease_id, exc)
-        if self.granted_at is not None:
+        if self.granted_at is not None and self.slots:  # as the broker bills: only a lease Ray placed
             self.info.gpu_seconds = self.gpus * (released - self.granted_at)
         self.info.released = True
         _live.discard(self)
+
+
+def _cluster_view(broker) -> dict | None:
+    """The broker's view of the nodes (which are lost, GPUs used outside gpusession), or None."""
+    try:
+        return client.call(broker.cluster, timeout=10.0)
+    except Exception:  # the broker is away: the message says so
+        return None
 
 
 def notice_error(lease: Lease, notice: dict, *, checkpointed: bool | None = None) -> GPUSessionError:

@@ -273,10 +273,13 @@ def _reason_code(kind: str) -> str:
 
 
 def _closed_row(row: dict, reason: str, released_at: float) -> dict:
-    """The row as closed now: held from its grant to `released_at` (never before the grant)."""
+    """The row as closed now: held from its grant to `released_at` (never before the grant),
+    billed only if Ray placed it: a grant that never became GPUs (its node was lost, its caller
+    gave up) costs its user nothing."""
     granted = row.get("granted_at")
     released = max(released_at, granted) if granted is not None else released_at
-    gpu_seconds = row["gpus"] * (released - granted) if granted is not None else 0.0
+    placed = row.get("placed_at") is not None
+    gpu_seconds = row["gpus"] * (released - granted) if granted is not None and placed else 0.0
     return {**row, "state": LeaseState.ENDED.value, "end_reason": reason, "released_at": released,
             "gpu_seconds": gpu_seconds}
 

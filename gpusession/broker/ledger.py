@@ -309,7 +309,7 @@ class Ledger:
     # the ledger holds in that range, and runs on a reader thread, never on the broker's loop.
     _INTERVALS = (
         "select user, gpus, max(granted_at, :since) as s, min(coalesce(released_at, :until), :until) as e "
-        "from leases where granted_at is not null and granted_at < :until "
+        "from leases where granted_at is not null and placed_at is not null and granted_at < :until "
         "and (released_at is null or released_at > :since) and (:user is null or user = :user)"
     )
 

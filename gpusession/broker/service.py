@@ -319,7 +319,9 @@ class BrokerService(AdminMethods):
                 log.exception("Reconciliation failed; retrying in %.1f s", TICK_S)
 
     async def _tick(self) -> None:
+        before = self.snapshot
         self.snapshot = await asyncio.to_thread(rayview.take, self.ledger_id, self.snapshot)
+        _log_node_changes(before, self.snapshot)
         if self.books.usage_stale(time.time()):
             await self._refresh_usage()
         now = time.time()  # no await from here on: the actions apply to the books as they are
@@ -360,6 +362,19 @@ class BrokerService(AdminMethods):
             self._apply(self.books.close(action.lease_id, action.reason, now))
             return groups, self.workers.pop(action.lease_id, [])
         return None
+
+
+def _log_node_changes(before, after) -> None:
+    gpus = {node.node_id: node.gpus for node in after.nodes}
+    for node_id, address in after.lost.items():
+        if node_id not in before.lost:
+            log.warning("Node %s (%s) does not answer: its %g GPUs leave the broker's capacity until it does",
+                        node_id[:12], address, gpus.get(node_id, 0.0))
+    for node_id, address in before.lost.items():
+        if node_id not in after.lost:
+            back = node_id in gpus
+            log.info("Node %s (%s) %s", node_id[:12], address,
+                     "answers again: its GPUs are back" if back else "is gone from Ray")
 
 
 def _take_back(work: list[tuple[list[str], list]]) -> None:
