@@ -78,6 +78,7 @@ def connect(policy: dict | None) -> dict:
     handle = client.broker(BrokerConfig(**policy) if policy else None)
     info = client.call(handle.info)
     info["address"] = ray.get_runtime_context().gcs_address
+    info["ledger_here"] = client.ledger_path_here((policy or {}).get("db_path"))  # the server reads the token beside it
     return info
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from gpusession.cluster import localhead
 from gpusession.broker.secrets import admin_token_path
-from gpusession.broker.settings import BrokerConfig, resolve_db_path
 from gpusession.errors import NotAuthorized
 
 from .brokerlink import BrokerLink
@@ -30,7 +29,7 @@ def credentials(link: BrokerLink, options: GPUSession, owner: str, info: dict, l
     """The admin token (configured, or the file beside a ledger on this machine) and the identity key."""
     # The broker tells no one where its ledger is; a server on the head node looks where a
     # broker it started (or the default one) keeps it.
-    token = options.admin_token or _token_beside(resolve_db_path(BrokerConfig(db_path=options.db_path or None)))
+    token = options.admin_token or _token_beside(info.get("ledger_here"))
     if token:
         try:
             key = link.call("signing_key", {"user": owner, "token": token}).result(CALL_TIMEOUT_S)
@@ -43,7 +42,9 @@ def credentials(link: BrokerLink, options: GPUSession, owner: str, info: dict, l
     return None, None
 
 
-def _token_beside(db_path: str) -> str | None:
+def _token_beside(db_path: str | None) -> str | None:
+    if not db_path:
+        return None
     try:
         return admin_token_path(db_path).read_text().strip() or None
     except OSError:  # the ledger is on another machine

@@ -46,8 +46,8 @@ class GPUSession(LoggingConfigurable):
         reaches the server sees per-user GPU-seconds; it does not rate-limit scrapes.""").tag(config=True)
     db_path = Unicode("", help="""Path of the broker's SQLite ledger on the head node, e.g.
         "/var/lib/gpusession/ledger.db"; used only when this server starts the embedded head and
-        broker (ray_address "local"). Empty: $GPUSESSION_DB_PATH, else
-        $GPUSESSION_HOME/ledger.db (~/.gpusession/ledger.db). The admin token and identity key are
+        broker (ray_address "local"). Empty: $GPUSESSION_DB_PATH, else the cluster's own directory
+        $GPUSESSION_HOME/clusters/HOST/ledger.db (~/.gpusession/...). The admin token and identity key are
         kept beside it. It cannot move the ledger of a broker that already runs.""").tag(config=True)
     default_quota = Dict(help="""Quota of users with no row of their own, e.g.
         {"max_gpus": 2, "gpu_hours": 40, "max_priority": "normal"}: max_gpus = GPUs held at once,

@@ -195,6 +195,21 @@ class Books:
             self._bump(lease_id, effects)
         return effects
 
+    def record_gpu_ids(self, lease_id: int, gpu_ids: dict[str, list[list[str]]]) -> Effects:
+        """The GPU ids of a granted or placed lease's workers (already checked by the service)."""
+        row = self.rows.get(lease_id)
+        effects = Effects()
+        if row is not None and row["state"] in ACTIVE_STATES and row.get("gpu_ids") != gpu_ids:
+            self.journal.set_gpu_ids(lease_id, gpu_ids)
+            row["gpu_ids"] = gpu_ids
+            self._bump(lease_id, effects)
+        return effects
+
+    def gpu_id_holders(self) -> list[tuple[int, float, dict]]:
+        """(lease id, GPUs per worker, GPU ids) of every live lease whose ids are known."""
+        return [(row["id"], row["gpus_per_worker"], row["gpu_ids"]) for row in self.rows.values()
+                if row.get("gpu_ids") and row["state"] in ACTIVE_STATES]
+
     def close(self, lease_id: int, reason: str, released_at: float) -> Effects:
         effects = Effects()
         self._close(lease_id, reason, released_at, effects)
@@ -258,10 +273,13 @@ def _reason_code(kind: str) -> str:
 
 
 def _closed_row(row: dict, reason: str, released_at: float) -> dict:
-    """The row as closed now: held from its grant to `released_at` (never before the grant)."""
+    """The row as closed now: held from its grant to `released_at` (never before the grant),
+    billed only if Ray placed it: a grant that never became GPUs (its node was lost, its caller
+    gave up) costs its user nothing."""
     granted = row.get("granted_at")
     released = max(released_at, granted) if granted is not None else released_at
-    gpu_seconds = row["gpus"] * (released - granted) if granted is not None else 0.0
+    placed = row.get("placed_at") is not None
+    gpu_seconds = row["gpus"] * (released - granted) if granted is not None and placed else 0.0
     return {**row, "state": LeaseState.ENDED.value, "end_reason": reason, "released_at": released,
             "gpu_seconds": gpu_seconds}
 

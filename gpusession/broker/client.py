@@ -19,10 +19,11 @@ from .. import __version__
 from ..cluster import rayprivate
 from ..errors import BrokerOutdated, GPUSessionError, NotAuthorized
 from ..identity import Identity, current_identity
-from ..cluster.raycluster import ensure_connected, head_node_id
+from ..cluster.raycluster import ensure_connected, head_node_id, state_dir
 from .request import PROTOCOL
 from .secrets import admin_token_path
-from .settings import BrokerConfig, resolve_db_path
+from . import statedir
+from .settings import BrokerConfig, explicit_db_path
 
 log = logging.getLogger("gpusession")
 
@@ -84,14 +85,29 @@ def lease_auth(identity: Identity | None = None) -> dict:
 
 def admin_token_here() -> str | None:
     """The admin token, if this process may have it: $GPUSESSION_ADMIN_TOKEN, else the file
-    beside the default ledger when it is on this machine and readable (an admin on the head)."""
+    beside this cluster's ledger when it is on this machine and readable (an admin on the head)."""
     token = os.environ.get(ADMIN_TOKEN_ENV, "").strip()
     if token:
         return token
+    ledger = ledger_path_here()
     try:
-        return admin_token_path(resolve_db_path(BrokerConfig())).read_text().strip() or None
+        return admin_token_path(ledger).read_text().strip() or None if ledger else None
     except OSError:
         return None
+
+
+def ledger_path_here(db_path: str | None = None) -> str | None:
+    """Where this cluster's ledger is when this process runs on its head: `db_path` or
+    $GPUSESSION_DB_PATH if set, else the directory the cluster's broker recorded (statedir.py)."""
+    explicit = explicit_db_path(BrokerConfig(db_path=db_path))
+    if explicit:
+        return explicit
+    ensure_connected()
+    recorded = statedir.recorded_here()
+    if recorded is not None:
+        return str(recorded / statedir.LEGACY_LEDGER)
+    legacy = state_dir() / statedir.LEGACY_LEDGER  # a broker from before per-cluster directories
+    return str(legacy) if legacy.exists() else None
 
 
 def _get_or_create(config: BrokerConfig) -> Any:

@@ -25,7 +25,7 @@ __all__ = ["ACTIVE_STATES", "OPEN_STATES", "Ledger", "MIGRATIONS", "QuotaRow"]
 LEASE_COLUMNS = (
     "id request_id user job_id gpus workers gpus_per_worker min_workers priority placement "
     "max_hold_s queue_timeout_s state over_quota requested_at granted_at placed_at released_at "
-    "end_reason gpu_seconds node_workers notice preempted_for sweep_id"
+    "end_reason gpu_seconds node_workers notice preempted_for sweep_id gpu_ids"
 ).split()
 NUMBER_COLUMNS = ("gpus", "gpus_per_worker", "max_hold_s", "queue_timeout_s", "requested_at", "granted_at",
                   "placed_at", "released_at", "gpu_seconds")
@@ -95,6 +95,12 @@ def m004_quarantine(db: sqlite_utils.Database) -> None:
     """Rows a restarted broker could not read are moved here, with the reason, instead of failing it."""
     db.execute("create table quarantined_leases (id integer primary key, reason text not null, "
                "row text not null, quarantined_at real not null)")
+
+
+@migration
+def m005_gpu_ids(db: sqlite_utils.Database) -> None:
+    """The GPU ids a placed lease's workers hold, per node (JSON: node id -> one list per worker)."""
+    db.execute("alter table leases add column gpu_ids text")
 
 
 @dataclass(frozen=True)
@@ -250,6 +256,11 @@ class Ledger:
                 [now, json.dumps(node_workers), lease_id],
             )
 
+    def set_gpu_ids(self, lease_id: int, gpu_ids: dict[str, list[list[str]]]) -> None:
+        with self._tx():
+            self.db.execute(f"update leases set gpu_ids=? where id=? and state in {ACTIVE_STATES!r}",
+                            [json.dumps(gpu_ids), lease_id])
+
     def set_notice(self, lease_id: int, notice: dict, preempted_for: int | None) -> None:
         with self._tx():
             self.db.execute(
@@ -298,7 +309,7 @@ class Ledger:
     # the ledger holds in that range, and runs on a reader thread, never on the broker's loop.
     _INTERVALS = (
         "select user, gpus, max(granted_at, :since) as s, min(coalesce(released_at, :until), :until) as e "
-        "from leases where granted_at is not null and granted_at < :until "
+        "from leases where granted_at is not null and placed_at is not null and granted_at < :until "
         "and (released_at is null or released_at > :since) and (:user is null or user = :user)"
     )
 
@@ -391,7 +402,7 @@ def _encode(value: Any) -> Any:
 def _decode(row: dict) -> dict:
     row = dict(row)
     row["state"] = LeaseState(row["state"]).value
-    for key in ("node_workers", "notice"):
+    for key in ("node_workers", "notice", "gpu_ids"):
         if row.get(key):
             row[key] = json.loads(row[key])
     row["priority"] = Priority(row["priority"])

@@ -112,3 +112,21 @@ def _duration(seconds: float) -> str:
     if seconds < 90 * 60:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def not_placed(gpus: float, waited_s: float, cluster: dict | None) -> str:
+    """Why a granted lease's placement group was not placed in time, as far as the broker knows
+    (`cluster`: its cluster view, None if it did not answer). "Outside gpusession" only when
+    Ray shows GPUs in use that no lease accounts for."""
+    head = f"The broker granted {_gpus(gpus)} but Ray could not place them within {waited_s:.0f} s"
+    lost = [n for n in (cluster or {}).get("nodes", []) if n.get("lost")]
+    if lost:
+        names = ", ".join(f"{n['node_id'][:12]} ({n.get('address') or 'no address'})" for n in lost)
+        return (f"{head}: node {names} was lost (it does not answer; Ray has not declared it dead yet). "
+                "Nothing was billed. Try again: the broker lends only the nodes that answer.")
+    unmanaged = (cluster or {}).get("gpus_unmanaged") or 0.0
+    if unmanaged > 0:
+        return (f"{head}: something outside gpusession is using {_gpus(unmanaged)} (Ray shows them in use "
+                "and no lease holds them). Nothing was billed. Try again, or ask who uses Ray directly.")
+    why = "the broker did not answer" if cluster is None else "no node was lost and nothing outside gpusession uses GPUs"
+    return f"{head} ({why}). Nothing was billed. Try again."

@@ -9,9 +9,11 @@ from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from ..cluster import rayprivate
 from ..cluster.raycluster import nodes as alive_nodes
+from . import liveness
 from .model import NodeCapacity
 
 PG_PREFIX = "gpusession"
+PROBE_TIMEOUT_S = 1.0  # a node whose raylet does not answer a connect within this lends no GPUs
 
 
 def pg_name(ledger_id: str, lease_id: int) -> str:
@@ -34,12 +36,16 @@ class Snapshot:
     groups: dict[int, GroupState] = field(default_factory=dict)  # lease id -> its group
     dead_jobs: dict[str, float] = field(default_factory=dict)  # job id -> when it ended
     raw_unmanaged: dict[str, float] = field(default_factory=dict)  # this reading, before smoothing
+    lost: dict[str, str] = field(default_factory=dict)  # node id -> address: Ray lists it, it does not answer
 
 
 def take(ledger_id: str, previous: Snapshot | None = None) -> Snapshot:
-    """Read Ray once. Unmanaged GPUs are those in use on a node beyond our own groups; the
-    smaller of this and the previous reading is kept because Ray's resource view lags group
-    creation and removal by ~0.1 s and a transient must not look like foreign use."""
+    """Read Ray once, and probe each GPU node (liveness.py). Unmanaged GPUs are those in use on a
+    node beyond our own groups; the smaller of this and the previous reading is kept because
+    Ray's resource view lags group creation and removal by ~0.1 s and a transient must not look
+    like foreign use. A node that does not answer keeps its place (a request it could hold stays
+    feasible, it may come back) but lends nothing: all of its GPUs that our groups do not hold
+    count as unavailable, until it answers again."""
     groups = _our_groups(ledger_id)
     free = {n: r.get("GPU", 0.0) for n, r in rayprivate.available_resources_per_node().items()}
     ours: dict[str, float] = {}
@@ -48,16 +54,20 @@ def take(ledger_id: str, previous: Snapshot | None = None) -> Snapshot:
             for node_id, gpus in group.gpus_by_node.items():
                 ours[node_id] = ours.get(node_id, 0.0) + gpus
     before = previous.raw_unmanaged if previous else {}
-    nodes, logical, raw = [], True, {}
-    for info in alive_nodes():
-        if info.gpus <= 0:
-            continue
+    infos = [info for info in alive_nodes() if info.gpus > 0]
+    silent = liveness.unreachable({i.node_id: (i.address, i.raylet_port) for i in infos}, timeout_s=PROBE_TIMEOUT_S)
+    nodes, logical, raw, lost = [], True, {}, {}
+    for info in infos:
         logical = logical and info.logical
+        if info.node_id in silent:
+            lost[info.node_id] = info.address
+            nodes.append(NodeCapacity(info.node_id, info.gpus, round(max(0.0, info.gpus - ours.get(info.node_id, 0.0)), 6)))
+            continue
         used = info.gpus - free.get(info.node_id, info.gpus)
         raw[info.node_id] = max(0.0, used - ours.get(info.node_id, 0.0))
         unmanaged = min(raw[info.node_id], before.get(info.node_id, raw[info.node_id]))
         nodes.append(NodeCapacity(info.node_id, info.gpus, round(unmanaged, 6)))
-    return Snapshot(nodes, logical and bool(nodes), groups, _dead_jobs(), raw)
+    return Snapshot(nodes, logical and bool(nodes), groups, _dead_jobs(), raw, lost)
 
 
 def _our_groups(ledger_id: str) -> dict[int, GroupState]:

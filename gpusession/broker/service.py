@@ -22,7 +22,7 @@ import uuid
 
 from .. import __version__
 from ..errors import InvalidRequest, LeaseNotFound, NotAuthorized
-from . import authz, rayview, reconcile, request as checks, secrets, settings, views
+from . import authz, gpuids, rayview, reconcile, request as checks, secrets, settings, statedir, views
 from .admin_api import AdminMethods, books_week
 from .books import Books, Effects, Notice, NoticeKind
 from .door import door
@@ -44,7 +44,11 @@ class BrokerService(AdminMethods):
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         self.config = settings.BrokerConfig(**(config or {}))
         self.version_string = self.config.version_override or __version__
-        self.db_path = settings.resolve_db_path(self.config)
+        self.db_path = settings.explicit_db_path(self.config)
+        self.state_claim = None  # held while this broker runs: no other cluster's broker takes its directory
+        if self.db_path is None:
+            self.state_claim = await asyncio.to_thread(statedir.claim_for_this_cluster)
+            self.db_path = self.state_claim.db_path
         ledger = Ledger(self.db_path)
         values = settings.resolve(self.config, ledger)
         self.policy_values = values
@@ -152,21 +156,30 @@ class BrokerService(AdminMethods):
             await self.wakers.setdefault(lease_id, asyncio.Event()).wait()
 
     @door
-    async def placed(self, lease_id: int, node_workers: dict, workers: list | None = None, *, auth: dict) -> dict:
-        """The caller's group is placed (`node_workers`: workers per node), and/or these are its
-        worker actors (the broker kills them if it must take the lease back)."""
+    async def placed(self, lease_id: int, node_workers: dict, workers: list | None = None, *,
+                     gpu_ids: dict | None = None, auth: dict) -> dict:
+        """The caller's group is placed (`node_workers`: workers per node; `gpu_ids`: per node, the
+        GPU ids of each worker there), and/or these are its worker actors (the broker kills them
+        if it must take the lease back)."""
         row = await self._owned(lease_id, auth, "report the placement of")
         if workers is not None and (not isinstance(workers, list) or len(workers) > row["workers"]):
             raise InvalidRequest(f"workers must be a list of at most {row['workers']} worker actors (lease "
                                  f"{lease_id} has {row['workers']}). Nothing was changed.")
+        if gpu_ids is not None and not node_workers:
+            raise InvalidRequest("gpu_ids must come with node_workers (the workers per node they belong to). "
+                                 "Nothing was changed.")
         if node_workers:
             node_workers = self._check_placement(row, node_workers)
+        if gpu_ids is not None:
+            gpu_ids = self._check_gpu_ids(row, node_workers, gpu_ids)
         if row["state"] == LeaseState.ENDED:
             return self._view_of(row, time.time())
         if workers:
             self.workers[lease_id] = list(workers)
         if node_workers:
             self._apply(self.books.place(lease_id, node_workers, time.time()))
+        if gpu_ids is not None:
+            self._apply(self.books.record_gpu_ids(lease_id, gpu_ids))
         await self.journal.flushed()
         return self._view_of(await self._row(lease_id), time.time())
 
@@ -184,6 +197,15 @@ class BrokerService(AdminMethods):
             raise InvalidRequest(f"node_workers {counts} differs from where Ray placed lease {row['id']} "
                                  f"({group.node_workers}). Nothing was changed.")
         return counts
+
+    def _check_gpu_ids(self, row: dict, node_workers: dict[str, int], gpu_ids) -> dict:
+        """Each worker's GPU ids: as many as its share needs, on GPUs its node has room for, none
+        held by another live lease (no await: checked against the books as they are now)."""
+        parsed = gpuids.parse(gpu_ids, node_workers=node_workers, gpus_per_worker=row["gpus_per_worker"])
+        gpuids.check_room(row["id"], parsed, gpus_per_worker=row["gpus_per_worker"],
+                          node_gpus={node.node_id: node.gpus for node in self.snapshot.nodes},
+                          others=[gpuids.Holder(*held) for held in self.books.gpu_id_holders()])
+        return parsed
 
     @door
     async def release(self, lease_id: int, reason: str, *, auth: dict) -> dict:
@@ -297,7 +319,9 @@ class BrokerService(AdminMethods):
                 log.exception("Reconciliation failed; retrying in %.1f s", TICK_S)
 
     async def _tick(self) -> None:
+        before = self.snapshot
         self.snapshot = await asyncio.to_thread(rayview.take, self.ledger_id, self.snapshot)
+        _log_node_changes(before, self.snapshot)
         if self.books.usage_stale(time.time()):
             await self._refresh_usage()
         now = time.time()  # no await from here on: the actions apply to the books as they are
@@ -338,6 +362,19 @@ class BrokerService(AdminMethods):
             self._apply(self.books.close(action.lease_id, action.reason, now))
             return groups, self.workers.pop(action.lease_id, [])
         return None
+
+
+def _log_node_changes(before, after) -> None:
+    gpus = {node.node_id: node.gpus for node in after.nodes}
+    for node_id, address in after.lost.items():
+        if node_id not in before.lost:
+            log.warning("Node %s (%s) does not answer: its %g GPUs leave the broker's capacity until it does",
+                        node_id[:12], address, gpus.get(node_id, 0.0))
+    for node_id, address in before.lost.items():
+        if node_id not in after.lost:
+            back = node_id in gpus
+            log.info("Node %s (%s) %s", node_id[:12], address,
+                     "answers again: its GPUs are back" if back else "is gone from Ray")
 
 
 def _take_back(work: list[tuple[list[str], list]]) -> None:

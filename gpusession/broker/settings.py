@@ -6,7 +6,6 @@ import json
 import os
 from dataclasses import dataclass, fields
 
-from ..cluster.raycluster import state_dir
 from .books import PolicySettings
 from .ledger import Ledger
 from .model import Priority, Quota
@@ -17,7 +16,7 @@ ENV_PREFIX = "GPUSESSION_"
 
 @dataclass(frozen=True)
 class BrokerConfig:
-    db_path: str | None = None  # None: $GPUSESSION_DB_PATH, else ~/.gpusession/ledger.db on the head
+    db_path: str | None = None  # None: $GPUSESSION_DB_PATH, else this cluster's directory (statedir.py)
     default_quota: dict | None = None  # {"max_gpus": 2, "gpu_hours": null, "max_priority": "normal"}
     allow_borrowing: bool | None = None
     preemption_grace_s: float | None = None
@@ -45,8 +44,10 @@ DEFAULTS = {
 }
 
 
-def resolve_db_path(config: BrokerConfig) -> str:
-    return config.db_path or os.environ.get(ENV_PREFIX + "DB_PATH") or str(state_dir() / "ledger.db")
+def explicit_db_path(config: BrokerConfig) -> str | None:
+    """The ledger path an admin chose (config, else $GPUSESSION_DB_PATH); None: the cluster's own
+    directory under $GPUSESSION_HOME (statedir.py)."""
+    return config.db_path or os.environ.get(ENV_PREFIX + "DB_PATH") or None
 
 
 def _from_env(key: str):

@@ -35,6 +35,7 @@ def lease_view(row: dict, *, waiting: Waiting | None, version: int, now: float) 
         "end_reason": row.get("end_reason"),
         "gpu_seconds": row.get("gpu_seconds"),
         "node_workers": row.get("node_workers"),
+        "gpu_ids": row.get("gpu_ids"),
         "notice": notice if notice.get("kind") else None,
         "error": notice.get("error"),
         "message": notice.get("message"),
@@ -45,17 +46,21 @@ def lease_view(row: dict, *, waiting: Waiting | None, version: int, now: float) 
 
 def cluster_view(snapshot: Snapshot, books: Books) -> dict:
     total = sum(n.gpus for n in snapshot.nodes)
-    unmanaged = sum(n.unmanaged for n in snapshot.nodes)
+    unavailable = sum(n.unmanaged for n in snapshot.nodes)  # a lost node's GPUs count here too
     leased = sum(lease.gpus for lease in books.active())
     queued = [r for r in books.rows.values() if r["state"] == "queued"]
     return {
         "gpus_total": total,
         "gpus_leased": leased,
-        "gpus_unmanaged": unmanaged,
-        "gpus_free": max(0.0, total - leased - unmanaged),
+        "gpus_unmanaged": sum(n.unmanaged for n in snapshot.nodes if n.node_id not in snapshot.lost),
+        "gpus_lost": sum(n.gpus for n in snapshot.nodes if n.node_id in snapshot.lost),
+        "gpus_free": max(0.0, total - leased - unavailable),
         "logical_gpus": snapshot.logical,
         "nodes": [
-            {"node_id": n.node_id, "gpus": n.gpus, "unmanaged": n.unmanaged} for n in snapshot.nodes
+            {"node_id": n.node_id, "gpus": n.gpus,
+             "unmanaged": 0.0 if n.node_id in snapshot.lost else n.unmanaged,
+             "lost": n.node_id in snapshot.lost, "address": snapshot.lost.get(n.node_id)}
+            for n in snapshot.nodes
         ],
         "leases_active": len(books.active()),
         "requests_queued": len(queued),

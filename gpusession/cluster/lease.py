@@ -20,7 +20,6 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from . import raycluster
-from ..broker import client
 from ..broker.request import LeaseRequest
 from ..errors import ERRORS_BY_NAME, GPUSessionError, Infeasible, LeaseRevoked, Preempted, QueueTimeout
 from ..events import Observer, RunInfo
@@ -28,6 +27,7 @@ from ..identity import Identity, current_identity
 from ..interrupts import deferred_interrupts
 from ..options import RunOptions, validate_run_options
 from ..run.pool import WorkerHandle, pool
+from ..broker import client, messages
 
 log = logging.getLogger("gpusession")
 PLACE_TIMEOUT_S = 30.0  # Ray should place a granted group at once; longer means foreign GPU use
@@ -214,10 +214,7 @@ class Lease:
         try:
             ray.get(self._pg.ready(), timeout=PLACE_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
-            raise Infeasible(
-                f"The broker granted {self.gpus:g} GPUs but Ray could not place them within "
-                f"{PLACE_TIMEOUT_S:.0f} s: something outside gpusession is using GPUs. Try again."
-            ) from None
+            raise Infeasible(messages.not_placed(self.gpus, PLACE_TIMEOUT_S, _cluster_view(broker))) from None
         # Workers start (or come warm from the pool) while the probes run: a first call pays
         # one process start, not two in a row.
         bundle_nodes = ray.util.placement_group_table(self._pg)["bundles_to_node_id"]
@@ -229,7 +226,9 @@ class Lease:
         self.info.logical_gpus = self.logical_gpus
         self.info.nodes = sorted({slot.address for slot in self.slots})
         node_workers = dict(collections.Counter(slot.node_id for slot in self.slots))
-        client.call(broker.placed, self.lease_id, node_workers, auth=client.lease_auth(self.identity))
+        gpu_ids = {node: [list(s.gpu_ids) for s in self.slots if s.node_id == node] for node in node_workers}
+        client.call(broker.placed, self.lease_id, node_workers, gpu_ids=gpu_ids,
+                    auth=client.lease_auth(self.identity))
         self._watch = broker.watch.remote(self.lease_id, auth=client.lease_auth(self.identity))
 
     def _probe_slots(self, group) -> list[Slot]:
@@ -362,10 +361,18 @@ class Lease:
             except Exception as exc:  # Ray already freed the group; the broker reconciles later
                 log.warning("Could not tell the broker lease %s ended (%s); it will notice by itself.",
                             self.lease_id, exc)
-        if self.granted_at is not None:
+        if self.granted_at is not None and self.slots:  # as the broker bills: only a lease Ray placed
             self.info.gpu_seconds = self.gpus * (released - self.granted_at)
         self.info.released = True
         _live.discard(self)
+
+
+def _cluster_view(broker) -> dict | None:
+    """The broker's view of the nodes (which are lost, GPUs used outside gpusession), or None."""
+    try:
+        return client.call(broker.cluster, timeout=10.0)
+    except Exception:  # the broker is away: the message says so
+        return None
 
 
 def notice_error(lease: Lease, notice: dict, *, checkpointed: bool | None = None) -> GPUSessionError:

@@ -39,6 +39,7 @@ class NodeInfo:
     gpus: float
     is_head: bool
     logical: bool  # GPU resource declared with no real accelerator behind it
+    raylet_port: int = 0  # the node's raylet (NodeManagerPort): the broker's liveness probe connects to it
 
 
 def machine_gpu_count() -> int:
@@ -162,6 +163,7 @@ def nodes() -> list[NodeInfo]:
                 gpus=gpus,
                 is_head=HEAD_RESOURCE in resources,
                 logical=gpus > 0 and not any(k.startswith("accelerator_type:") for k in resources),
+                raylet_port=int(node.get("NodeManagerPort") or 0),
             )
         )
     return result

@@ -24,6 +24,7 @@ class Status:
         lines = [
             f"cluster: {c['gpus_total']:g} GPUs{kind} · {c['gpus_leased']:g} leased · {c['gpus_free']:g} free"
             + (f" · {c['gpus_unmanaged']:g} used outside gpusession" if c["gpus_unmanaged"] else "")
+            + (f" · {c['gpus_lost']:g} on lost nodes" if c.get("gpus_lost") else "")
             + f" · {c['requests_queued']} queued",
             f"{self.user}: {q['gpus_in_use']:g} GPUs in use ({limit}) · {q['gpu_hours_7d']:.2f} of {budget} "
             f"GPU-hours in 7 days · max priority {q['max_priority']}",

@@ -124,6 +124,57 @@ def test_the_owner_cannot_report_a_placement_that_is_not_its_grant(cluster, quie
         held.release()
 
 
+def test_the_owner_cannot_report_gpu_ids_that_are_not_its_grant(cluster, quiet, broker, admin):
+    held, other = gs.lease(gpus=2), gs.lease(gpus=1)
+    try:
+        before = _everything(broker, admin)
+        mine = next(v for v in before if v["lease_id"] == held.lease_id)
+        theirs = next(v for v in before if v["lease_id"] == other.lease_id)
+        (node, ids), = mine["gpu_ids"].items()  # what the client reported: Ray's ids of each bundle
+        taken = theirs["gpu_ids"][node][0][0]
+        assert mine["node_workers"] == {node: 2} and sorted(len(w) for w in ids) == [1, 1]
+        assert len({w[0] for w in ids} | {taken}) == 3 and {w[0] for w in ids} | {taken} <= {"0", "1", "2", "3"}
+        wrong = [
+            ({node: [["0", "1"], ["2"]]}, "a worker with 2 ids where each needs 1"),
+            ({node: [[ids[0][0]]]}, "one worker missing"),
+            ({node: [ids[0], ids[0]]}, "both workers on one GPU"),
+            ({node: [[taken], ids[1]]}, "another lease's GPU"),
+            ({node: [[0], ids[1]]}, "an id that is not a string"),
+            ({node: ids, "ab" * 28: [["0"]]}, "a node the lease is not on"),
+        ]
+        for gpu_ids, why in wrong:
+            started = time.perf_counter()
+            with pytest.raises(InvalidRequest, match="gpu_ids") as refused:
+                client.call(broker.placed, held.lease_id, {node: 2}, gpu_ids=gpu_ids, auth=client.lease_auth())
+            assert time.perf_counter() - started < 1.0, why
+            assert "Nothing was changed" in str(refused.value), why
+        with pytest.raises(InvalidRequest, match=f"lease {other.lease_id} holds it"):
+            client.call(broker.placed, held.lease_id, {node: 2}, gpu_ids={node: [[taken], ids[1]]},
+                        auth=client.lease_auth())
+        with pytest.raises(InvalidRequest, match="gpu_ids must come with node_workers"):
+            client.call(broker.placed, held.lease_id, {}, gpu_ids={node: ids}, auth=client.lease_auth())
+        assert _everything(broker, admin) == before
+    finally:
+        other.release()
+        held.release()
+
+
+def test_gpu_ids_beyond_what_a_node_has_are_refused(cluster, quiet, broker, admin):
+    shared, other = gs.lease(gpus=2, gpus_per_worker=0.5), gs.lease(gpus=2)
+    try:
+        before = _everything(broker, admin)
+        (node, ids), = next(v for v in before if v["lease_id"] == shared.lease_id)["gpu_ids"].items()
+        assert len(ids) == 4 and len({w[0] for w in ids}) <= 2  # four half-GPU workers on at most two GPUs
+        made_up = [["5"], ["6"], ["7"], ["8"]]  # with the other lease's 2 GPUs: 6 GPUs on a 4-GPU node
+        with pytest.raises(InvalidRequest, match="has 4: some of them do not exist there"):
+            client.call(broker.placed, shared.lease_id, {node: 4}, gpu_ids={node: made_up},
+                        auth=client.lease_auth())
+        assert _everything(broker, admin) == before
+    finally:
+        other.release()
+        shared.release()
+
+
 def test_gpu_seconds_are_counted_by_the_brokers_clock_not_the_callers(cluster, quiet, broker, admin):
     held = gs.lease(gpus=2)
     auth = client.lease_auth()

@@ -61,8 +61,9 @@ def test_the_journal_commits_changes_in_order_off_the_loop_and_reads_see_them(tm
     async def scenario():
         lease_id, _ = books.add_request(_fields(), nodes, 1000.0)
         books.schedule(nodes, 1001.0)
+        books.place(lease_id, {"aa01": 1}, 1001.5)
         books.close(lease_id, "finished", 1011.0)
-        row = await journal.read("lease", lease_id)  # waits for the three writes before it
+        row = await journal.read("lease", lease_id)  # waits for the four writes before it
         return lease_id, row
 
     lease_id, row = asyncio.run(scenario())
@@ -77,8 +78,9 @@ def test_a_slow_read_does_not_hold_up_the_loop(tmp_path):
     with ledger.db.conn:  # 300 leases of a year each: a by-day report cuts ~110,000 pieces
         ledger.db.conn.executemany(
             "insert into leases (request_id, user, gpus, workers, gpus_per_worker, priority, placement, state, "
-            "requested_at, granted_at, released_at, gpu_seconds) values (?, 'u', 1, 1, 1, 1, 'pack', 'ended', ?, ?, ?, ?)",
-            [(uuid.uuid4().hex, i * 3600.0, i * 3600.0, i * 3600.0 + year, year) for i in range(300)])
+            "requested_at, granted_at, placed_at, released_at, gpu_seconds) "
+            "values (?, 'u', 1, 1, 1, 1, 'pack', 'ended', ?, ?, ?, ?, ?)",
+            [(uuid.uuid4().hex, i * 3600.0, i * 3600.0, i * 3600.0, i * 3600.0 + year, year) for i in range(300)])
     journal = Journal(ledger)
 
     async def scenario():

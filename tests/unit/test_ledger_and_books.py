@@ -29,14 +29,24 @@ def books(tmp_path):
     return Books(Ledger(tmp_path / "ledger.db"), PolicySettings())
 
 
-def test_a_granted_lease_is_closed_exactly_once_with_its_gpu_seconds(books):
+def test_a_placed_lease_is_closed_exactly_once_with_its_gpu_seconds(books):
     lease_id, _ = books.add_request(_fields(workers=2), NODES, T0)
     books.schedule(NODES, T0 + 1)
     assert books.rows[lease_id]["state"] == "granted"
+    books.place(lease_id, {"node-a": 2}, T0 + 2)
     books.close(lease_id, "finished", T0 + 11)
     books.close(lease_id, "caller gone", T0 + 20)  # a retry or a race: changes nothing
     row = books.ledger.lease(lease_id)
     assert (row["state"], row["end_reason"], row["gpu_seconds"]) == ("ended", "finished", 2 * 10.0)
+
+
+def test_a_grant_that_ray_never_placed_is_not_billed(books):
+    """Its node was lost before Ray placed it, or its caller gave up: 30 s of a grant cost nothing."""
+    lease_id, _ = books.add_request(_fields(user="erin", workers=4), NODES, T0)
+    books.schedule(NODES, T0 + 1)
+    books.close(lease_id, "failed", T0 + 31)
+    assert books.ledger.lease(lease_id)["gpu_seconds"] == 0.0
+    assert books.ledger.usage_by_user(T0, T0 + 100, "erin") == []
 
 
 def test_a_retried_request_with_the_same_id_returns_the_first_lease(books):
@@ -75,9 +85,11 @@ def test_migrations_are_applied_once_and_recorded(tmp_path):
 def test_gpu_hours_of_the_rolling_window_count_running_and_clipped_leases(books):
     old, _ = books.add_request(_fields(user="alice"), NODES, T0)
     books.schedule(NODES, T0)
+    books.place(old, {"node-a": 1}, T0)
     books.close(old, "finished", T0 + 3600)  # 1 GPU-hour
     running, _ = books.add_request(_fields(user="alice", workers=2), NODES, T0 + 7200)
     books.schedule(NODES, T0 + 7200)
+    books.place(running, {"node-a": 2}, T0 + 7200)
     used = books.ledger.gpu_hours_since(T0 + 1800, T0 + 9000)  # half of the first, 0.5 h x 2 GPUs
     assert used["alice"] == pytest.approx(0.5 + 2 * 1800 / 3600)
     books.close(running, "finished", T0 + 9000)
@@ -87,6 +99,7 @@ def test_usage_by_day_splits_a_lease_at_midnight_utc(books):
     midnight = dt.datetime(2027, 3, 1, tzinfo=dt.timezone.utc).timestamp()
     lease_id, _ = books.add_request(_fields(user="dana"), NODES, midnight - 1800)
     books.schedule(NODES, midnight - 1800)
+    books.place(lease_id, {"node-a": 1}, midnight - 1800)
     books.close(lease_id, "finished", midnight + 3600)
     rows = views.usage_report(books.ledger.usage_intervals(midnight - 86400, midnight + 86400), by="day")
     assert rows == [{"user": "dana", "day": "2027-02-28", "gpu_seconds": 1800.0},

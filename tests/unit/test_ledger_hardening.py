@@ -118,6 +118,7 @@ def test_usage_by_day_in_sql_equals_splitting_each_interval_at_midnight(tmp_path
     for user, gpus, start, length, still_open in intervals:
         lease_id = ledger.add_lease(_row(user=user, gpus=gpus, gpus_per_worker=gpus))
         ledger.grant([(lease_id, False)], T0 + start)
+        ledger.place(lease_id, {"aa01": 1}, T0 + start)
         end = now if still_open else T0 + start + length
         if not still_open:
             ledger.close(lease_id, "finished", end, gpus * length)

@@ -101,3 +101,16 @@ def test_any_request_either_parses_into_sane_values_or_is_refused_as_invalid(cha
     for value in (request.max_hold_s, request.queue_timeout_s):
         assert value is None or (math.isfinite(value) and value > 0)
     assert LeaseRequest.parse(request.to_dict()) == request
+
+
+def test_half_gpu_workers_of_two_leases_may_share_a_gpu_but_not_overfill_it():
+    from gpusession.broker import gpuids
+
+    node = "ab" * 28
+    half = gpuids.Holder(1, 0.5, {node: [["0"]]})
+    ids = gpuids.parse({node: [["0"]]}, node_workers={node: 1}, gpus_per_worker=0.5)
+    gpuids.check_room(2, ids, gpus_per_worker=0.5, node_gpus={node: 4.0}, others=[half])  # 0.5 + 0.5: fits
+    with pytest.raises(InvalidRequest, match="lease 1 holds it"):
+        gpuids.check_room(2, {node: [["0"]]}, gpus_per_worker=1.0, node_gpus={node: 4.0}, others=[half])
+    with pytest.raises(InvalidRequest, match=r"gpu_ids\[abababababab...\] must be 2 distinct GPU ids"):
+        gpuids.parse({node: [["0", "0"]]}, node_workers={node: 1}, gpus_per_worker=2.0)

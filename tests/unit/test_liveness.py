@@ -1,0 +1,51 @@
+"""The broker's node probe on real sockets: a listening port answers, a closed one is lost at
+once, an address nothing answers from is lost within the bound."""
+from __future__ import annotations
+
+import socket
+import time
+
+from gpusession.broker import liveness, messages
+
+
+def test_a_listening_node_answers_and_a_closed_port_is_lost_at_once():
+    alive = socket.socket()
+    alive.bind(("127.0.0.1", 0))
+    alive.listen()
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    closed_port = closed.getsockname()[1]
+    closed.close()
+    started = time.monotonic()
+    lost = liveness.unreachable({"up": ("127.0.0.1", alive.getsockname()[1]), "down": ("127.0.0.1", closed_port),
+                                 "unknown": ("127.0.0.1", 0)}, timeout_s=1.0)
+    assert lost == {"down"} and time.monotonic() - started < 0.5
+    alive.close()
+
+
+def test_an_address_that_never_answers_is_lost_within_the_bound():
+    """A host gone silent drops our SYN; so does Linux for a port whose accept queue is full."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(0)
+    fillers = []
+    for _ in range(4):  # fill the accept queue (nobody accepts): further SYNs get no answer
+        filler = socket.socket()
+        filler.setblocking(False)
+        filler.connect_ex(silent.getsockname())
+        fillers.append(filler)
+    time.sleep(0.05)
+    started = time.monotonic()
+    assert liveness.unreachable({"silent": silent.getsockname()}, timeout_s=0.3) == {"silent"}
+    assert 0.25 < time.monotonic() - started < 1.0  # lost by the bound, not by a refusal
+    for sock in fillers + [silent]:
+        sock.close()
+
+
+def test_an_unplaced_grant_blames_outside_use_only_when_ray_shows_it():
+    lost = {"nodes": [{"node_id": "ab" * 28, "lost": True, "address": "10.0.0.7"}], "gpus_unmanaged": 0.0}
+    assert "node abababababab (10.0.0.7) was lost" in messages.not_placed(4, 30, lost)
+    outside = {"nodes": [{"node_id": "ab" * 28, "lost": False}], "gpus_unmanaged": 2.0}
+    assert "something outside gpusession is using 2 GPUs" in messages.not_placed(4, 30, outside)
+    neither = messages.not_placed(4, 30, {"nodes": [], "gpus_unmanaged": 0.0})
+    assert "something outside" not in neither and "no node was lost" in neither
