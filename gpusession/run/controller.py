@@ -146,7 +146,10 @@ class RunController:
     def _recover_or_raise(self, failed: AttemptFailed, attempt: int) -> None:
         decision = self.policy.decide(failed.fault, self.failures)
         if decision.action is Action.RETRY and failed.fault.kind is FaultKind.HOST_LOST:
-            decision = lost_capacity_decision(self.lease.gpus, _gpus_outside(self._follower.lost_nodes)) or decision
+            short = lost_capacity_decision(self.lease.gpus, _gpus_outside(self._follower.lost_nodes))
+            if short is not None:
+                failed.error.args = (f"{failed.error.args[0]} It was not restarted: {short.why}.",)
+                decision = short
         if decision.action is Action.RAISE:
             if self.failures:
                 failed.error.args = (failed.error.args[0] + f" The run had restarted {self.failures} "
