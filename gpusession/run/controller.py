@@ -83,7 +83,8 @@ class RunController:
         self.options = lease.options
         self.policy = FailurePolicy(self.options.max_failures, self.options.retry_exceptions)
         self.silence_s = silence_timeout()
-        self.call_bytes = pickle_call(fn, args, kwargs)
+        self._call = (fn, args, kwargs)
+        self.call_bytes = b""
         self.state = RunState.STARTING
         self.failures = 0
         self._run_id: str | None = None  # the current attempt's, once its ranks are specified
@@ -92,6 +93,7 @@ class RunController:
     def run(self) -> Any:
         started = time.time()
         try:
+            self.call_bytes = pickle_call(*self._call)  # an unpicklable function fails here, its time told
             return self._run(started)
         finally:
             _close_phases(self.info, self.lease, started)
