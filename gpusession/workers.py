@@ -94,6 +94,7 @@ class Worker:
             if not self.zygote.alive():  # killed while idle (the OOM killer picks big processes)
                 self.zygote = Zygote()
                 self.zygote.wait_ready(ZYGOTE_START_TIMEOUT_S)
+            _sweep_stale_scratch()  # what lost ranks left on this node, even while this actor stays warm
             claim = scratch.Claim(scratch_dir(spec))
             try:
                 pid, conn = self.zygote.fork()
@@ -136,7 +137,8 @@ class Worker:
 
 def _sweep_stale_scratch() -> None:
     """Scratch directories nobody holds (left by a lost host, a killed actor) go when a worker
-    starts on the node: that includes a host starting again."""
+    starts on the node (a host starting again, too) and before each rank it starts: a scan of a
+    few directories, far below a millisecond."""
     try:
         scratch.remove_stale(scratch_root())
     except Exception:  # never fail a worker's start over leftovers

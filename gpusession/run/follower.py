@@ -327,7 +327,17 @@ def _monitor(rank_workers: dict, silence_s: float) -> BeatMonitor | None:
         info = getattr(worker, "info", None) or {}
         if info.get("beat_port"):
             targets[rank] = (info["address"], info["beat_port"])
-    return BeatMonitor(targets, silence_s) if targets else None
+    if not targets:
+        return None
+    monitor = BeatMonitor(targets, silence_s)
+    if monitor.unwatched:
+        import logging
+
+        logging.getLogger("gpusession").warning(
+            "No heartbeat from the workers of ranks %s (%s): a lost host is noticed only when Ray declares it "
+            "dead. Let the caller reach the worker nodes on every TCP port (README, Multi-host clusters).",
+            sorted(monitor.unwatched), "; ".join(sorted(set(monitor.unwatched.values()))))
+    return monitor
 
 
 def _is_collateral(error: m.RankError) -> bool:

@@ -101,12 +101,15 @@ class BeatMonitor:
         self._conns: dict[socket.socket, Hashable] = {}
         self._last: dict[socket.socket, float] = {}
         self._closed = False
+        self.unwatched: dict[Hashable, str] = {}  # could not connect: left to Ray's own detection
         for key, (address, port) in targets.items():
             try:
                 conn = socket.create_connection((address, port), timeout=min(CONNECT_TIMEOUT_S, silence_s))
                 conn.setblocking(False)
             except OSError as exc:
-                self._lost(key, f"its worker does not answer ({exc.strerror or exc})")
+                # A firewall between the caller and a node must not fail runs that Ray can run:
+                # such a rank is watched by Ray alone (a worker already dead is Ray's to report too).
+                self.unwatched[key] = f"{address}:{port}: {exc.strerror or exc}"
                 continue
             self._conns[conn] = key
             self._last[conn] = time.monotonic()

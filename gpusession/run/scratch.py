@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import threading
 import time
 
 LOCK_NAME = ".lock"
@@ -25,12 +26,11 @@ class Claim:
         for tries_left in (2, 1, 0):  # a stale sweep may remove an empty parent under makedirs
             try:
                 os.makedirs(path, exist_ok=True)
-                self._fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | os.O_CREAT, 0o600)
+                self._fd = _open_locked(os.path.join(path, LOCK_NAME))
                 break
             except FileNotFoundError:
                 if not tries_left:
                     raise
-        fcntl.flock(self._fd, fcntl.LOCK_SH)
 
     def release(self) -> bool:
         """Let go; the last rank out removes the directory. True if this one removed it."""
@@ -46,6 +46,23 @@ class Claim:
         finally:
             os.close(self._fd)
             self._fd = None
+
+
+def _open_locked(lock: str) -> int:
+    """The lock file appears already locked (made under a private name, locked, then linked into
+    place), so a sweep never finds it free while its first rank is still taking it."""
+    private = f"{lock}.{os.getpid()}.{threading.get_ident()}"
+    fd = os.open(private, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        os.link(private, lock)
+    except FileExistsError:  # another rank of the attempt on this node made it: share theirs
+        os.close(fd)
+        fd = os.open(lock, os.O_RDWR)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    finally:
+        os.unlink(private)
+    return fd
 
 
 def remove_lease(path: str) -> None:

@@ -1,15 +1,19 @@
 """A user's script on the head of the simulated cluster (RAY_ADDRESS is set): a 4-rank run spread
 over both hosts that goes on until a host is lost under it (the test kills it or cuts its link).
 
-    python node_loss_script.py MARKER_PREFIX
+    python node_loss_script.py MARKER_PREFIX RUNS
 
-Every rank writes MARKER_PREFIX-rank<r> (its host, its scratch directory) once the run is in
-its stride. Prints `RESULT {json}`: the error the caller saw and when (time.time(): every
-simulated host shares the machine's clock), what Ray showed free right after, the receipt.
+Run i (0, 1, ...): every rank writes MARKER_PREFIX-<i>-rank<r> (its host, its scratch
+directory) once the run is in its stride; when the run ends the script prints
+`RESULT {json}`: the error the caller saw and when (time.time(): every simulated host shares
+the machine's clock), what Ray showed free right after, the receipt. Then it waits for the file
+MARKER_PREFIX-<i>.go (the test brings the lost host back) before run i + 1. One driver for every
+scenario: its warm workers on the surviving host serve the next run.
 """
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
@@ -37,12 +41,21 @@ def steps_until_lost(marker_prefix: str):
 def main() -> None:
     events.set_observer_factory(lambda world_size: events.Observer())
     ray.init()
+    prefix, runs = sys.argv[1], int(sys.argv[2])
+    for i in range(runs):
+        if i:
+            while not os.path.exists(f"{prefix}-{i - 1}.go"):
+                time.sleep(0.1)
+        one_run(f"{prefix}-{i}")
+
+
+def one_run(prefix: str) -> None:
     node_ids = {n.address: n.node_id for n in raycluster.nodes()}
     call = gs.distributed(gpus=4, placement="spread", timeout="240s")(steps_until_lost)
     result: dict = {"node_ids": node_ids}
     started = time.time()
     try:
-        call(sys.argv[1])
+        call(prefix)
     except BaseException as exc:
         result["error_time"] = time.time()
         result["error_type"] = type(exc).__name__

@@ -6,6 +6,8 @@ link, with margins for a loaded 2-core machine."""
 from __future__ import annotations
 
 import json
+import queue
+import threading
 import time
 from pathlib import Path
 
@@ -22,28 +24,65 @@ FREE_S = 1.0  # the survivors' GPUs free within 1 s of noticing
 MARGIN_S = 4.0  # a loaded 2-core machine: process starts, GCS calls and the release take longer
 
 
-def run_until_lost(cluster, tmp_path: Path, lose) -> tuple[dict, dict]:
-    """Start the run, wait until every rank is in its stride, lose the host without rank 0 by
-    `lose(host)`; returns (the driver's RESULT, what the test knows: victim, survivor, when)."""
-    prefix = str(cluster.base / f"{tmp_path.name}-marker")
-    proc = cluster.python(cluster.head, str(HERE / "node_loss_script.py"), prefix)
+@pytest.fixture(scope="module")
+def losses(sim_cluster, tmp_path_factory):
+    """One driver on the head, two runs of 4 ranks spread over both hosts: under the first the
+    host without rank 0 is killed; it is started again; under the second the host without rank 0
+    has its link cut. Returns [(the driver's RESULT, what the test knows)] for each."""
+    cluster = sim_cluster
+    cluster.set_resolution("own")
+    prefix = str(cluster.base / f"{tmp_path_factory.mktemp('nodeloss').name}-marker")
+    proc = cluster.python(cluster.head, str(HERE / "node_loss_script.py"), prefix, "2")
+    out: queue.Queue = queue.Queue()  # read as it comes: a full pipe would stall the driver
+    threading.Thread(target=lambda: [out.put(line) for line in proc.stdout] + [out.put("")], daemon=True).start()
+    results, lost = [], []
     try:
-        markers = _wait_markers(proc, prefix, 4, timeout=240)
-        by_host: dict[str, list[int]] = {}
-        for rank, marker in markers.items():
-            by_host.setdefault(marker["host"], []).append(rank)
-        survivor = cluster.host(markers[0]["host"])
-        victim = next(h for h in cluster.workers if h is not survivor)
-        lost_at = time.time()
-        lose(victim)
-        out, _ = proc.communicate(timeout=180)
+        for i, lose in enumerate((cluster.kill_host, cluster.cut_link)):
+            markers = _wait_markers(proc, f"{prefix}-{i}", 4, timeout=240)
+            by_host: dict[str, list[int]] = {}
+            for rank, marker in markers.items():
+                by_host.setdefault(marker["host"], []).append(rank)
+            survivor = cluster.host(markers[0]["host"])
+            victim = next(h for h in cluster.workers if h is not survivor)
+            lost_at = time.time()
+            lose(victim)
+            lost.append(victim)
+            result = _next_result(proc, out, timeout=180)
+            known = {"victim": victim, "survivor": survivor, "lost_at": lost_at, "markers": markers,
+                     "victim_ranks": sorted(by_host[victim.name])}
+            known["survivor_scratch"] = scratch_dirs(survivor)
+            if i == 0:  # the dead host back; and on both hosts what a rank on a dead host leaves
+                known["left_by_kill"] = scratch_dirs(victim)
+                cluster.restart_host(victim)
+                lost.remove(victim)
+                for host in cluster.workers:
+                    orphan = host.tmp / "gpusession-scratch" / "session_gone" / "lease-999" / "attempt-0"
+                    orphan.mkdir(parents=True, exist_ok=True)
+                    (orphan / ".lock").touch()
+                Path(f"{prefix}-{i}.go").touch()
+            results.append((result, known))
+        proc.wait(timeout=60)
     finally:
         kill_session(proc)
-    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, out[-4000:]
-    known = {"victim": victim, "survivor": survivor, "lost_at": lost_at, "markers": markers,
-             "victim_ranks": sorted(by_host[victim.name]), "survivor_ranks": sorted(by_host[survivor.name])}
-    return json.loads(lines[-1][len("RESULT "):]), known
+        for host in lost:  # leave the cluster whole for whatever runs next
+            cluster.restart_host(host)
+    return results
+
+
+def _next_result(proc, out: queue.Queue, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    seen: list[str] = []
+    while time.monotonic() < deadline:
+        try:
+            line = out.get(timeout=1.0)
+        except queue.Empty:
+            continue
+        if not line:
+            pytest.fail("the driver ended without a result:\n" + "".join(seen[-60:]))
+        seen.append(line)
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    pytest.fail(f"no result within {timeout:.0f} s of the loss:\n" + "".join(seen[-60:]))
 
 
 def _wait_markers(proc, prefix: str, count: int, timeout: float) -> dict[int, dict]:
@@ -53,7 +92,7 @@ def _wait_markers(proc, prefix: str, count: int, timeout: float) -> dict[int, di
         if all(p.exists() and p.stat().st_size for p in found.values()):
             return {r: json.loads(p.read_text()) for r, p in found.items()}
         if proc.poll() is not None:
-            pytest.fail(f"the run ended before every rank was running:\n{proc.communicate()[0][-4000:]}")
+            pytest.fail(f"the driver ended (exit status {proc.returncode}) before every rank was running")
         time.sleep(0.1)
     pytest.fail(f"the ranks were not all running within {timeout:.0f} s")
 
@@ -78,46 +117,24 @@ def scratch_dirs(host) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.glob("*/lease-*/attempt-*"))
 
 
-@pytest.fixture
-def whole_cluster(sim_cluster):
-    """Each scenario starts with both hosts up; a host lost by one comes back for the next."""
-    sim_cluster.set_resolution("own")
-    yield sim_cluster
-    for host in sim_cluster.workers:
-        if getattr(host, "lost", False):
-            sim_cluster.restart_host(host)
-            host.lost = False
-
-
-def test_a_host_whose_processes_die_is_named_within_2_s_and_the_survivors_gpus_are_free(whole_cluster, tmp_path):
-    def kill(host):
-        host.lost = True
-        whole_cluster.kill_host(host)
-
-    result, known = run_until_lost(whole_cluster, tmp_path, kill)
+def test_a_host_whose_processes_die_is_named_within_2_s_and_the_survivors_gpus_are_free(losses):
+    result, known = losses[0]
     assert result["error_time"] - known["lost_at"] < DEAD_HOST_S + FREE_S + MARGIN_S
     assert_blames_the_lost_host(result, known)
     assert "its processes stopped" in result["error"]
-    assert scratch_dirs(known["survivor"]) == []  # the survivor's ranks were stopped and cleaned up
-    assert scratch_dirs(known["victim"]) != []  # the dead host could not clean up: swept when it is back
+    assert known["survivor_scratch"] == []  # the survivor's ranks were stopped and cleaned up
 
 
-def test_a_host_gone_silent_is_named_within_10_s_and_workers_sweep_what_lost_ranks_left(whole_cluster, tmp_path):
-    for host in whole_cluster.workers:  # what a rank on a host that died leaves: a directory nobody holds
-        orphan = host.tmp / "gpusession-scratch" / "session_gone" / "lease-999" / "attempt-0"
-        orphan.mkdir(parents=True, exist_ok=True)
-        (orphan / ".lock").touch()
-
-    def cut(host):
-        host.lost = True
-        whole_cluster.cut_link(host)
-
-    result, known = run_until_lost(whole_cluster, tmp_path, cut)
+def test_a_host_gone_silent_is_named_within_10_s_and_workers_sweep_what_lost_ranks_left(losses):
+    result, known = losses[1]
     assert result["error_time"] - known["lost_at"] < SILENT_HOST_S + FREE_S + MARGIN_S
     assert_blames_the_lost_host(result, known)
     assert "silent for" in result["error"]
-    assert scratch_dirs(known["survivor"]) == []
-    # The workers of this run swept every directory no live rank held when they started: the
-    # orphans, and what the host killed by the previous scenario left before it started again.
-    this_lease = f"lease-{known['markers'][0]['lease_id']}"
-    assert [d for d in scratch_dirs(known["victim"]) if d.split("/")[1] != this_lease] == []
+    assert known["survivor_scratch"] == []
+    # Every directory no live rank held when this run's workers started was swept: the orphans,
+    # and what the ranks of the host killed in the first run left (its directories were still
+    # there when it started again).
+    first_victim, left_by_kill = losses[0][1]["victim"], losses[0][1]["left_by_kill"]
+    assert left_by_kill  # the killed host's ranks could not clean up ...
+    assert not set(left_by_kill) & set(scratch_dirs(first_victim))  # ... its workers did when it was back
+    assert not [d for h in (known["victim"], known["survivor"]) for d in scratch_dirs(h) if "lease-999" in d]

@@ -72,14 +72,15 @@ def test_a_silent_worker_is_lost_after_silence_s_and_not_before():
         listener.close()
 
 
-def test_a_worker_that_refuses_the_connection_is_lost_at_once():
+def test_a_worker_that_cannot_be_reached_is_left_to_ray_not_declared_lost():
     spare = socket.create_server(("127.0.0.1", 0))
     port = spare.getsockname()[1]
-    spare.close()  # nothing listens there now
-    monitor = BeatMonitor({7: ("127.0.0.1", port)}, silence_s=5.0)
+    spare.close()  # nothing listens there now: what a firewall that rejects looks like
+    monitor = BeatMonitor({7: ("127.0.0.1", port)}, silence_s=1.0)
     try:
-        losses, _ = wait_losses(monitor, 1.0)
-        assert [loss.key for loss in losses] == [7] and "does not answer" in losses[0].how
+        assert list(monitor.unwatched) == [7]
+        time.sleep(1.5)
+        assert monitor.take_losses() == []  # a run Ray can run is not failed by the heartbeat
     finally:
         monitor.close()
 
