@@ -15,7 +15,8 @@ import threading
 import time
 
 LOCK_NAME = ".lock"
-UNLOCKED_GRACE_S = 60.0  # a directory with no lock file yet may be just being made
+UNLOCKED_GRACE_S = 60.0
+CLUSTER_PREFIXES = ("session_", "no-cluster")  # Ray session names (spec.lease_scratch_dir)  # a directory with no lock file yet may be just being made
 
 
 class Claim:
@@ -77,6 +78,8 @@ def remove_stale(root: str, *, now: float | None = None) -> list[str]:
     now = time.time() if now is None else now
     removed = []
     for cluster in _subdirs(root):
+        if not os.path.basename(cluster).startswith(CLUSTER_PREFIXES):
+            continue  # not laid out by this code (an older version's lease-N): not ours to judge
         for lease in _subdirs(cluster):
             emptied = False
             for attempt in _subdirs(lease):

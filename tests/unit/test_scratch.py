@@ -38,8 +38,8 @@ def test_the_last_rank_of_an_attempt_on_a_node_removes_the_directory(tmp_path):
 
 
 def test_a_directory_whose_holder_was_killed_is_stale_and_a_held_one_is_kept(tmp_path):
-    held = str(tmp_path / "c1" / "lease-1" / "attempt-0")
-    orphan = str(tmp_path / "c2" / "lease-9" / "attempt-3")
+    held = str(tmp_path / "session_1" / "lease-1" / "attempt-0")
+    orphan = str(tmp_path / "session_2" / "lease-9" / "attempt-3")
     claim = scratch.Claim(held)
     holder = subprocess.Popen(  # another cluster's rank on this filesystem, then its host dies
         [sys.executable, "-c", "import sys, time; from gpusession.run.scratch import Claim; "
@@ -52,8 +52,12 @@ def test_a_directory_whose_holder_was_killed_is_stale_and_a_held_one_is_kept(tmp
         holder.wait()
         old = time.time() - 2 * scratch.UNLOCKED_GRACE_S
         os.utime(os.path.dirname(orphan), (old, old))
+        foreign = tmp_path / "lease-5" / "data" / "shard"  # not this layout (an older version's): left alone
+        foreign.mkdir(parents=True)
+        os.utime(foreign, (old, old))
         assert scratch.remove_stale(str(tmp_path)) == [orphan]
-        assert not os.path.exists(tmp_path / "c2")  # its emptied lease and cluster directories too
+        assert foreign.is_dir()
+        assert not os.path.exists(tmp_path / "session_2")  # its emptied lease and cluster directories too
         assert os.path.isdir(held)
     finally:
         holder.kill()
