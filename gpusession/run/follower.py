@@ -21,8 +21,8 @@ from .policies import Fault, FaultKind, ranks_text, signal_name
 POLL_S = 0.2  # how often the loop looks at the clock when no rank says anything
 FAILURE_GRACE_S = 1.0  # after a rank's communication error, how long to wait for the root cause
 DRAIN_S = 0.3  # after a failure, how long to keep taking what the other ranks already sent
-LOSS_GATHER_S = 0.3  # after a first lost heartbeat, how long the host's other ranks have to report theirs
-NODE_ANSWER_TIMEOUT_S = 0.5  # is the host of a lost worker still there? (its raylet's port)
+LOSS_GATHER_S = 0.15  # after a first lost heartbeat, how long the host's other ranks have to report theirs
+NODE_ANSWER_TIMEOUT_S = 0.3  # is the host of a lost worker still there? (its raylet's port)
 _COLLATERAL_TYPES = ("DistBackendError", "DistNetworkError", "DistStoreError")
 _COLLATERAL_WORDS = ("connection closed", "connection reset", "broken pipe", "socket timeout",
                      "gloo/transport", "nccl communicator was aborted", "timed out")
@@ -61,6 +61,7 @@ class Follower:
         self.failures: list[tuple[int, Fault, WorkerFailed]] = []  # (0 root cause .. 2 collateral)
         self.failing_since: float | None = None
         self.lost_ranks: set[int] = set()  # ranks whose worker actor died
+        self.exited: set[int] = set()  # ranks whose process ended after its result or error
 
     def follow(self) -> dict[int, Any]:
         try:
@@ -187,7 +188,9 @@ class Follower:
                 self.results[rank] = None
         elif isinstance(message, m.RankError):
             self._on_error(message)
-        elif isinstance(message, m.RankExited) and not message.clean:
+        elif isinstance(message, m.RankExited) and message.clean:
+            self.exited.add(rank)
+        elif isinstance(message, m.RankExited):
             how = signal_name(message.signal) or f"exit code {message.exit_code}"
             fault = Fault(FaultKind.PROCESS_DIED, rank, self._where(rank, message.host), how)
             self._fail(fault, WorkerFailed(
@@ -230,15 +233,12 @@ class Follower:
         ), collateral=collateral)
 
     def _lost(self, rank: int, exc: Exception) -> None:
-        self.lost_ranks.add(rank)
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        where = self._where(rank, "")
-        fault = Fault(FaultKind.WORKER_LOST, rank, where, type(exc).__name__)
-        self._fail(fault, WorkerFailed(
-            f"The worker of rank {rank} on {where} was lost ({type(exc).__name__}: {message}). Every worker "
-            f"was stopped and the {self.lease.gpus:g} GPUs released.",
-            rank=rank, node=where, remote_type=type(exc).__name__, remote_message=message,
-        ), collateral=False)
+        """Ray reports the rank's worker actor dead: the same judgement as a lost heartbeat."""
+        if rank in self.lost_ranks:  # its host was already judged lost
+            return
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        how = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+        self._blame(self.rank_node_ids.get(rank, ""), [Loss(rank, how, time.time())])
 
     def _where(self, rank: int, host: str) -> str:
         address = self.rank_nodes.get(rank) or ""
@@ -250,9 +250,8 @@ class Follower:
     def _check_heartbeats(self) -> None:
         if self.beats is None:
             return
-        running = set(self.streams.values())
         for loss in self.beats.take_losses():
-            if loss.key in running:  # a rank that already ended lost nothing
+            if loss.key not in self.exited and loss.key not in self.lost_ranks:  # a rank that ended lost nothing
                 self.pending_losses[loss.key] = loss
         if not self.pending_losses:
             return
