@@ -2,6 +2,7 @@
 
     python _multihost_driver.py calls REPEATS FITS
     python _multihost_driver.py node-loss MARKER_FILE
+    python _multihost_driver.py node-loss-raytrain MARKER_FILE
 
 Prints one line `RESULT {json}` with absolute times (time.time(): every simulated host shares
 the machine's clock, so the benchmark can subtract the moment it killed a host).
@@ -139,11 +140,54 @@ def _watch_capacity(result: dict, seconds: float) -> None:
     result["samples"] = samples
 
 
+def ray_train_node_loss(marker: str) -> dict:
+    """The same loop under TorchTrainer (4 workers SPREAD, FailureConfig(max_failures=1)): when
+    does the driver hear of the lost host, as an error or as the restart's first step?"""
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    storage = tempfile.mkdtemp(prefix="raytrain-nodeloss-", dir="/tmp")
+
+    def loop():
+        import os
+        import socket
+
+        import ray.train
+        import torch
+        import torch.distributed as dist
+
+        context = ray.train.get_context()
+        for step in range(1_000_000):
+            dist.all_reduce(torch.ones(1))
+            if step == 20 and context.get_world_rank() == 0:
+                path = marker if not os.path.exists(marker) else marker + ".restarted"
+                with open(path, "w") as f:
+                    f.write(json.dumps({"host": socket.gethostname(), "time": time.time()}))
+            time.sleep(0.02)
+
+    trainer = TorchTrainer(
+        loop, torch_config=TorchConfig(backend="gloo"),
+        scaling_config=ScalingConfig(num_workers=4, use_gpu=True, placement_strategy="SPREAD",
+                                     resources_per_worker={"GPU": 1, "CPU": 0}),
+        run_config=RunConfig(storage_path=storage, failure_config=FailureConfig(max_failures=1)),
+    )
+    result: dict = {}
+    try:
+        trainer.fit()
+    except BaseException as exc:
+        result["error_time"] = time.time()
+        result["error_type"] = type(exc).__name__
+        result["error"] = str(exc)[:1500]
+    return result
+
+
 def main() -> None:
     events.set_observer_factory(lambda world_size: events.Observer())
     mode = sys.argv[1]
     if mode == "calls":
         out = {"gpusession": gpusession_calls(int(sys.argv[2])), "ray_train": ray_train_fits(int(sys.argv[3]))}
+    elif mode == "node-loss-raytrain":
+        out = ray_train_node_loss(sys.argv[2])
     else:
         out = node_loss(sys.argv[2])
     print("RESULT " + json.dumps(out, default=str), flush=True)

@@ -9,10 +9,12 @@ Both sides run the same function (all-reduce one tensor over 4 gloo ranks, one p
 placement spread) from a driver on the head. "first" is the first call of a new driver process
 on a running cluster (the broker already exists); "repeat" the calls after it.
 
---node-loss measures (gpusession only, for now) what a user sees when the host that does not
-hold rank 0 dies mid-run (kill: every process on it SIGKILLed) or goes silent (cut: its link
-down): time to the error, which rank and host the error names, when Ray and the broker show the
-survivors' GPUs free, and what a 4-GPU request made right after the error gets.
+--node-loss measures what a user sees when the host that does not hold rank 0 dies mid-run
+(kill: every process on it SIGKILLed) or goes silent (cut: its link down): for gpusession, time
+to the error, which rank and host the error names, when Ray and the broker show the survivors'
+GPUs free, and what a 4-GPU request made right after the error gets; then the same loss under
+Ray Train's TorchTrainer (FailureConfig(max_failures=1)): time until its driver hears of it, as
+an error or as the restarted run's first steps. The last line is the ratio of the two times.
 """
 from __future__ import annotations
 
@@ -20,12 +22,13 @@ import argparse
 import json
 import re
 import sys
+import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tests.multihost.simcluster import SimCluster, can_run  # noqa: E402
+from tests.multihost.simcluster import SimCluster, can_run, kill_session  # noqa: E402
 
 DRIVER = str(Path(__file__).resolve().parent / "_multihost_driver.py")
 
@@ -54,25 +57,83 @@ def calls(cluster: SimCluster, repeats: int, fits: int) -> None:
 
 
 def node_loss(cluster: SimCluster, how: str, tries: int) -> None:
+    ours, theirs = [], []
     for attempt in range(1, tries + 1):
-        marker = cluster.base / f"running-{attempt}"
-        proc = cluster.python(cluster.head, DRIVER, "node-loss", str(marker))
-        deadline = time.monotonic() + 300
-        while not marker.exists() or not marker.read_text():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the run never got going; driver output:\n{proc.communicate()[0][-5000:]}")
-            time.sleep(0.1)
-        rank0_host = json.loads(marker.read_text())["host"]
-        victim = next(h for h in cluster.workers if h.name != rank0_host)
-        survivor = cluster.host(rank0_host)
-        lost_at = time.time()
-        cluster.kill_host(victim) if how == "kill" else cluster.cut_link(victim)
-        out, _ = proc.communicate(timeout=600)
-        lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
-        if proc.returncode != 0 or not lines:
-            raise SystemExit(f"driver failed (exit status {proc.returncode}); output:\n{out[-5000:]}")
-        report(json.loads(lines[-1][len("RESULT "):]), how, lost_at, victim, survivor)
-        cluster.restart_host(victim)
+        ours.append(gpusession_node_loss(cluster, how, attempt))
+        theirs.append(ray_train_node_loss(cluster, how, attempt))
+    gs_s, rt_s = sorted(ours)[len(ours) // 2], sorted(theirs)[len(theirs) // 2]
+    print(f"host lost ({how}) -> error or restart: gpusession {gs_s:.2f} s, Ray Train FailureConfig "
+          f"{rt_s:.2f} s (median of {tries})")
+    print(f"ratio gpusession/ray_train: {gs_s / rt_s:.3f}")
+
+
+def lose(cluster: SimCluster, how: str, rank0_host: str):
+    victim = next(h for h in cluster.workers if h.name != rank0_host)
+    lost_at = time.time()
+    cluster.kill_host(victim) if how == "kill" else cluster.cut_link(victim)
+    return victim, lost_at
+
+
+def ray_train_node_loss(cluster: SimCluster, how: str, attempt: int, watch_s: float = 180.0) -> float:
+    marker = cluster.base / f"raytrain-running-{attempt}"
+    proc = cluster.python(cluster.head, DRIVER, "node-loss-raytrain", str(marker))
+    output: list[str] = []  # read as it comes: Ray Train is chatty, and a full pipe would stall it
+    reader = threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True)
+    reader.start()
+    _wait_marker(proc, marker)
+    victim, lost_at = lose(cluster, how, json.loads(marker.read_text())["host"])
+    restarted = Path(str(marker) + ".restarted")
+    deadline = time.monotonic() + watch_s
+    while proc.poll() is None and not restarted.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    heard = time.time()
+    if restarted.exists():
+        what = "restarted (its first steps done)"
+        heard = json.loads(restarted.read_text())["time"]
+    elif proc.poll() is not None:
+        reader.join(10)
+        lines = [line for line in output if line.startswith("RESULT ")]
+        r = json.loads(lines[-1][len("RESULT "):]) if lines else {}
+        heard = r.get("error_time", heard)
+        what = f"error {r.get('error_type')}: {r.get('error', '')[:300]!r}"
+    else:
+        what = f"nothing within {watch_s:.0f} s"
+    kill_session(proc)
+    print(f"--- Ray Train, host {victim.name} ({victim.ip}) lost by {how}: {what} after {heard - lost_at:.1f} s",
+          flush=True)
+    cluster.restart_host(victim)
+    return heard - lost_at
+
+
+def _wait_marker(proc, marker: Path) -> None:
+    deadline = time.monotonic() + 300
+    while not marker.exists() or not marker.read_text():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit("the Ray Train run never got going")
+        time.sleep(0.1)
+
+
+def gpusession_node_loss(cluster: SimCluster, how: str, attempt: int) -> float:
+    marker = cluster.base / f"running-{attempt}"
+    proc = cluster.python(cluster.head, DRIVER, "node-loss", str(marker))
+    deadline = time.monotonic() + 300
+    while not marker.exists() or not marker.read_text():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"the run never got going; driver output:\n{proc.communicate()[0][-5000:]}")
+        time.sleep(0.1)
+    rank0_host = json.loads(marker.read_text())["host"]
+    victim = next(h for h in cluster.workers if h.name != rank0_host)
+    survivor = cluster.host(rank0_host)
+    lost_at = time.time()
+    cluster.kill_host(victim) if how == "kill" else cluster.cut_link(victim)
+    out, _ = proc.communicate(timeout=600)
+    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise SystemExit(f"driver failed (exit status {proc.returncode}); output:\n{out[-5000:]}")
+    result = json.loads(lines[-1][len("RESULT "):])
+    report(result, how, lost_at, victim, survivor)
+    cluster.restart_host(victim)
+    return result.get("error_time", time.time()) - lost_at
 
 
 def report(r: dict, how: str, lost_at: float, victim, survivor) -> None:

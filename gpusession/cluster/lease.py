@@ -73,6 +73,8 @@ class Lease:
         self.slots: list[Slot] = []
         self.logical_gpus = False
         self.granted_at: float | None = None
+        self.has_run = False  # a run began: the next one's setup starts when it is called, not at the grant
+        self._lost_nodes: set[str] = set()  # hosts lost during a run: never waited on again
         self._pg = None
         self._watch = None
         self._notice: dict | None = None
@@ -130,6 +132,9 @@ class Lease:
 
     # ----- acquiring ----------------------------------------------------------------------------
     def acquire(self) -> "Lease":
+        from ..run.heartbeat import silence_timeout
+
+        silence_timeout()  # a bad GPUSESSION_HOST_SILENCE_S fails here, before anything is leased
         self.observer.requesting(self.gpus, self.workers)  # the status line shows before Ray connects
         raycluster.ensure_connected()
         broker = client.broker()
@@ -297,6 +302,15 @@ class Lease:
             stops = [worker.actor.stop.remote(run_id) for worker in self._workers]
             ray.wait(stops, num_returns=len(stops), timeout=STOP_TIMEOUT_S)
 
+    def drop_workers(self, handles: list[WorkerHandle], *, lost_nodes: set[str]) -> None:
+        """Workers of a lost host leave the lease now: stopping ranks, cleaning up and releasing
+        never wait on them, nor on their host's GPUs (Ray frees those when it declares the host
+        dead, long after)."""
+        dropped = [h for h in self._workers if any(h is d for d in handles)]
+        self._workers = [h for h in self._workers if not any(h is d for d in handles)]
+        self._lost_nodes |= set(lost_nodes)
+        pool().discard(dropped)
+
     def request_checkpoints(self, reason: str) -> None:
         """Make gs.should_checkpoint() true in every rank of the current attempt."""
         for worker in self._workers:
@@ -327,7 +341,8 @@ class Lease:
         marker = self._pg.id.hex()
         ours: dict[str, float] = collections.Counter()
         for slot in self.slots:
-            ours[slot.node_id] += self.options.lease.gpus_per_worker
+            if slot.node_id not in self._lost_nodes:  # a lost host's GPUs come back only when Ray says so
+                ours[slot.node_id] += self.options.lease.gpus_per_worker
         still_there = ray.util.placement_group_table(self._pg).get("state") != "REMOVED"
         before = raycluster.unreserved_gpus_by_node(excluding_group=marker)
         remove_placement_group(self._pg)

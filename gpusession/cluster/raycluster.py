@@ -169,6 +169,24 @@ def nodes() -> list[NodeInfo]:
     return result
 
 
+def node_answers(node_id: str, timeout_s: float) -> bool:
+    """Is the node still there: Ray counts it alive and its raylet accepts a connection now? A
+    host that died refuses at once; one that went silent does not answer within timeout_s."""
+    import socket
+
+    for node in ray.nodes():
+        if node.get("NodeID") == node_id:
+            if not node.get("Alive"):
+                return False
+            try:
+                socket.create_connection((node["NodeManagerAddress"], int(node["NodeManagerPort"])),
+                                         timeout=timeout_s).close()
+                return True
+            except (OSError, KeyError, ValueError):
+                return False
+    return False
+
+
 def head_node_id() -> str:
     for node in nodes():
         if node.is_head:

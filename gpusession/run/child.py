@@ -151,7 +151,7 @@ def _set_environment(spec) -> None:
         from ..cluster.netif import socket_ifname_env
 
         os.environ.update(socket_ifname_env(spec.address))
-    os.makedirs(scratch_dir(spec.lease_id), exist_ok=True)
+    os.makedirs(scratch_dir(spec), exist_ok=True)  # the actor made it; a stale sweep may not have
     if spec.caller_host == socket.gethostname() and os.path.isdir(spec.caller_cwd):
         os.chdir(spec.caller_cwd)
         sys.path.insert(0, spec.caller_cwd)
@@ -204,7 +204,7 @@ def _make_context(spec):
         rank=spec.rank, world_size=spec.world_size, local_rank=spec.local_rank,
         local_world_size=spec.local_world_size, node_rank=spec.node_rank, device=devices[0],
         devices=devices, backend=spec.backend, lease_id=spec.lease_id,
-        scratch_dir=scratch_dir(spec.lease_id), gpu_ids=spec.gpu_ids,
+        scratch_dir=scratch_dir(spec), gpu_ids=spec.gpu_ids,
         logical_gpus=spec.logical_gpus, restarts=spec.attempt, attempt=spec.attempt,
         host=socket.gethostname(), address=spec.address, node_id=spec.node_id,
     )

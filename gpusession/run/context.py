@@ -24,7 +24,7 @@ class RunContext:
     devices: tuple  # every GPU of this worker (several when gpus_per_worker > 1)
     backend: str
     lease_id: int
-    scratch_dir: str  # per lease and node, removed when the lease ends
+    scratch_dir: str  # per cluster, lease, attempt and node; removed when the attempt ends
     gpu_ids: tuple[str, ...]  # the GPU ids Ray gave this worker
     logical_gpus: bool  # the cluster's GPUs are logical: training runs on the CPU
     restarts: int = 0  # attempts before this one (same as `attempt`)

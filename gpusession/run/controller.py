@@ -21,7 +21,8 @@ from ..events import Observer, RunInfo
 from ..shipping import pickle_call
 from .spec import RankSpec
 from .follower import AttemptFailed, Follower
-from .policies import Action, FailurePolicy, RunState, can_move, restart_line
+from .heartbeat import silence_timeout
+from .policies import Action, FailurePolicy, FaultKind, RunState, can_move, lost_capacity_decision, restart_line
 
 log = logging.getLogger("gpusession")
 PG_TIMEOUT_ENV = "GPUSESSION_PG_TIMEOUT_S"
@@ -46,6 +47,7 @@ def rank_specs(lease, workers, *, backend: str, return_all: bool, attempt: int =
     master_addr, master_port = ray.get(ordered[0][1].actor.open_rendezvous.remote(len(ordered), pg_timeout))
     caller_host, caller_cwd = socket.gethostname(), os.getcwd()
     run_id = uuid.uuid4().hex
+    cluster = ray.get_runtime_context().get_session_name()
     local_counts = {n: sum(1 for s in lease.slots if s.node_id == n) for n in node_order}
     seen_on_node: dict[str, int] = {}
     specs = []
@@ -61,7 +63,7 @@ def rank_specs(lease, workers, *, backend: str, return_all: bool, attempt: int =
             logical_gpus=lease.logical_gpus, return_value=return_all or rank == 0,
             caller_host=caller_host, caller_cwd=caller_cwd, pg_timeout_s=pg_timeout,
             run_id=run_id, group_id=lease.group_id, attempt=attempt, address=slot.address,
-            node_id=slot.node_id,
+            node_id=slot.node_id, cluster=cluster,
         ), worker))
     return specs
 
@@ -80,24 +82,33 @@ class RunController:
         self.lease, self.info, self.observer = lease, info, observer
         self.options = lease.options
         self.policy = FailurePolicy(self.options.max_failures, self.options.retry_exceptions)
-        self.call_bytes = pickle_call(fn, args, kwargs)
+        self.silence_s = silence_timeout()
+        self._call = (fn, args, kwargs)
+        self.call_bytes = b""
         self.state = RunState.STARTING
         self.failures = 0
         self._run_id: str | None = None  # the current attempt's, once its ranks are specified
         _reset_run_fields(info, checkpoint_ref)
 
     def run(self) -> Any:
+        started = time.time()
+        try:
+            self.call_bytes = pickle_call(*self._call)  # an unpicklable function fails here, its time told
+            return self._run(started)
+        finally:
+            _close_phases(self.info, self.lease, started)
+
+    def _run(self, started: float) -> Any:
         backend = resolve_backend(self.options.backend, logical=self.lease.logical_gpus,
                                   gpus_per_worker=self.options.lease.gpus_per_worker)
         self.info.backend = backend
-        started = time.time()
         deadline = started + self.options.timeout_s if self.options.timeout_s else None
         attempt = 0
         while True:
             try:
                 results = self._attempt(backend, attempt, deadline)
             except AttemptFailed as failed:
-                self.lease.stop_ranks(self._run_id)
+                self._stop_survivors(failed)
                 self._recover_or_raise(failed, attempt)
                 attempt += 1
                 continue
@@ -118,14 +129,29 @@ class RunController:
         checkpoint = [self.info._checkpoint_ref] if self.info._checkpoint_ref is not None else []
         launches = [(spec, (self.call_bytes, spec, checkpoint), worker) for spec, worker in ranks]
         follower = Follower(self.lease, launches, self.info, self.observer, launched=time.time(),
-                            deadline=deadline, timeout_s=self.options.timeout_s, attempt=attempt)
+                            deadline=deadline, timeout_s=self.options.timeout_s, attempt=attempt,
+                            silence_s=self.silence_s)
         self._follower = follower
         if self.state != RunState.RUNNING:
             self._move(RunState.RUNNING, f"attempt {attempt}")
         return follower.follow()
 
+    def _stop_survivors(self, failed: AttemptFailed) -> None:
+        """Stop every rank that can still be reached, now; a lost host's workers are dropped from
+        the lease, so nothing (stopping, cleaning up, waiting for its GPUs) waits on them."""
+        follower = self._follower
+        if failed.fault.kind is FaultKind.HOST_LOST:
+            self.lease.drop_workers([follower.rank_workers[r] for r in sorted(follower.lost_ranks)],
+                                    lost_nodes=set(follower.lost_nodes))
+        self.lease.stop_ranks(self._run_id)
+
     def _recover_or_raise(self, failed: AttemptFailed, attempt: int) -> None:
         decision = self.policy.decide(failed.fault, self.failures)
+        if decision.action is Action.RETRY and failed.fault.kind is FaultKind.HOST_LOST:
+            short = lost_capacity_decision(self.lease.gpus, _gpus_outside(self._follower.lost_nodes))
+            if short is not None:
+                failed.error.args = (f"{failed.error.args[0]} It was not restarted: {short.why}.",)
+                decision = short
         if decision.action is Action.RAISE:
             if self.failures:
                 failed.error.args = (failed.error.args[0] + f" The run had restarted {self.failures} "
@@ -152,6 +178,22 @@ class RunController:
         log.debug("Run of lease %s: %s -> %s (%s)", self.lease.lease_id, self.state.value, target.value, why)
         self.state = target
         self.info.state = target.value
+
+
+def _gpus_outside(lost_nodes) -> float:
+    from ..cluster.raycluster import nodes
+
+    return sum(node.gpus for node in nodes() if node.node_id not in lost_nodes)
+
+
+def _close_phases(info: RunInfo, lease, started: float) -> None:
+    """Make the receipt's phases add up to the time the GPUs were held for this run: setup is
+    every second of it the function was not running (start, restarts, a failure before the
+    function ran, stopping the ranks), run the seconds it ran. The first run of a lease begins at
+    the grant (placing the workers is setup); a later run of a held lease when it is called."""
+    begun = lease.granted_at if lease.granted_at is not None and not lease.has_run else started
+    lease.has_run = True
+    info.setup_s = max(0.0, time.time() - begun - info.run_s)
 
 
 def _resume_point(info: RunInfo) -> str:

@@ -15,11 +15,14 @@ import ray
 from ..errors import Preempted, RunTimeout, WorkerFailed
 from ..events import Observer, RunInfo
 from . import messages as m
-from .policies import Fault, FaultKind, signal_name
+from .heartbeat import BeatMonitor, Loss
+from .policies import Fault, FaultKind, ranks_text, signal_name
 
 POLL_S = 0.2  # how often the loop looks at the clock when no rank says anything
 FAILURE_GRACE_S = 1.0  # after a rank's communication error, how long to wait for the root cause
 DRAIN_S = 0.3  # after a failure, how long to keep taking what the other ranks already sent
+LOSS_GATHER_S = 0.15  # after a first lost heartbeat, how long the host's other ranks have to report theirs
+NODE_ANSWER_TIMEOUT_S = 0.3  # is the host of a lost worker still there? (its raylet's port)
 _COLLATERAL_TYPES = ("DistBackendError", "DistNetworkError", "DistStoreError")
 _COLLATERAL_WORDS = ("connection closed", "connection reset", "broken pipe", "socket timeout",
                      "gloo/transport", "nccl communicator was aborted", "timed out")
@@ -35,10 +38,16 @@ class AttemptFailed(Exception):
 
 class Follower:
     def __init__(self, lease, ranks: list, info: RunInfo, observer: Observer, *, launched: float,
-                 deadline: float | None, timeout_s: float | None, attempt: int) -> None:
+                 deadline: float | None, timeout_s: float | None, attempt: int,
+                 silence_s: float | None = None) -> None:
         self.lease, self.info, self.observer = lease, info, observer
         self.streams = {worker.actor.run.remote(*launch): spec.rank for spec, launch, worker in ranks}
         self.rank_nodes = {spec.rank: spec.address for spec, _, _ in ranks}
+        self.rank_node_ids = {spec.rank: spec.node_id for spec, _, _ in ranks}
+        self.rank_workers = {spec.rank: worker for spec, _, worker in ranks}
+        self.beats = _monitor(self.rank_workers, silence_s) if silence_s else None
+        self.pending_losses: dict[int, Loss] = {}
+        self.lost_nodes: dict[str, str] = {}  # Ray node id -> "host (ip, Ray node id)" of hosts lost
         self.world_size = len(ranks)
         self.deadline, self.timeout_s, self.attempt = deadline, timeout_s, attempt
         self.launched = launched
@@ -52,11 +61,14 @@ class Follower:
         self.failures: list[tuple[int, Fault, WorkerFailed]] = []  # (0 root cause .. 2 collateral)
         self.failing_since: float | None = None
         self.lost_ranks: set[int] = set()  # ranks whose worker actor died
+        self.exited: set[int] = set()  # ranks whose process ended after its result or error
 
     def follow(self) -> dict[int, Any]:
         try:
             return self._follow()
         finally:  # a failed or interrupted run still says how long the function ran
+            if self.beats is not None:
+                self.beats.close()
             if self.run_started is not None:
                 self.info.run_s += time.time() - self.run_started
 
@@ -70,6 +82,7 @@ class Follower:
                     self._on_notice()
                 else:
                     self._advance(item)
+            self._check_heartbeats()
             self._check_failures()
             self._check_clocks()
             self.observer.poll()
@@ -175,7 +188,9 @@ class Follower:
                 self.results[rank] = None
         elif isinstance(message, m.RankError):
             self._on_error(message)
-        elif isinstance(message, m.RankExited) and not message.clean:
+        elif isinstance(message, m.RankExited) and message.clean:
+            self.exited.add(rank)
+        elif isinstance(message, m.RankExited):
             how = signal_name(message.signal) or f"exit code {message.exit_code}"
             fault = Fault(FaultKind.PROCESS_DIED, rank, self._where(rank, message.host), how)
             self._fail(fault, WorkerFailed(
@@ -218,21 +233,71 @@ class Follower:
         ), collateral=collateral)
 
     def _lost(self, rank: int, exc: Exception) -> None:
-        self.lost_ranks.add(rank)
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        where = self._where(rank, "")
-        fault = Fault(FaultKind.WORKER_LOST, rank, where, type(exc).__name__)
-        self._fail(fault, WorkerFailed(
-            f"The worker of rank {rank} on {where} was lost ({type(exc).__name__}: {message}). Every worker "
-            f"was stopped and the {self.lease.gpus:g} GPUs released.",
-            rank=rank, node=where, remote_type=type(exc).__name__, remote_message=message,
-        ), collateral=False)
+        """Ray reports the rank's worker actor dead: the same judgement as a lost heartbeat."""
+        if rank in self.lost_ranks:  # its host was already judged lost
+            return
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        how = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+        self._blame(self.rank_node_ids.get(rank, ""), [Loss(rank, how, time.time())])
 
     def _where(self, rank: int, host: str) -> str:
         address = self.rank_nodes.get(rank) or ""
         if host and address:
             return f"{host} ({address})"
         return host or address or "?"
+
+    # ----- heartbeats: a lost worker or host, told apart from the echoes of its loss ------------------
+    def _check_heartbeats(self) -> None:
+        if self.beats is None:
+            return
+        for loss in self.beats.take_losses():
+            if loss.key not in self.exited and loss.key not in self.lost_ranks:  # a rank that ended lost nothing
+                self.pending_losses[loss.key] = loss
+        if not self.pending_losses:
+            return
+        first = min(loss.at for loss in self.pending_losses.values())
+        if time.time() - first < LOSS_GATHER_S:
+            return  # the other ranks of that host report theirs within moments
+        losses, self.pending_losses = self.pending_losses, {}
+        by_node: dict[str, list[Loss]] = {}
+        for rank, loss in sorted(losses.items()):
+            by_node.setdefault(self.rank_node_ids.get(rank, ""), []).append(loss)
+        for node_id, node_losses in by_node.items():
+            self._blame(node_id, node_losses)
+
+    def _blame(self, node_id: str, losses: list[Loss]) -> None:
+        from ..cluster.raycluster import node_answers
+
+        how = losses[0].how
+        if node_id and not node_answers(node_id, NODE_ANSWER_TIMEOUT_S):
+            ranks = tuple(sorted(r for r, n in self.rank_node_ids.items() if n == node_id))
+            host = self._host_name(ranks[0], node_id)
+            self.lost_ranks.update(ranks)
+            self.lost_nodes[node_id] = host
+            fault = Fault(FaultKind.HOST_LOST, ranks[0], self._host_name(ranks[0], node_id[:12]), how, ranks=ranks)
+            self._fail(fault, WorkerFailed(
+                f"Host {host} was lost ({how}) with {ranks_text(ranks)}. The ranks on the other hosts were "
+                f"stopped and every GPU of the lease released.",
+                rank=ranks[0], node=self._where(ranks[0], ""), remote_type="HostLost", remote_message=how,
+            ), collateral=False)
+            return
+        for loss in losses:  # the host answers: only these workers went (an actor killed)
+            rank = loss.key
+            self.lost_ranks.add(rank)
+            where = self._where(rank, self._worker_host(rank))
+            self._fail(Fault(FaultKind.WORKER_LOST, rank, where, loss.how), WorkerFailed(
+                f"The worker of rank {rank} on {where} was lost ({loss.how}). Every worker was stopped and the "
+                f"{self.lease.gpus:g} GPUs released.",
+                rank=rank, node=where, remote_type="WorkerLost", remote_message=loss.how,
+            ), collateral=False)
+
+    def _worker_host(self, rank: int) -> str:
+        worker = self.rank_workers.get(rank)
+        return (getattr(worker, "info", None) or {}).get("host", "")
+
+    def _host_name(self, rank: int, node_id: str) -> str:
+        name, address = self._worker_host(rank), self.rank_nodes.get(rank, "")
+        return f"{name or '?'} ({address}, Ray node {node_id})"
 
     # ----- the broker's notice --------------------------------------------------------------------
     def _on_notice(self) -> None:
@@ -253,6 +318,25 @@ class Follower:
         from ..cluster.lease import notice_error
 
         return notice_error(self.lease, notice, checkpointed=True)
+
+
+def _monitor(rank_workers: dict, silence_s: float) -> BeatMonitor | None:
+    targets = {}
+    for rank, worker in rank_workers.items():
+        info = getattr(worker, "info", None) or {}
+        if info.get("beat_port"):
+            targets[rank] = (info["address"], info["beat_port"])
+    if not targets:
+        return None
+    monitor = BeatMonitor(targets, silence_s)
+    if monitor.unwatched:
+        import logging
+
+        logging.getLogger("gpusession").warning(
+            "No heartbeat from the workers of ranks %s (%s): a lost host is noticed only when Ray declares it "
+            "dead. Let the caller reach the worker nodes on every TCP port (README, Multi-host clusters).",
+            sorted(monitor.unwatched), "; ".join(sorted(set(monitor.unwatched.values()))))
+    return monitor
 
 
 def _is_collateral(error: m.RankError) -> bool:

@@ -44,7 +44,8 @@ def can_move(current: RunState, target: RunState) -> bool:
 class FaultKind(enum.Enum):
     USER_ERROR = "user error"  # the user's code raised: a bug, not a fault of the cluster
     PROCESS_DIED = "process died"  # a rank's process ended without a result (killed, OOM, segfault)
-    WORKER_LOST = "worker lost"  # a rank's worker actor or its node went away
+    WORKER_LOST = "worker lost"  # a rank's worker actor went away (its host still answers)
+    HOST_LOST = "host lost"  # a host died or went silent: every rank on it is gone
     COLLECTIVE = "collective failed"  # a collective lost its peer or timed out
 
     @property
@@ -59,6 +60,7 @@ class Fault:
     host: str
     detail: str  # "SIGKILL", "ValueError: bad lr", ...
     exception_names: tuple[str, ...] = ()  # qualified names of the raised exception's classes
+    ranks: tuple[int, ...] = ()  # every rank the fault took (a lost host's), if more than `rank`
 
 
 class Action(enum.Enum):
@@ -113,11 +115,27 @@ def signal_name(number: int | None) -> str:
 def restart_line(fault: Fault, *, resume_step: str, attempt: int, max_attempts: int) -> str:
     """The cell's line for a restart, e.g. "rank 3 died on node 10.0.0.4 (SIGKILL): restarting
     from step 120 (attempt 2 of 4)"."""
+    then = f"restarting from {resume_step} (attempt {attempt} of {max_attempts})"
+    if fault.kind is FaultKind.HOST_LOST:
+        return f"host {fault.host} was lost ({fault.detail}) with {ranks_text(fault.ranks or (fault.rank,))}: {then}"
     what = {
         FaultKind.PROCESS_DIED: "died",
         FaultKind.WORKER_LOST: "was lost",
         FaultKind.COLLECTIVE: "lost its peers",
         FaultKind.USER_ERROR: "raised",
     }[fault.kind]
-    return (f"rank {fault.rank} {what} on {fault.host} ({fault.detail}): restarting from {resume_step} "
-            f"(attempt {attempt} of {max_attempts})")
+    return f"rank {fault.rank} {what} on {fault.host} ({fault.detail}): {then}"
+
+
+def ranks_text(ranks) -> str:
+    ranks = sorted(ranks)
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(str(r) for r in ranks)
+
+
+def lost_capacity_decision(needed_gpus: float, remaining_gpus: float) -> FailureDecision | None:
+    """After a host was lost: a restart needs the lease's GPUs on the hosts that remain (an
+    elastic run may need fewer: the caller passes what it needs). None: enough to try."""
+    if remaining_gpus + 1e-9 >= needed_gpus:
+        return None
+    return FailureDecision(Action.RAISE, f"the hosts that remain have {remaining_gpus:g} GPUs in all, "
+                                         f"fewer than the {needed_gpus:g} the run needs")

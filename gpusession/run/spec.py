@@ -33,7 +33,22 @@ class RankSpec:
     attempt: int = 0
     address: str = ""  # this rank's Ray node IP
     node_id: str = ""  # this rank's Ray node id
+    cluster: str = ""  # the Ray session's name: unique per cluster (and per start of it)
 
 
-def scratch_dir(lease_id: int) -> str:
-    return os.path.join(tempfile.gettempdir(), "gpusession-scratch", f"lease-{lease_id}")
+SCRATCH_ROOT = "gpusession-scratch"
+
+
+def scratch_root() -> str:
+    return os.path.join(tempfile.gettempdir(), SCRATCH_ROOT)
+
+
+def lease_scratch_dir(cluster: str, lease_id: int) -> str:
+    return os.path.join(scratch_root(), cluster or "no-cluster", f"lease-{lease_id}")
+
+
+def scratch_dir(spec: RankSpec) -> str:
+    """The attempt's scratch directory on this node: keyed by cluster, lease and attempt, so two
+    clusters on one filesystem, or two attempts of one run, never share one (run/scratch.py
+    removes it)."""
+    return os.path.join(lease_scratch_dir(spec.cluster, spec.lease_id), f"attempt-{spec.attempt}")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import os
-import shutil
 import socket
 import threading
 import time
@@ -20,8 +19,10 @@ from datetime import timedelta
 import ray
 
 from . import messages as m
-from .spec import RankSpec, scratch_dir  # noqa: F401  (RankSpec: imported from here by callers)
 from .zygote import Zygote
+from . import scratch
+from .heartbeat import BeatServer
+from .spec import RankSpec, lease_scratch_dir, scratch_dir, scratch_root  # noqa: F401  (RankSpec: imported from here by callers)
 
 ZYGOTE_START_TIMEOUT_S = 120.0  # a loaded node may take a while to import torch
 EXIT_STATUS_WAIT_S = 2.0
@@ -33,17 +34,21 @@ class Worker:
         self.zygote = Zygote()  # starts importing torch now, in parallel with the rest
         self.node_id = ray.get_runtime_context().get_node_id()
         self.address = ray.util.get_node_ip_address()
+        self.cluster = ray.get_runtime_context().get_session_name()  # keys this cluster's scratch
         self._store = None  # the rendezvous store rank 0's actor serves for the current attempt
         self._run_lock = threading.Lock()  # one rank at a time
         self._child: int | None = None
         self._stopped_runs: collections.deque = collections.deque(maxlen=64)  # attempts told to stop
         self._conn = None
         self._conn_lock = threading.Lock()
+        self._beats = BeatServer(self.address)  # the controller's heartbeat (run/heartbeat.py)
+        _sweep_stale_scratch()
 
     def info(self) -> dict:
         self.zygote.wait_ready(ZYGOTE_START_TIMEOUT_S)
         return {"node_id": self.node_id, "address": self.address, "pid": os.getpid(),
-                "host": socket.gethostname(), "zygote_pid": self.zygote.process.pid}
+                "host": socket.gethostname(), "zygote_pid": self.zygote.process.pid,
+                "beat_port": self._beats.port}
 
     def open_rendezvous(self, world_size: int, timeout_s: float) -> tuple[str, int]:
         """Rank 0's actor: bind the attempt's TCPStore on a port the OS picks and serve it until
@@ -56,7 +61,9 @@ class Worker:
         return self.address, self._store.port
 
     def cleanup(self, lease_id: int) -> None:
-        shutil.rmtree(scratch_dir(lease_id), ignore_errors=True)
+        """The lease ended: remove its scratch directories on this node (a backstop: each
+        attempt's directory goes when its last rank here ends)."""
+        scratch.remove_lease(lease_scratch_dir(self.cluster, lease_id))
 
     def stop(self, run_id: str | None = None) -> None:
         """Kill the rank process of this attempt (any, without run_id) and everything it started,
@@ -87,7 +94,13 @@ class Worker:
             if not self.zygote.alive():  # killed while idle (the OOM killer picks big processes)
                 self.zygote = Zygote()
                 self.zygote.wait_ready(ZYGOTE_START_TIMEOUT_S)
-            pid, conn = self.zygote.fork()
+            _sweep_stale_scratch()  # what lost ranks left on this node, even while this actor stays warm
+            claim = scratch.Claim(scratch_dir(spec))
+            try:
+                pid, conn = self.zygote.fork()
+            except BaseException:
+                claim.release()
+                raise
             with self._conn_lock:
                 self._child, self._conn = pid, conn
             finished = threading.Event()
@@ -110,6 +123,7 @@ class Worker:
                 Zygote.kill(pid)
                 status = self.zygote.exit_status(pid, EXIT_STATUS_WAIT_S) or (None, None)
             self._child = None
+            claim.release()  # the last rank of the attempt on this node removes the directory
             yield m.RankExited(spec.rank, socket.gethostname(), status[0], status[1], clean, time.time())
 
     def _send(self, item) -> None:
@@ -119,6 +133,16 @@ class Worker:
                     self._conn.send(item)
                 except OSError:  # the rank just exited
                     pass
+
+
+def _sweep_stale_scratch() -> None:
+    """Scratch directories nobody holds (left by a lost host, a killed actor) go when a worker
+    starts on the node (a host starting again, too) and before each rank it starts: a scan of a
+    few directories, far below a millisecond."""
+    try:
+        scratch.remove_stale(scratch_root())
+    except Exception:  # never fail a worker's start over leftovers
+        pass
 
 
 def _relay(conn, send):

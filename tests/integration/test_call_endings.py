@@ -193,3 +193,47 @@ def test_warm_parents_killed_while_idle_are_replaced_and_the_next_call_succeeds(
     second = parents()
     assert len(second) == 2 and not set(second) & set(first)
     assert set(parents()) == set(second)  # and the replacements are warm again for the call after
+
+
+def test_a_function_the_workers_cannot_import_fails_cheaply_and_its_receipt_adds_up(cluster, quiet, tmp_path,
+                                                                                   monkeypatch):
+    module = tmp_path / "only_on_the_caller.py"  # importable here, on no worker's path
+    module.write_text("def train():\n    return 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from only_on_the_caller import train
+
+    call = gs.distributed(gpus=2)(train)
+    started = time.time()
+    with pytest.raises(gs.WorkerFailed, match="only_on_the_caller"):
+        call()
+    wall = time.time() - started
+    assert free_gpus() == CLUSTER_GPUS
+    info = call.last_run
+    assert info.released and info.end_reason == "failed" and info.restarts == 0
+    phases = info.queued_s + info.setup_s + info.run_s
+    assert info.setup_s > 0  # the workers' start and the failure took time, and the receipt says so
+    assert wall - phases < 1.0 + 1.0  # only the release is outside the phases; 1 s margin when loaded
+    held = info.gpu_seconds / info.gpus
+    assert held - (info.setup_s + info.run_s) < 1.0 + 1.0  # billed until the failure, not after
+
+
+def test_scratch_directories_are_removed_after_a_run_and_after_a_user_error(cluster, quiet, tmp_path):
+    @gs.distributed(gpus=2, return_all=True)
+    def use_scratch(fail, record):
+        ctx = gs.context()
+        with open(os.path.join(ctx.scratch_dir, "shard.bin"), "wb") as f:
+            f.write(b"x" * 1024)
+        with open(f"{record}-{ctx.rank}", "w") as f:
+            f.write(ctx.scratch_dir)
+        if fail and ctx.rank == 1:
+            raise ValueError("a bug after writing scratch files")
+        return ctx.scratch_dir
+
+    dirs = use_scratch(False, str(tmp_path / "ok"))
+    assert len(set(dirs)) == 1 and dirs[0].endswith(f"lease-{use_scratch.last_run.lease_id}/attempt-0")
+    assert not os.path.exists(dirs[0])
+    with pytest.raises(gs.WorkerFailed, match="a bug after writing"):
+        use_scratch(True, str(tmp_path / "bad"))
+    written = {open(tmp_path / f"bad-{rank}").read() for rank in range(2)}
+    [failed_dir] = written  # both ranks of the node shared one
+    assert not os.path.exists(failed_dir) and failed_dir != dirs[0]  # another lease: another directory

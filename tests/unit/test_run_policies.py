@@ -5,14 +5,15 @@ import pytest
 
 from gpusession.options import validate_run_options
 from gpusession.run.policies import (Action, Fault, FailurePolicy, FaultKind, RunState, can_move,
-                                     restart_line)
+                                     lost_capacity_decision, restart_line)
 
 
 def fault(kind: FaultKind, names: tuple[str, ...] = ()) -> Fault:
     return Fault(kind, rank=1, host="node-b (10.0.0.4)", detail="SIGKILL", exception_names=names)
 
 
-@pytest.mark.parametrize("kind", [FaultKind.PROCESS_DIED, FaultKind.WORKER_LOST, FaultKind.COLLECTIVE])
+@pytest.mark.parametrize("kind", [FaultKind.PROCESS_DIED, FaultKind.WORKER_LOST, FaultKind.HOST_LOST,
+                                  FaultKind.COLLECTIVE])
 def test_faults_are_retried_until_max_failures_then_raised(kind):
     policy = FailurePolicy(max_failures=2)
     assert policy.decide(fault(kind), 0).action is Action.RETRY
@@ -63,3 +64,18 @@ def test_terminal_states_are_final_and_a_run_restarts_only_through_restarting():
 def test_the_restart_line_names_the_rank_the_host_the_cause_and_the_attempt():
     line = restart_line(fault(FaultKind.PROCESS_DIED), resume_step="step 120", attempt=2, max_attempts=4)
     assert line == "rank 1 died on node-b (10.0.0.4) (SIGKILL): restarting from step 120 (attempt 2 of 4)"
+
+
+def test_a_lost_host_restart_line_names_the_host_and_every_rank_it_held():
+    lost = Fault(FaultKind.HOST_LOST, rank=2, host="host2 (10.0.0.12, Ray node 3f2a1b0c9d8e)",
+                 detail="silent for 5.0 s", ranks=(3, 2))
+    assert restart_line(lost, resume_step="step 7", attempt=2, max_attempts=4) == (
+        "host host2 (10.0.0.12, Ray node 3f2a1b0c9d8e) was lost (silent for 5.0 s) with ranks 2, 3: "
+        "restarting from step 7 (attempt 2 of 4)")
+
+
+def test_after_a_lost_host_a_restart_needs_the_runs_gpus_on_the_hosts_that_remain():
+    assert lost_capacity_decision(needed_gpus=2, remaining_gpus=2) is None
+    decision = lost_capacity_decision(needed_gpus=4, remaining_gpus=2)
+    assert decision.action is Action.RAISE
+    assert decision.why == "the hosts that remain have 2 GPUs in all, fewer than the 4 the run needs"

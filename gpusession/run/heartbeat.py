@@ -1,0 +1,159 @@
+"""Heartbeats between each rank's worker actor and the run controller, apart from Ray.
+
+Ray notices a dead node only by its own health checks (about 15 s for a host whose processes
+died, about 60 s for one that went silent), and a surviving rank's "connection closed by peer"
+often reaches the caller before Ray reports the dead actor. So each worker actor serves a plain
+TCP heartbeat (one byte every BEAT_EVERY_S) and the controller holds one connection per rank
+while an attempt runs:
+- the connection closes (the actor's process, or every process of its host, died): the kernel
+  says so at once;
+- nothing arrives for `silence_s` (a host that went silent: link down, frozen): lost then.
+No Ray, no torch here: the actor side is a thread, the controller side a thread and a list.
+"""
+from __future__ import annotations
+
+import os
+import select
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from typing import Hashable
+
+SILENCE_ENV = "GPUSESSION_HOST_SILENCE_S"
+DEFAULT_SILENCE_S = 5.0
+MIN_SILENCE_S, MAX_SILENCE_S = 1.0, 600.0
+BEAT_EVERY_S = 0.25  # silence_s >= 4 beats: one late beat on a loaded node is never a loss
+CONNECT_TIMEOUT_S = 2.0
+BEAT = b"."
+
+
+def silence_timeout() -> float:
+    """How long a rank's actor may stay silent before its host counts as lost (seconds):
+    GPUSESSION_HOST_SILENCE_S, default 5. Raises ValueError naming the variable if it is bad."""
+    raw = os.environ.get(SILENCE_ENV)
+    if raw is None or raw.strip() == "":
+        return DEFAULT_SILENCE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not MIN_SILENCE_S <= value <= MAX_SILENCE_S:  # also false for nan
+        raise ValueError(
+            f"{SILENCE_ENV} must be a number of seconds from {MIN_SILENCE_S:g} to {MAX_SILENCE_S:g} (how long a "
+            f"silent host may take to count as lost); got {raw!r}. Unset it for the default "
+            f"{DEFAULT_SILENCE_S:g} s."
+        )
+    return value
+
+
+# ----- the worker actor's side ----------------------------------------------------------------------
+class BeatServer:
+    """Listens on the node's Ray IP; beats on every connection until the controller closes it."""
+
+    def __init__(self, address: str) -> None:
+        self._listener = socket.create_server((address, 0))
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, name="gpusession-heartbeat", daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=_beat, args=(conn,), name="gpusession-heartbeat-conn", daemon=True).start()
+
+    def close(self) -> None:
+        try:
+            self._listener.close()
+        except OSError:
+            pass
+
+
+def _beat(conn: socket.socket) -> None:
+    conn.settimeout(MAX_SILENCE_S)  # a send that blocks that long has nobody to tell anyway
+    with conn:
+        while True:
+            try:
+                conn.sendall(BEAT)
+            except OSError:  # the controller closed it (the attempt ended) or is gone
+                return
+            time.sleep(BEAT_EVERY_S)
+
+
+# ----- the controller's side -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Loss:
+    key: Hashable  # what the caller watches through this connection (a rank)
+    how: str  # "its processes stopped (connection closed)", "silent for 5.0 s", ...
+    at: float  # time.time() when it was noticed
+
+
+class BeatMonitor:
+    """Connections to the actors of one attempt; losses are collected by a thread and taken
+    with `take_losses()`. Close it when the attempt ends."""
+
+    def __init__(self, targets: dict[Hashable, tuple[str, int]], silence_s: float) -> None:
+        self.silence_s = silence_s
+        self._lock = threading.Lock()
+        self._losses: list[Loss] = []
+        self._conns: dict[socket.socket, Hashable] = {}
+        self._last: dict[socket.socket, float] = {}
+        self._closed = False
+        self.unwatched: dict[Hashable, str] = {}  # could not connect: left to Ray's own detection
+        for key, (address, port) in targets.items():
+            try:
+                conn = socket.create_connection((address, port), timeout=min(CONNECT_TIMEOUT_S, silence_s))
+                conn.setblocking(False)
+            except OSError as exc:
+                # A firewall between the caller and a node must not fail runs that Ray can run:
+                # such a rank is watched by Ray alone (a worker already dead is Ray's to report too).
+                self.unwatched[key] = f"{address}:{port}: {exc.strerror or exc}"
+                continue
+            self._conns[conn] = key
+            self._last[conn] = time.monotonic()
+        self._thread = threading.Thread(target=self._watch, name="gpusession-heartbeat-monitor", daemon=True)
+        self._thread.start()
+
+    def take_losses(self) -> list[Loss]:
+        with self._lock:
+            losses, self._losses = self._losses, []
+        return losses
+
+    def close(self) -> None:
+        self._closed = True
+        self._thread.join(timeout=1.0)
+        for conn in list(self._conns):
+            conn.close()
+        self._conns.clear()
+
+    def _lost(self, key: Hashable, how: str) -> None:
+        with self._lock:
+            self._losses.append(Loss(key, how, time.time()))
+
+    def _drop(self, conn: socket.socket, how: str) -> None:
+        key = self._conns.pop(conn)
+        self._last.pop(conn, None)
+        conn.close()
+        self._lost(key, how)
+
+    def _watch(self) -> None:
+        while not self._closed and self._conns:
+            readable, _, _ = select.select(list(self._conns), [], [], BEAT_EVERY_S)
+            now = time.monotonic()
+            for conn in readable:
+                try:
+                    data = conn.recv(4096)
+                except (BlockingIOError, InterruptedError):
+                    continue
+                except OSError as exc:
+                    self._drop(conn, f"its processes stopped ({exc.strerror or exc})")
+                    continue
+                if not data:
+                    self._drop(conn, "its processes stopped (connection closed)")
+                else:
+                    self._last[conn] = now
+            for conn, last in list(self._last.items()):
+                if now - last >= self.silence_s:
+                    self._drop(conn, f"silent for {now - last:.1f} s")

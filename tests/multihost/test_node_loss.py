@@ -1,0 +1,140 @@
+"""A host lost under a running 4-rank run (2 ranks on each of 2 hosts): gpusession notices it
+by its own heartbeat, names the host and its ranks (never a survivor), frees the survivors'
+GPUs, and leaves no scratch directory behind, on the survivor at once and on the lost host
+when it starts again. Bounds are measured from the moment the test kills the host or cuts its
+link, with margins for a loaded 2-core machine."""
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import HERE
+from .simcluster import kill_session
+
+pytestmark = pytest.mark.timeout(900)
+
+DEAD_HOST_S = 2.0  # a host whose processes die: noticed within 2 s ...
+SILENT_HOST_S = 10.0  # ... one that goes silent within 10 s (5 s by default, GPUSESSION_HOST_SILENCE_S)
+FREE_S = 1.0  # the survivors' GPUs free within 1 s of noticing
+MARGIN_S = 4.0  # a loaded 2-core machine: process starts, GCS calls and the release take longer
+
+
+@pytest.fixture(scope="module")
+def losses(sim_cluster, tmp_path_factory):
+    """One driver on the head, two runs of 4 ranks spread over both hosts: under the first the
+    host without rank 0 is killed; it is started again; under the second the host without rank 0
+    has its link cut. Returns [(the driver's RESULT, what the test knows)] for each."""
+    cluster = sim_cluster
+    cluster.set_resolution("own")
+    prefix = str(cluster.base / f"{tmp_path_factory.mktemp('nodeloss').name}-marker")
+    proc = cluster.python(cluster.head, str(HERE / "node_loss_script.py"), prefix, "2")
+    out: queue.Queue = queue.Queue()  # read as it comes: a full pipe would stall the driver
+    threading.Thread(target=lambda: [out.put(line) for line in proc.stdout] + [out.put("")], daemon=True).start()
+    results, lost = [], []
+    try:
+        for i, lose in enumerate((cluster.kill_host, cluster.cut_link)):
+            markers = _wait_markers(proc, f"{prefix}-{i}", 4, timeout=240)
+            by_host: dict[str, list[int]] = {}
+            for rank, marker in markers.items():
+                by_host.setdefault(marker["host"], []).append(rank)
+            survivor = cluster.host(markers[0]["host"])
+            victim = next(h for h in cluster.workers if h is not survivor)
+            lost_at = time.time()
+            lose(victim)
+            lost.append(victim)
+            result = _next_result(proc, out, timeout=180)
+            known = {"victim": victim, "survivor": survivor, "lost_at": lost_at, "markers": markers,
+                     "victim_ranks": sorted(by_host[victim.name])}
+            known["survivor_scratch"] = scratch_dirs(survivor)
+            if i == 0:  # the dead host back; and on both hosts what a rank on a dead host leaves
+                known["left_by_kill"] = scratch_dirs(victim)
+                cluster.restart_host(victim)
+                lost.remove(victim)
+                for host in cluster.workers:
+                    orphan = host.tmp / "gpusession-scratch" / "session_gone" / "lease-999" / "attempt-0"
+                    orphan.mkdir(parents=True, exist_ok=True)
+                    (orphan / ".lock").touch()
+                Path(f"{prefix}-{i}.go").touch()
+            results.append((result, known))
+        proc.wait(timeout=60)
+    finally:
+        kill_session(proc)
+        for host in lost:  # leave the cluster whole for whatever runs next
+            cluster.restart_host(host)
+    return results
+
+
+def _next_result(proc, out: queue.Queue, timeout: float) -> dict:
+    deadline = time.monotonic() + timeout
+    seen: list[str] = []
+    while time.monotonic() < deadline:
+        try:
+            line = out.get(timeout=1.0)
+        except queue.Empty:
+            continue
+        if not line:
+            pytest.fail("the driver ended without a result:\n" + "".join(seen[-60:]))
+        seen.append(line)
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    pytest.fail(f"no result within {timeout:.0f} s of the loss:\n" + "".join(seen[-60:]))
+
+
+def _wait_markers(proc, prefix: str, count: int, timeout: float) -> dict[int, dict]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = {r: Path(f"{prefix}-rank{r}") for r in range(count)}
+        if all(p.exists() and p.stat().st_size for p in found.values()):
+            return {r: json.loads(p.read_text()) for r, p in found.items()}
+        if proc.poll() is not None:
+            pytest.fail(f"the driver ended (exit status {proc.returncode}) before every rank was running")
+        time.sleep(0.1)
+    pytest.fail(f"the ranks were not all running within {timeout:.0f} s")
+
+
+def assert_blames_the_lost_host(result: dict, known: dict) -> None:
+    victim = known["victim"]
+    assert result["error_type"] == "WorkerFailed", result
+    message = result["error"]
+    ranks = known["victim_ranks"]
+    assert message.startswith(f"Host {victim.name} ({victim.ip}, Ray node {result['node_ids'][victim.ip]})"), message
+    assert f"with ranks {ranks[0]}, {ranks[1]}" in message
+    assert result["rank"] in ranks  # never a survivor, though theirs saw "connection closed by peer"
+    assert message.endswith("It was not restarted: the hosts that remain have 2 GPUs in all, fewer than the 4 "
+                            "the run needs.")  # max_failures=3 left, but no room to restart
+    assert result["free_after"][known["survivor"].ip] == 2.0  # the survivor's GPUs, before the error reached us
+    info = result["run_info"]
+    assert info["released"] and info["end_reason"] == "failed" and info["restarts"] == 0
+
+
+def scratch_dirs(host) -> list[str]:
+    root = host.tmp / "gpusession-scratch"
+    return sorted(str(p.relative_to(root)) for p in root.glob("*/lease-*/attempt-*"))
+
+
+def test_a_host_whose_processes_die_is_named_within_2_s_and_the_survivors_gpus_are_free(losses):
+    result, known = losses[0]
+    assert result["error_time"] - known["lost_at"] < DEAD_HOST_S + FREE_S + MARGIN_S
+    assert_blames_the_lost_host(result, known)
+    assert "its processes stopped" in result["error"]
+    assert known["survivor_scratch"] == []  # the survivor's ranks were stopped and cleaned up
+
+
+def test_a_host_gone_silent_is_named_within_10_s_and_workers_sweep_what_lost_ranks_left(losses):
+    result, known = losses[1]
+    assert result["error_time"] - known["lost_at"] < SILENT_HOST_S + FREE_S + MARGIN_S
+    assert_blames_the_lost_host(result, known)
+    assert "silent for" in result["error"]
+    assert known["survivor_scratch"] == []
+    # Every directory no live rank held when this run's workers started was swept: the orphans,
+    # and what the ranks of the host killed in the first run left (its directories were still
+    # there when it started again).
+    first_victim, left_by_kill = losses[0][1]["victim"], losses[0][1]["left_by_kill"]
+    assert left_by_kill  # the killed host's ranks could not clean up ...
+    assert not set(left_by_kill) & set(scratch_dirs(first_victim))  # ... its workers did when it was back
+    assert not [d for h in (known["victim"], known["survivor"]) for d in scratch_dirs(h) if "lease-999" in d]
