@@ -3,6 +3,8 @@ earlier kernels warmed up (and from the node host's spare workers), and a kernel
 leaves nothing of its own running on the node."""
 from __future__ import annotations
 
+import os
+
 import psutil
 import ray
 
@@ -37,12 +39,12 @@ print("WORKERS", *sorted(h.info["pid"] for h in pool().alive(pool().checkout([le
       flush=True)
 
 @gs.distributed(gpus=2, return_all=True)
-def stuck():
+def stuck(directory):
     import os, time
-    print("RANK", os.getpid(), flush=True)
+    open(os.path.join(directory, str(os.getpid())), "w").close()
     time.sleep(600)
 
-stuck()
+stuck(os.environ["RANKS_DIR"])
 """
 
 
@@ -58,12 +60,13 @@ def test_a_new_kernels_first_call_forks_its_ranks_from_the_nodes_warm_parent(clu
     assert first == second == f"PARENTS {[zygote, zygote]}"
 
 
-def test_a_dead_kernel_leaves_no_rank_and_no_worker_of_its_own(cluster, driver, admin, broker):
+def test_a_dead_kernel_leaves_no_rank_and_no_worker_of_its_own(cluster, driver, admin, broker, tmp_path):
     from gpusession.broker import client
 
-    kernel = driver(STUCK)
+    kernel = driver(STUCK, RANKS_DIR=str(tmp_path))
     workers = [int(pid) for pid in kernel.wait_for_line("WORKERS", timeout=180).split()[1:]]
-    ranks = [int(kernel.wait_for_line("RANK", timeout=120).split()[1]) for _ in range(2)]
+    ranks = wait_for(lambda: len(os.listdir(tmp_path)) == 2 and [int(name) for name in os.listdir(tmp_path)],
+                     timeout=120, message="both ranks running")
     zygote = ray.get(_host().info.remote())["zygote_pid"]
     assert {psutil.Process(rank).ppid() for rank in ranks} == {zygote}
     kernel.kill()  # SIGKILL, as the OOM killer does to a kernel
