@@ -5,8 +5,8 @@ user code itself (each rank is a fresh process forked from the node's warm paren
 workers.py), so every worker that is still alive goes back to the pool after a call, on real
 GPUs too. A worker this kernel lacks on a node comes from the node's host (nodehost.py): a
 spare already up and connected to the node's warm parent, shared by every kernel. Only a call
-with its own runtime_env starts workers of its own (owned by this process: they die with it),
-each with its own warm parent in that environment.
+with its own runtime_env (or from a Ray job with one) starts workers of its own (owned by this
+process: they die with it), each with its own warm parent in that environment.
 """
 from __future__ import annotations
 
@@ -175,7 +175,9 @@ class WorkerPool:
         return bucket.pop() if bucket else None
 
     def _start(self, node_id: str, runtime_env: dict | None) -> WorkerHandle:
-        if not runtime_env:  # a spare from the node's host, shared by every kernel
+        # A spare from the node's host, shared by every kernel; not for a kernel whose Ray job
+        # has a runtime_env of its own (its workers would inherit it, and their warm parent too).
+        if not runtime_env and not ray.get_runtime_context().runtime_env:
             job_id = ray.get_runtime_context().get_job_id()
             return WorkerHandle(None, node_id, _env_key(None), self._host(node_id).worker.remote(job_id), None)
         actor = nodehost.REMOTE_WORKER.options(
