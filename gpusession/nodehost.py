@@ -68,10 +68,13 @@ def default_spares(node_gpus: float) -> int:
     configured = os.environ.get(SPARES_ENV)
     if configured is not None:
         try:
-            return max(0, int(configured))
+            count = int(configured)
         except ValueError:
+            count = -1
+        if count < 0:
             raise ValueError(f"{SPARES_ENV}={configured!r} must be a whole number of spare workers per node "
-                             "(0 turns spares off).") from None
+                             "(0 turns spares off).")
+        return count
     return max(1, min(MAX_DEFAULT_SPARES, int(-(-node_gpus // 1))))
 
 
