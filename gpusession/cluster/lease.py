@@ -238,6 +238,9 @@ class Lease:
 
     def _probe_slots(self, group) -> list[Slot]:
         lease = self.options.lease
+        found = pool().probe_bundles(group, lease.workers, lease.gpus_per_worker)  # warm, from the node hosts
+        if found is not None:
+            return [Slot(i, node, address, tuple(gpus)) for i, (node, address, gpus) in enumerate(found)]
         probes = [
             _probe.options(num_gpus=lease.gpus_per_worker, scheduling_strategy=PlacementGroupSchedulingStrategy(
                 group, placement_group_bundle_index=i)).remote()

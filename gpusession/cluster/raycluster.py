@@ -219,3 +219,11 @@ def unreserved_gpus_by_node(*, excluding_group: str) -> dict[str, float]:
         held_by_others = sum(v for k, v in totals.items() if _is_group_total(k) and excluding_group not in k)
         result[node_id] = available.get(node_id, {}).get("GPU", 0.0) + held_by_others
     return result
+
+
+def dead_job_ids(job_ids: set[str]) -> set[str]:
+    """Those of these Ray job ids (hex) whose driver is gone, from the GCS job table (private API:
+    Ray has no public one without the dashboard)."""
+    from ray._private.state import state
+
+    return {row["JobID"] for row in state.job_table() if row["JobID"] in job_ids and row["IsDead"]}

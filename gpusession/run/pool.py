@@ -1,9 +1,12 @@
-"""Warm worker processes kept by this kernel between calls, per node and runtime_env.
+"""Warm worker actors kept by this kernel between calls, per node and runtime_env.
 
-Workers are actors owned by this process (they die with it) that hold no Ray resources; the
-lease's placement group holds the GPUs. A worker never runs user code itself (each rank is a
-fresh process forked from the worker's warm zygote, see workers.py), so every worker that is
-still alive goes back to the pool after a call, on real GPUs too.
+Workers hold no Ray resources; the lease's placement group holds the GPUs. A worker never runs
+user code itself (each rank is a fresh process forked from the node's warm parent, see
+workers.py), so every worker that is still alive goes back to the pool after a call, on real
+GPUs too. A worker this kernel lacks on a node comes from the node's host (nodehost.py): a
+spare already up and connected to the node's warm parent, shared by every kernel. Only a call
+with its own runtime_env (or from a Ray job with one) starts workers of its own (owned by this
+process: they die with it), each with its own warm parent in that environment.
 """
 from __future__ import annotations
 
@@ -17,23 +20,24 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ..errors import GPUSessionError
-from .worker import Worker
+from . import nodehost
+from ..cluster import raycluster
 
 IDLE_S_ENV = "GPUSESSION_WARM_WORKER_IDLE_S"
 DEFAULT_IDLE_S = 600.0  # an idle worker and its warm parent cost ~500 MB of RAM; give them back after this
 MAX_IDLE_PER_NODE = 16
 REPLACE_DELAY_S = 3.0  # start replacements after the release, not during the next lease's start
-# Threads: `stop` and `request_checkpoint` must reach the actor while its `run` streams.
-_REMOTE_WORKER = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=4)(Worker)
 ALIVE_TIMEOUT_S = 2.0
+HOST_ANSWER_S = 2.0  # a host that is up answers at once
+HOST_PROBE_TIMEOUT_S = 60.0
 
 
 @dataclass(eq=False)
 class WorkerHandle:
-    actor: ray.actor.ActorHandle
+    actor: ray.actor.ActorHandle | None  # None until the node host handed one over (see `ready`)
     node_id: str
     env_key: str
-    ready: ray.ObjectRef  # resolves to the worker's info once it imported torch
+    ready: ray.ObjectRef  # resolves to the worker's info once it imported torch (to the actor while actor is None)
     runtime_env: dict | None = None
     idle_since: float = field(default_factory=time.monotonic)
     info: dict | None = None  # node_id, address, pid, host: filled once ready
@@ -49,6 +53,7 @@ class WorkerPool:
         self._lock = threading.Lock()
         self._idle_s = float(os.environ.get(IDLE_S_ENV, DEFAULT_IDLE_S))
         self._reaper: threading.Timer | None = None
+        self._hosts: dict[str, ray.actor.ActorHandle] = {}  # node id -> its node host
 
     def checkout(self, node_ids: list[str], runtime_env: dict | None) -> list[WorkerHandle]:
         """One worker per entry of node_ids, warm ones first; new ones start now, not awaited."""
@@ -57,7 +62,7 @@ class WorkerPool:
             handles = []
             for node_id in node_ids:
                 handle = self._take(node_id, key)
-                if handle is not None:  # a warm one may have died while idle (OOM killer): ask it
+                if handle is not None and handle.actor is not None:  # it may have died while idle: ask it
                     handle.ready = handle.actor.info.remote()
                 handles.append(handle or self._start(node_id, runtime_env))
             return handles
@@ -82,13 +87,17 @@ class WorkerPool:
             handle.info = info
         return handles
 
-    @staticmethod
-    def _dead(handles: list[WorkerHandle]) -> list[tuple[WorkerHandle, Exception]]:
+    def _dead(self, handles: list[WorkerHandle]) -> list[tuple[WorkerHandle, Exception]]:
         dead = []
         for handle in handles:
             try:
+                if handle.actor is None:  # a spare from the node host: ready already
+                    handle.actor = ray.get(handle.ready)
+                    handle.ready = handle.actor.info.remote()
                 ray.get(handle.ready)
             except Exception as exc:
+                if handle.actor is None:  # the host itself is gone (stopped while idle): start it again
+                    self._hosts.pop(handle.node_id, None)
                 dead.append((handle, exc))
         return dead
 
@@ -167,11 +176,36 @@ class WorkerPool:
         return bucket.pop() if bucket else None
 
     def _start(self, node_id: str, runtime_env: dict | None) -> WorkerHandle:
-        options = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}
-        if runtime_env:
-            options["runtime_env"] = runtime_env
-        actor = _REMOTE_WORKER.options(**options).remote()
+        # A spare from the node's host, shared by every kernel; not for a kernel whose Ray job
+        # has a runtime_env of its own (its workers would inherit it, and their warm parent too).
+        if not runtime_env and not ray.get_runtime_context().runtime_env:
+            job_id = ray.get_runtime_context().get_job_id()
+            return WorkerHandle(None, node_id, _env_key(None), self._host(node_id).worker.remote(job_id), None)
+        actor = nodehost.REMOTE_WORKER.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False), runtime_env=runtime_env,
+        ).remote()
         return WorkerHandle(actor, node_id, _env_key(runtime_env), actor.info.remote(), runtime_env)
+
+    def probe_bundles(self, group, count: int, gpus_per_bundle: float) -> list[tuple] | None:
+        """Each bundle's (node id, address, GPU ids), found by the nodes' hosts with Ray workers
+        that are already up; None if a host could not tell (the caller then probes itself)."""
+        try:
+            bundle_nodes = ray.util.placement_group_table(group)["bundles_to_node_id"]
+            hosts = [self._host(bundle_nodes[i]) for i in range(count)]
+            # A host that is still starting would make the caller wait longer than its own probe.
+            if not all(ray.get([host.probe_ready.remote() for host in set(hosts)], timeout=HOST_ANSWER_S)):
+                return None
+            answers = [host.probe.remote(group.id.hex(), i, gpus_per_bundle) for i, host in enumerate(hosts)]
+            return ray.get(answers, timeout=HOST_PROBE_TIMEOUT_S)
+        except Exception:  # a host starting, stopping or gone; the group removed meanwhile
+            return None
+
+    def _host(self, node_id: str) -> ray.actor.ActorHandle:
+        host = self._hosts.get(node_id)
+        if host is None:
+            gpus = next((n.gpus for n in raycluster.nodes() if n.node_id == node_id), 1.0)
+            host = self._hosts[node_id] = nodehost.host_for(node_id, nodehost.default_spares(gpus))
+        return host
 
     def _schedule_reap(self) -> None:
         if self._reaper is None or not self._reaper.is_alive():
@@ -196,6 +230,8 @@ class WorkerPool:
 
 def _kill(handle: WorkerHandle) -> None:
     try:
+        if handle.actor is None:  # still on its way from the node host
+            handle.actor = ray.get(handle.ready, timeout=ALIVE_TIMEOUT_S)
         ray.kill(handle.actor, no_restart=True)
     except Exception:  # already dead, or Ray already shut down
         pass

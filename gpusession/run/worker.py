@@ -30,8 +30,11 @@ WATCHDOG_POLL_S = 1.0
 
 
 class Worker:
-    def __init__(self) -> None:
-        self.zygote = Zygote()  # starts importing torch now, in parallel with the rest
+    def __init__(self, zygote_path: str | None = None, host_name: str | None = None) -> None:
+        # The node host's warm parent (nodehost.py) when started by it, else one of our own (a
+        # call with its own runtime_env), which starts importing torch now, in parallel.
+        self._zygote_path, self._host_name = zygote_path, host_name
+        self.zygote = self._new_zygote()
         self.node_id = ray.get_runtime_context().get_node_id()
         self.address = ray.util.get_node_ip_address()
         self.cluster = ray.get_runtime_context().get_session_name()  # keys this cluster's scratch
@@ -47,8 +50,7 @@ class Worker:
     def info(self) -> dict:
         self.zygote.wait_ready(ZYGOTE_START_TIMEOUT_S)
         return {"node_id": self.node_id, "address": self.address, "pid": os.getpid(),
-                "host": socket.gethostname(), "zygote_pid": self.zygote.process.pid,
-                "beat_port": self._beats.port}
+                "host": socket.gethostname(), "zygote_pid": self.zygote.pid, "beat_port": self._beats.port}
 
     def open_rendezvous(self, world_size: int, timeout_s: float) -> tuple[str, int]:
         """Rank 0's actor: bind the attempt's TCPStore on a port the OS picks and serve it until
@@ -91,13 +93,10 @@ class Worker:
             if spec.run_id in self._stopped_runs:  # torn down before it could start
                 return
             snapshot = ray.get(checkpoint[0]).data if checkpoint else None
-            if not self.zygote.alive():  # killed while idle (the OOM killer picks big processes)
-                self.zygote = Zygote()
-                self.zygote.wait_ready(ZYGOTE_START_TIMEOUT_S)
             _sweep_stale_scratch()  # what lost ranks left on this node, even while this actor stays warm
             claim = scratch.Claim(scratch_dir(spec))
             try:
-                pid, conn = self.zygote.fork()
+                pid, conn = self._fork()
             except BaseException:
                 claim.release()
                 raise
@@ -125,6 +124,30 @@ class Worker:
             self._child = None
             claim.release()  # the last rank of the attempt on this node removes the directory
             yield m.RankExited(spec.rank, socket.gethostname(), status[0], status[1], clean, time.time())
+
+    def _fork(self):
+        """A fresh rank process; a warm parent killed while idle (the OOM killer picks big
+        processes) is started again first."""
+        for _ in range(2):
+            if not self.zygote.alive():
+                self.zygote = self._new_zygote(restart=True)
+                self.zygote.wait_ready(ZYGOTE_START_TIMEOUT_S)
+            try:
+                return self.zygote.fork()
+            except (RuntimeError, OSError):  # it died just now: once more with a new one
+                if self.zygote.alive():
+                    raise
+                continue
+        return self.zygote.fork()
+
+    def _new_zygote(self, *, restart: bool = False) -> Zygote:
+        if self._zygote_path is None:
+            return Zygote.start()
+        if restart:  # the node host starts its warm parent again, at the same socket path
+            from .nodehost import NAMESPACE
+
+            ray.get(ray.get_actor(self._host_name, namespace=NAMESPACE).ensure_zygote.remote())
+        return Zygote.connect(self._zygote_path, ZYGOTE_START_TIMEOUT_S)
 
     def _send(self, item) -> None:
         with self._conn_lock:

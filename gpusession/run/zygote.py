@@ -1,18 +1,21 @@
 """The warm parent of rank processes on a node: torch imported, CUDA never touched, never runs
 user code.
 
-A worker actor starts one (`python -c ...zygote._main()`: a clean process, not a fork of the
-Ray worker, which Ray does not support) and asks it for a fresh child per rank per attempt. A
-fork of a process that already imported torch takes a few milliseconds where a new process pays
-~3 s of `import torch`; the child starts with nothing a previous call changed, and gives its GPU
-memory back by exiting.
+Its owner starts it (`python -c ...zygote._main()`: a clean process, not a fork of the Ray
+worker, which Ray does not support): the node's host actor (nodehost.py), shared by every kernel
+and every placement on the node, or, for a call with its own runtime_env, that call's worker
+actor. Worker actors ask it for a fresh child per rank per attempt. A fork of a process that
+already imported torch takes a few milliseconds where a new process pays ~3 s of `import torch`;
+the child starts with nothing a previous call changed, and gives its GPU memory back by exiting.
 
-Protocol on the control socket (a socketpair; the actor holds the other end):
+Connections: the owner's control socket (a socketpair), and, when started with a socket path,
+any number of worker actors of the node connecting to that Unix socket (in a directory only this
+user can enter). On every connection:
   actor -> zygote: one byte b"F" with one file descriptor attached (SCM_RIGHTS): fork a child
                    that talks to the actor on that descriptor;
   zygote -> actor: JSON lines: {"hello": pid}, {"forked": pid}, {"exited": pid, "code", "signal"}.
-The zygote ends, killing its children, as soon as the control socket closes (the actor died).
-"""
+A connection that closes (its actor died) takes the children it asked for with it. The zygote
+ends, killing every child, as soon as its owner's control socket closes (the owner died)."""
 from __future__ import annotations
 
 import json
@@ -36,37 +39,77 @@ PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "cloudpickle", "ps
 
 
 # ----- the zygote process ------------------------------------------------------------------------
-def _serve(control: socket.socket) -> None:
+def _serve(owner: socket.socket, listener: socket.socket | None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is for the caller, not us
     import importlib
 
     for name in PRELOAD:
         importlib.import_module(name)
-    _send(control, {"hello": os.getpid()})
-    children: set[int] = set()
+    asked: dict[socket.socket, set[int]] = {owner: set()}  # each connection: the children it asked for
+    children: dict[int, socket.socket | None] = {}  # each child: the connection told when it ends
+    _send(owner, {"hello": os.getpid()})
     try:
         while True:
-            readable, _, _ = select.select([control], [], [], REAP_EVERY_S)
-            if readable:
-                data, fds, _, _ = socket.recv_fds(control, 1, 1)
-                if not data:
-                    return  # the actor is gone
-                pid = _fork_child(control, fds[0])
-                os.close(fds[0])
-                children.add(pid)
-                _send(control, {"forked": pid})
-            _reap(control, children)
+            waiting = list(asked) + ([listener] if listener is not None else [])
+            readable, _, _ = select.select(waiting, [], [], REAP_EVERY_S)
+            for sock in readable:
+                if sock is listener:
+                    _accept(listener, asked)
+                elif not _serve_request(sock, owner, listener, asked, children):
+                    if sock is owner:
+                        return  # the owner is gone
+                    _drop(sock, asked, children)
+            _reap(children, asked)
     finally:
         for pid in children:
             _kill_group(pid)
 
 
-def _fork_child(control: socket.socket, fd: int) -> int:
+def _accept(listener: socket.socket, asked: dict) -> None:
+    try:
+        conn, _ = listener.accept()
+    except OSError:
+        return
+    if _send(conn, {"hello": os.getpid()}):
+        asked[conn] = set()
+    else:
+        conn.close()
+
+
+def _serve_request(sock, owner, listener, asked: dict, children: dict) -> bool:
+    """Fork the child one request asks for; False when the connection closed."""
+    try:
+        data, fds, _, _ = socket.recv_fds(sock, 1, 1)
+    except OSError:
+        return False
+    if not data:
+        return False
+    if not fds:
+        return True
+    others = [s for s in asked if s is not None] + ([listener] if listener is not None else [])
+    pid = _fork_child(others, fds[0])
+    os.close(fds[0])
+    children[pid] = sock
+    asked[sock].add(pid)
+    return _send(sock, {"forked": pid})
+
+
+def _drop(sock: socket.socket, asked: dict, children: dict) -> None:
+    """A worker actor's connection closed (the actor died): its ranks die too; they are still
+    reaped here, with nobody left to tell."""
+    for pid in asked.pop(sock, ()):
+        _kill_group(pid)
+        children[pid] = None
+    sock.close()
+
+
+def _fork_child(inherited: list[socket.socket], fd: int) -> int:
     pid = os.fork()
     if pid:
         return pid
     try:  # the child: a fresh rank process
-        control.close()
+        for sock in inherited:  # the zygote's sockets are not the rank's business
+            sock.close()
         os.setsid()  # its own process group: the actor kills the rank with every process it started
         _die_with_parent()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -77,7 +120,7 @@ def _fork_child(control: socket.socket, fd: int) -> int:
         os._exit(70)
 
 
-def _reap(control: socket.socket, children: set[int]) -> None:
+def _reap(children: dict, asked: dict) -> None:
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -85,14 +128,20 @@ def _reap(control: socket.socket, children: set[int]) -> None:
             return
         if pid == 0:
             return
-        children.discard(pid)
+        conn = children.pop(pid, None)
+        if conn is None or conn not in asked:
+            continue
+        asked[conn].discard(pid)
         code = os.waitstatus_to_exitcode(status)
-        _send(control, {"exited": pid, "code": code if code >= 0 else None,
-                        "signal": -code if code < 0 else None})
+        _send(conn, {"exited": pid, "code": code if code >= 0 else None, "signal": -code if code < 0 else None})
 
 
-def _send(control: socket.socket, message: dict) -> None:
-    control.sendall((json.dumps(message) + "\n").encode())
+def _send(conn: socket.socket, message: dict) -> bool:
+    try:
+        conn.sendall((json.dumps(message) + "\n").encode())
+        return True
+    except OSError:  # the other end is gone; its connection is dropped at its next read
+        return False
 
 
 def _die_with_parent() -> None:
@@ -112,31 +161,56 @@ def _kill_group(pid: int) -> None:
         pass
 
 
-# ----- the actor's handle on its zygote ------------------------------------------------------------
+# ----- a handle on a zygote ------------------------------------------------------------------------
 class Zygote:
-    """Started by a worker actor; forks rank processes on request and tells how they ended."""
+    """A zygote this process started (`Zygote.start`, its owner) or connected to
+    (`Zygote.connect`); forks rank processes on request and tells how they ended."""
 
-    def __init__(self) -> None:
-        ours, theirs = socket.socketpair()
-        env = dict(os.environ)
-        env[PATH_ENV] = json.dumps(sys.path)  # Ray's runtime_env may have added to it
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", "from gpusession.run.zygote import _main; _main()", str(theirs.fileno())],
-            pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL, cwd=os.getcwd(),
-        )
-        theirs.close()
-        self._control = ours
+    def __init__(self, control: socket.socket, process: subprocess.Popen | None) -> None:
+        self.process = process  # None when connected to another owner's zygote
+        self._control = control
         self._lock = threading.Lock()
         self._forked: queue.Queue = queue.Queue()
         self._exits: dict[int, tuple[int | None, int | None]] = {}
         self._exited = threading.Condition()
         self._hello = threading.Event()
+        self.pid: int | None = None
         self._closed = False
         threading.Thread(target=self._read, name="gpusession-zygote-reader", daemon=True).start()
 
+    @classmethod
+    def start(cls, socket_path: str | None = None) -> "Zygote":
+        """Start a zygote owned by this process; with socket_path, worker actors of this node
+        may connect to it there too."""
+        ours, theirs = socket.socketpair()
+        env = dict(os.environ)
+        env[PATH_ENV] = json.dumps(sys.path)  # Ray's runtime_env may have added to it
+        command = [sys.executable, "-c", "from gpusession.run.zygote import _main; _main()", str(theirs.fileno())]
+        if socket_path:
+            command.append(socket_path)
+        process = subprocess.Popen(command, pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL,
+                                   cwd=os.getcwd())
+        theirs.close()
+        return cls(ours, process)
+
+    @classmethod
+    def connect(cls, socket_path: str, timeout_s: float) -> "Zygote":
+        """Connect to the zygote listening at socket_path (it may still be starting)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(socket_path)
+                return cls(sock, None)
+            except OSError:
+                sock.close()
+                if time.monotonic() >= deadline:
+                    raise RuntimeError(f"No warm parent of rank processes listens at {socket_path}.") from None
+                time.sleep(0.05)
+
     def wait_ready(self, timeout_s: float) -> None:
         if not self._hello.wait(timeout_s):
-            code = self.process.poll()
+            code = self.process.poll() if self.process is not None else None
             raise RuntimeError(
                 "The warm parent of rank processes did not start"
                 + (f" (it exited with {code})" if code is not None else f" within {timeout_s:.0f} s")
@@ -144,15 +218,20 @@ class Zygote:
             )
 
     def alive(self) -> bool:
-        return not self._closed and self.process.poll() is None
+        return not self._closed and (self.process is None or self.process.poll() is None)
 
     def fork(self, timeout_s: float = 10.0) -> tuple[int, Connection]:
         ours, theirs = socket.socketpair()
         with self._lock:
-            if self._closed or self.process.poll() is not None:
+            if not self.alive():
                 raise RuntimeError("The warm parent of rank processes is gone.")
-            socket.send_fds(self._control, [b"F"], [theirs.fileno()])
-            theirs.close()
+            try:
+                socket.send_fds(self._control, [b"F"], [theirs.fileno()])
+            except OSError:
+                self._closed = True  # it died; our reader may not have seen the EOF yet
+                raise RuntimeError("The warm parent of rank processes is gone.") from None
+            finally:
+                theirs.close()
             try:
                 pid = self._forked.get(timeout=timeout_s)
             except queue.Empty:
@@ -177,13 +256,20 @@ class Zygote:
     def close(self) -> None:
         self._closed = True
         try:
+            self._control.shutdown(socket.SHUT_RDWR)  # wakes our reader thread; the zygote sees EOF
+        except OSError:
+            pass
+        try:
             self._control.close()
         except OSError:
             pass
+        if self.process is None:
+            return
         try:
             self.process.wait(2.0)
         except subprocess.TimeoutExpired:
             self.process.kill()
+            self.process.wait()
 
     def _read(self) -> None:
         buffer = b""
@@ -204,6 +290,7 @@ class Zygote:
 
     def _dispatch(self, message: dict) -> None:
         if "hello" in message:
+            self.pid = message["hello"]
             self._hello.set()
         elif "forked" in message:
             self._forked.put(message["forked"])
@@ -215,8 +302,24 @@ class Zygote:
 
 def _main() -> None:
     sys.path[:] = json.loads(os.environ.pop(PATH_ENV, "[]")) or sys.path
-    control = socket.socket(fileno=int(sys.argv[-1]))
-    _serve(control)
+    owner = socket.socket(fileno=int(sys.argv[1]))
+    listener = None
+    if len(sys.argv) > 2:  # listen before the slow imports: an actor may connect and wait for hello
+        path = sys.argv[2]
+        if os.path.exists(path):  # left by a zygote of the same owner that died
+            os.unlink(path)
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(path)
+        listener.listen(64)
+    try:
+        _serve(owner, listener)
+    finally:
+        if listener is not None:
+            listener.close()
+            try:
+                os.unlink(sys.argv[2])
+            except OSError:
+                pass
 
 
 if __name__ == "__main__":

@@ -40,6 +40,21 @@ def allreduce():
 
 
 report["spread"] = gs.distributed(gpus=4, placement="spread", return_all=True)(where)()
+
+
+def forked_by():
+    return gs.context().node_id, os.getppid()
+
+
+# Warm across nodes: every rank of a spread call, its repeat included, is forked by its node's
+# one warm parent (the node host's zygote), shared by every kernel and placement on that node.
+spread_parents = gs.distributed(gpus=4, placement="spread", return_all=True)(forked_by)
+from gpusession.run import nodehost  # noqa: E402
+
+report["spread_parents"] = [spread_parents(), spread_parents()]
+report["node_zygotes"] = {
+    node.node_id: ray.get(ray.get_actor(nodehost.host_name(node.node_id), namespace=nodehost.NAMESPACE)
+                          .info.remote())["zygote_pid"] for node in nodes}
 report["allreduce_across_nodes"] = gs.distributed(gpus=4)(allreduce)()
 try:
     gs.distributed(gpus=3, placement="strict_pack")(where)()

@@ -37,6 +37,13 @@ def test_a_spread_lease_puts_two_workers_on_each_node_with_torchrun_ranks(report
     assert ranks[0]["node_rank"] == 0 and ranks[1]["node_rank"] == 0  # contiguous ranks per node
 
 
+def test_a_spread_call_and_its_repeat_fork_every_rank_from_its_nodes_warm_parent(report):
+    first, repeat = report["spread_parents"]
+    zygotes = report["node_zygotes"]
+    assert len({node for node, _ in first}) == 2
+    assert all(parent == zygotes[node] for node, parent in first + repeat)
+
+
 def test_allreduce_works_across_nodes(report):
     assert report["allreduce_across_nodes"] == 4.0
 

@@ -1,0 +1,51 @@
+"""The node's warm parent serves several worker actors at once (real processes, no Ray): each
+connection gets its own children and their exits, a connection that closes takes its own
+children with it and nobody else's, and the owner closing ends the parent and its socket."""
+from __future__ import annotations
+
+import os
+
+import psutil
+
+from gpusession.run.zygote import Zygote
+
+from ..conftest import wait_for
+
+START_S = 180.0  # imports torch; a loaded 2-core machine is slow
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_one_warm_parent_serves_several_actors_each_keeping_its_own_children(tmp_path):
+    path = str(tmp_path / "zygote.sock")
+    owner = Zygote.start(path)
+    try:
+        owner.wait_ready(START_S)
+        first, second = Zygote.connect(path, 10.0), Zygote.connect(path, 10.0)
+        first.wait_ready(10.0)
+        second.wait_ready(10.0)
+        assert first.pid == second.pid == owner.pid == owner.process.pid
+
+        mine, my_pipe = first.fork()
+        theirs, their_pipe = second.fork()
+        assert psutil.Process(mine).ppid() == psutil.Process(theirs).ppid() == owner.pid
+
+        their_pipe.close()  # a rank whose actor hangs up before the launch exits with an error code
+        assert second.exit_status(theirs, 30.0) == (71, None)
+        assert first.exit_status(theirs, 0.5) is None  # told to the actor that asked for it only
+
+        first.close()  # that actor died: its rank dies too, the warm parent stays for the others
+        wait_for(lambda: not _running(mine), timeout=10, message="the closed connection's child gone")
+        assert owner.alive() and second.alive()
+        again, pipe = second.fork()
+        pipe.close()
+        assert second.exit_status(again, 30.0) == (71, None)
+    finally:
+        owner.close()
+    assert owner.process.returncode is not None
+    wait_for(lambda: not os.path.exists(path), timeout=10, message="the socket removed with its parent")
