@@ -219,6 +219,7 @@ class Lease:
     def _create_group(self) -> None:
         """A placement group of `self.size` bundles under the lease's name; its workers and slots."""
         lease = self.options.lease
+        started = time.monotonic()
         self._pg = placement_group(
             [{"GPU": lease.gpus_per_worker}] * self.size,
             strategy=lease.placement.ray_strategy,
@@ -236,7 +237,10 @@ class Lease:
         bundle_nodes = ray.util.placement_group_table(self._pg)["bundles_to_node_id"]
         self._workers = pool().checkout([bundle_nodes[i] for i in range(self.size)], self.options.runtime_env)
         self._workers_ready = False
+        placed = time.monotonic()
         self.slots = self._probe_slots(self._pg)
+        log.debug("Lease %s: group of %d placed in %.2f s, probed in %.2f s", self.lease_id, self.size,
+                  placed - started, time.monotonic() - placed)
         logical_nodes = {n.node_id for n in raycluster.nodes() if n.logical}
         self.logical_gpus = all(slot.node_id in logical_nodes for slot in self.slots)
         self.info.logical_gpus = self.logical_gpus

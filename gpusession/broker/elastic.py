@@ -77,12 +77,23 @@ def fewest_to_give(request: Request, lease: ActiveLease, footprint: NodeGpus,
     other victims give), or None if even shrinking to min_workers does not."""
     where = node_workers(lease, footprint)
     for count in range(1, lease.workers - lease.min_workers + 1):
-        given = spare(lease, where, count)
-        trial = dict(view)
-        give(trial, gpus(given, lease.gpus_per_worker), add_nodes=True)
-        if plan(trial, request.workers, request.gpus_per_worker, request.placement) is not None:
-            return Taking(lease, gpus(given, lease.gpus_per_worker), lease.workers - count, given)
+        for given in _ways_to_give(lease, where, count):
+            trial = dict(view)
+            give(trial, gpus(given, lease.gpus_per_worker), add_nodes=True)
+            if plan(trial, request.workers, request.gpus_per_worker, request.placement) is not None:
+                return Taking(lease, gpus(given, lease.gpus_per_worker), lease.workers - count, given)
     return None
+
+
+def _ways_to_give(lease: ActiveLease, where: NodeWorkers, count: int):
+    """`count` workers to give up: the usual choice (spare), then each node's first (a request
+    that must sit on one node needs them together)."""
+    yield spare(lease, where, count)
+    for node in where:
+        first = min(count, where[node])
+        rest = spare(lease, {n: w for n, w in where.items() if n != node}, count - first)
+        if sum(rest.values()) == count - first:
+            yield {node: first, **rest}
 
 
 def offers(leases: Sequence[ActiveLease], free: Mapping[str, float],

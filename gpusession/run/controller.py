@@ -158,6 +158,7 @@ class RunController:
         gpw = self.options.lease.gpus_per_worker
         sizes = resize.carry_out(self.lease, notice)
         self.lease.rearm()
+        self.info.gpus, self.info.workers = self.lease.gpus, self.lease.workers  # the status line's count
         if sizes is not None:
             line = resize.resize_line(notice, old_gpus=sizes[0] * gpw, new_gpus=sizes[1] * gpw,
                                       full_gpus=self.options.lease.gpus, at=where)
