@@ -30,7 +30,6 @@ HOLD_S = 3.0  # how long the high-priority lease keeps its 2 GPUs
 
 
 def gpusession_regrow_s(work: str) -> float:
-    import gpusession as gs
     from gpusession.broker import client
     from gpusession.events import Observer, RunInfo
     from gpusession.identity import Identity
@@ -38,9 +37,12 @@ def gpusession_regrow_s(work: str) -> float:
     from gpusession.options import validate_run_options
     from tests.integration.elastic_train import train
 
-    admin = {"token": open(os.path.join(os.environ["GPUSESSION_HOME"], "admin_token")).read().strip(),
-             "user": "admin"}
-    client.call(client.broker().set_quota, "boss", {"max_priority": "high"}, admin)
+    from gpusession.broker.settings import BrokerConfig, resolve_db_path
+
+    broker = client.broker()  # started here: its admin token is written beside its ledger
+    token_file = os.path.join(os.path.dirname(resolve_db_path(BrokerConfig())), "admin_token")
+    client.call(broker.set_quota, "boss", {"max_priority": "high"}, {"token": open(token_file).read().strip(),
+                                                                      "user": "admin"})
     stop = os.path.join(work, "stop")
     info = RunInfo()
     elastic = Lease(validate_run_options(gpus=4, min_gpus=2, priority="low"), identity=Identity("elastic"),

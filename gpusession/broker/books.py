@@ -265,7 +265,8 @@ class Books:
         row = self.rows[notice.lease_id]
         payload = {"kind": NoticeKind(notice.kind).value, "reason": notice.reason, "deadline": notice.deadline,
                    "for_lease_id": notice.for_lease_id, "reason_code": _reason_code(notice.kind),
-                   "id": f"{notice.lease_id}-{self.version(notice.lease_id) + 1}"}
+                   # unique across broker restarts too: a watcher skips the notice it has seen by this id
+                   "id": f"{notice.lease_id}-{NoticeKind(notice.kind).value}-{notice.deadline!r}"}
         if notice.to_workers is not None:
             payload.update(to_workers=notice.to_workers, to_gpus=notice.to_workers * row["gpus_per_worker"],
                            node_workers=notice.node_workers, by=notice.by)
