@@ -216,8 +216,9 @@ class Lease:
         client.call(broker.placed, self.lease_id, node_workers, auth=client.lease_auth(self.identity))
         self._watch = broker.watch.remote(self.lease_id, auth=client.lease_auth(self.identity))
 
-    def _create_group(self) -> None:
-        """A placement group of `self.size` bundles under the lease's name; its workers and slots."""
+    def _create_group(self, keep: list[WorkerHandle] = ()) -> None:
+        """A placement group of `self.size` bundles under the lease's name; its workers (those in
+        `keep` first, on their nodes, in order) and slots."""
         lease = self.options.lease
         started = time.monotonic()
         self._pg = placement_group(
@@ -235,7 +236,7 @@ class Lease:
         # Workers start (or come warm from the pool) while the probes run: a first call pays
         # one process start, not two in a row.
         bundle_nodes = ray.util.placement_group_table(self._pg)["bundles_to_node_id"]
-        self._workers = pool().checkout([bundle_nodes[i] for i in range(self.size)], self.options.runtime_env)
+        self._workers = self._assign([bundle_nodes[i] for i in range(self.size)], list(keep))
         self._workers_ready = False
         placed = time.monotonic()
         self.slots = self._probe_slots(self._pg)
@@ -245,6 +246,18 @@ class Lease:
         self.logical_gpus = all(slot.node_id in logical_nodes for slot in self.slots)
         self.info.logical_gpus = self.logical_gpus
         self.info.nodes = sorted({slot.address for slot in self.slots})
+
+    def _assign(self, nodes: list[str], keep: list[WorkerHandle]) -> list[WorkerHandle]:
+        """One worker per bundle node: a kept one on that node if any (rank 0's stays rank 0's,
+        with its rendezvous warm), else one from the pool; kept ones left over go back to it."""
+        chosen = []
+        for node in nodes:
+            handle = next((h for h in keep if h.node_id == node), None)
+            if handle is not None:
+                keep.remove(handle)
+            chosen.append(handle or pool().checkout([node], self.options.runtime_env)[0])
+        pool().give_back(keep)
+        return chosen
 
     def _probe_slots(self, group) -> list[Slot]:
         lease = self.options.lease
@@ -333,14 +346,13 @@ class Lease:
     def change_size(self, workers: int) -> None:
         """Re-make the lease's group with `workers` bundles: a placement group cannot shrink or
         grow, so the old one is removed (waiting until Ray shows its GPUs free) and a new one made
-        under the same name. The worker actors go back to the pool and come back warm."""
-        pool().give_back(self._workers)
-        self._workers, self._workers_ready = [], False
+        under the same name. The worker actors stay (those no longer needed go back to the pool)."""
+        keep, self._workers, self._workers_ready = self._workers, [], False
         self._remove_group_and_wait()
         now = time.time()
         self._gpu_seconds_before += self.gpus * (now - (self._sized_at or now))
         self.size, self._sized_at = workers, now
-        self._create_group()
+        self._create_group(keep)
         self.info.nodes = sorted({slot.address for slot in self.slots})
 
     def node_workers(self) -> dict[str, int]:
