@@ -150,12 +150,6 @@ def validate_run_options(
         queue_timeout=queue_timeout,
         max_hold_s=timeout_s,
     )
-    if lease.min_workers is not None:
-        raise ValueError(
-            f"min_gpus={min_gpus!r} below gpus={gpus!r} asks for an elastic run, which gpusession does not "
-            "support yet (a preempted run stops at its last checkpoint; it does not shrink). Leave min_gpus out, "
-            "and save checkpoints with gs.save_checkpoint so that train.resume() continues after a preemption."
-        )
     if backend is not None:
         if not isinstance(backend, str) or backend.lower() not in BACKENDS:
             raise ValueError(f"backend must be None, 'nccl' or 'gloo'; got {backend!r}.")

@@ -69,8 +69,16 @@ def _earmark(board: Board, leases: Sequence[ActiveLease], queued_targets: set[in
         if target is None or target not in queued_targets:
             continue
         mark = board.earmarked.setdefault(target, {})
-        give(mark, board.footprint[lease.lease_id], add_nodes=True)
+        give(mark, releasing(board, lease), add_nodes=True)
         board.notices[target] = board.notices.get(target, 0) + 1
+
+
+def releasing(board: Board, lease: ActiveLease) -> NodeGpus:
+    """What a lease under notice gives back: all its GPUs, or those of the workers it was told
+    to give up when it shrinks (an elastic lease keeps the rest)."""
+    if lease.giving is None:
+        return board.footprint[lease.lease_id]
+    return gpus_of(lease.giving, lease.gpus_per_worker)
 
 
 def beyond(need: NodeGpus, covered: NodeGpus) -> NodeGpus:
@@ -143,7 +151,7 @@ def _releases(head, board, leases, granted, *, now: float) -> Iterator[Release]:
         target = lease.preempted_for
         if target is not None and target in board.earmarked:
             if target == head.lease_id:
-                yield Release(now, board.footprint[lease.lease_id])
+                yield Release(now, releasing(board, lease))
             continue  # it makes room for another request: never comes back to the head
         if lease.ends_by is not None:
             yield Release(max(lease.ends_by, now), board.footprint[lease.lease_id])

@@ -11,7 +11,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from . import policy
+from . import elastic, policy
 from .ledger import Ledger
 from .model import ActiveLease, NodeCapacity, Placement, Priority, Quota, Request, Waiting
 from .states import ACTIVE_STATES, LeaseState, check_move
@@ -32,10 +32,12 @@ class PolicySettings:
 
 
 class NoticeKind(str, enum.Enum):
-    """What a notice tells the holder of a lease. (An elastic "shrink" would be one more kind.)"""
+    """What a notice tells the holder of a lease."""
 
-    PREEMPT = "preempt"
+    PREEMPT = "preempt"  # give every GPU back by the deadline
     REVOKE = "revoke"
+    SHRINK = "shrink"  # elastic: give some workers back by the deadline, keep to_workers
+    GROW = "grow"  # elastic: free GPUs are offered, take them (to_workers) by the deadline or lose the offer
 
 
 @dataclass
@@ -45,6 +47,9 @@ class Notice:
     reason: str
     deadline: float
     for_lease_id: int | None = None
+    to_workers: int | None = None  # shrink and grow: the size the lease is asked to take
+    node_workers: dict | None = None  # shrink: workers given up per node; grow: workers added per node
+    by: dict | None = None  # shrink: who it is for ({"lease_id", "user", "priority"}), for the caller's line
 
 
 @dataclass
@@ -127,6 +132,8 @@ class Books:
             return known, Effects()
         row = {**fields, "id": self.next_id, "state": LeaseState.QUEUED.value, "requested_at": now,
                "over_quota": False}
+        if row.get("min_workers") is not None:  # elastic: remember the size it may grow back to
+            row["full_workers"] = row["workers"]
         self.next_id += 1
         self.journal.add_lease(row)
         self.request_ids[row["request_id"]] = row["id"]
@@ -152,6 +159,7 @@ class Books:
         effects = Effects()
         queue = self.queue()
         if not queue:
+            self._offer(nodes, [], now, effects)
             return effects
         users = {r.user for r in queue}
         budgets = any(self.quota_for(u).gpu_hours is not None for u in users)
@@ -184,6 +192,57 @@ class Books:
             if self.waiting.get(lease_id) != waiting:
                 self.waiting[lease_id] = waiting
                 self._bump(lease_id, effects)
+        self._offer(nodes, [r for r in queue if r.lease_id in decision.waiting], now, effects)
+        return effects
+
+    def _offer(self, nodes: list[NodeCapacity], waiting: list[Request], now: float, effects: Effects) -> None:
+        """Offer free GPUs to elastic leases that shrank (broker/elastic.py decides who gets what)."""
+        if not any((row.get("full_workers") or 0) > row["workers"] for row in self.rows.values()):
+            return  # the common case costs one scan, no board
+        leases = self.active()
+        free = policy.free_gpus(nodes, leases)
+        for offer in elastic.offers(leases, free, waiting):
+            row = self.rows[offer.lease_id]
+            log.info("Offering lease %d of %s %d more workers (%d -> %d)", offer.lease_id, row["user"],
+                     offer.to_workers - row["workers"], row["workers"], offer.to_workers)
+            self.notify(Notice(offer.lease_id, NoticeKind.GROW, "free GPUs offered back",
+                               now + self.settings.preemption_grace_s, to_workers=offer.to_workers,
+                               node_workers=dict(offer.add)), effects)
+
+    def resize(self, lease_id: int, workers: int, node_workers: dict[str, int] | None, now: float) -> Effects:
+        """The lease now holds `workers` (a shrink it made, an offer it took, or where its regrown
+        group landed): its size changes from now on, its GPU-seconds so far are kept, its notice
+        is cleared. The service checked the request against the notice."""
+        row = self.rows[lease_id]
+        effects = Effects()
+        old_gpus, sized_at = row["gpus"], row.get("sized_at") or row["granted_at"]
+        gpus = workers * row["gpus_per_worker"]
+        if node_workers is None:  # an accepted offer: the policy's plan until the group is placed
+            node_workers = dict(row.get("node_workers") or {})
+            for node, n in ((row.get("notice") or {}).get("node_workers") or {}).items():
+                node_workers[node] = node_workers.get(node, 0) + n
+        if workers != row["workers"]:
+            before = (row.get("gpu_seconds_before") or 0.0) + old_gpus * max(0.0, now - sized_at)
+            segment = (row["user"], old_gpus, sized_at, max(now, sized_at))
+            self.journal.resize(lease_id, workers, gpus, node_workers, now, before, segment)
+            row.update(workers=workers, gpus=gpus, node_workers=node_workers, sized_at=now,
+                       gpu_seconds_before=before, notice=None, preempted_for=None)
+            log.info("Lease %d of %s now holds %d workers (%g GPUs, was %g)", lease_id, row["user"], workers,
+                     gpus, old_gpus)
+        else:
+            self.journal.resize(lease_id, workers, gpus, node_workers, sized_at, row.get("gpu_seconds_before"), None)
+            row.update(node_workers=node_workers, notice=None, preempted_for=None)
+        self._bump(lease_id, effects)
+        return effects
+
+    def withdraw(self, lease_id: int) -> Effects:
+        """An offer to grow that was not taken in time: the GPUs go back to everyone."""
+        effects = Effects()
+        row = self.rows.get(lease_id)
+        if row is not None and (row.get("notice") or {}).get("kind") == NoticeKind.GROW.value:
+            self.journal.set_notice(lease_id, None, None)
+            row.update(notice=None, preempted_for=None)
+            self._bump(lease_id, effects)
         return effects
 
     def place(self, lease_id: int, node_workers: dict[str, int], now: float) -> Effects:
@@ -220,7 +279,12 @@ class Books:
         effects = effects if effects is not None else Effects()
         row = self.rows[notice.lease_id]
         payload = {"kind": NoticeKind(notice.kind).value, "reason": notice.reason, "deadline": notice.deadline,
-                   "for_lease_id": notice.for_lease_id, "reason_code": _reason_code(notice.kind)}
+                   "for_lease_id": notice.for_lease_id, "reason_code": _reason_code(notice.kind),
+                   # unique across broker restarts too: a watcher skips the notice it has seen by this id
+                   "id": f"{notice.lease_id}-{NoticeKind(notice.kind).value}-{notice.deadline!r}"}
+        if notice.to_workers is not None:
+            payload.update(to_workers=notice.to_workers, to_gpus=notice.to_workers * row["gpus_per_worker"],
+                           node_workers=notice.node_workers, by=notice.by)
         self.journal.set_notice(notice.lease_id, payload, notice.for_lease_id)
         row.update(notice=payload, preempted_for=notice.for_lease_id)
         effects.notices.append(notice)
@@ -229,6 +293,17 @@ class Books:
 
     def _preempt(self, preempt, now: float, effects: Effects) -> None:
         victim, claimant = self.rows[preempt.victim_id], self.rows[preempt.for_lease_id]
+        if preempt.shrink_to_workers is not None:
+            log.info("Shrinking lease %d of %s (%s) from %d to %d workers for lease %d of %s", victim["id"],
+                     victim["user"], preempt.reason, victim["workers"], preempt.shrink_to_workers, claimant["id"],
+                     claimant["user"])
+            by = {"lease_id": claimant["id"], "user": claimant["user"], "priority": Priority(claimant["priority"]).label}
+            self.notify(Notice(
+                victim["id"], NoticeKind.SHRINK,
+                f"preempted ({preempt.reason}) for lease {claimant['id']} of {claimant['user']}",
+                now + self.settings.preemption_grace_s, claimant["id"], to_workers=preempt.shrink_to_workers,
+                node_workers=dict(preempt.give_node_workers or {}), by=by), effects)
+            return
         log.info("Preempting lease %d of %s (%s) for lease %d of %s", victim["id"], victim["user"],
                  preempt.reason, claimant["id"], claimant["user"])
         notice = Notice(
@@ -269,7 +344,7 @@ class Books:
 
 
 def _reason_code(kind: str) -> str:
-    return "preempted" if kind == NoticeKind.PREEMPT else "revoked"
+    return "revoked" if kind == NoticeKind.REVOKE else "preempted"
 
 
 def _closed_row(row: dict, reason: str, released_at: float) -> dict:
@@ -279,7 +354,10 @@ def _closed_row(row: dict, reason: str, released_at: float) -> dict:
     granted = row.get("granted_at")
     released = max(released_at, granted) if granted is not None else released_at
     placed = row.get("placed_at") is not None
-    gpu_seconds = row["gpus"] * (released - granted) if granted is not None and placed else 0.0
+    gpu_seconds = 0.0
+    if granted is not None and placed:  # an elastic lease: its earlier sizes, then the current one
+        sized_at = min(row.get("sized_at") or granted, released)
+        gpu_seconds = (row.get("gpu_seconds_before") or 0.0) + row["gpus"] * (released - sized_at)
     return {**row, "state": LeaseState.ENDED.value, "end_reason": reason, "released_at": released,
             "gpu_seconds": gpu_seconds}
 
@@ -295,12 +373,25 @@ def _request(row: dict) -> Request:
 
 def _active(row: dict) -> ActiveLease:
     hold = row.get("max_hold_s")
+    notice = row.get("notice") or {}
+    workers = row["workers"]
+    node_workers = row.get("node_workers") if row["state"] == "placed" else None
+    giving = None
+    if notice.get("kind") == NoticeKind.SHRINK.value:
+        giving = notice.get("node_workers") or {}
+    elif notice.get("kind") == NoticeKind.GROW.value and node_workers is not None:
+        # an offer stands: the offered GPUs are the lease's until it takes them or the offer lapses
+        workers = notice["to_workers"]
+        node_workers = dict(node_workers)
+        for node, n in (notice.get("node_workers") or {}).items():
+            node_workers[node] = node_workers.get(node, 0) + n
     return ActiveLease(
-        lease_id=row["id"], user=row["user"], workers=row["workers"],
+        lease_id=row["id"], user=row["user"], workers=workers,
         gpus_per_worker=row["gpus_per_worker"], priority=Priority(row["priority"]),
         over_quota=bool(row.get("over_quota")), granted_at=row["granted_at"],
         ends_by=row["granted_at"] + hold if hold else None,
-        node_workers=row.get("node_workers") if row["state"] == "placed" else None,
+        node_workers=node_workers,
         preempted_for=row.get("preempted_for"), min_workers=row.get("min_workers"),
-        placement=Placement(row["placement"]),
+        placement=Placement(row["placement"]), full_workers=row.get("full_workers"),
+        giving=giving, noticed=bool(notice.get("kind")),
     )

@@ -20,8 +20,9 @@ from typing import Any, Callable
 from .ledger import Ledger
 
 log = logging.getLogger("gpusession.broker")
-WRITES = ("add_lease", "grant", "place", "set_gpu_ids", "set_notice", "close", "set_quota", "reset_quota", "set_setting")
-BATCHED = frozenset({"add_lease", "grant", "place", "set_gpu_ids", "set_notice", "close"})  # the hot path; the rest commit alone
+WRITES = ("add_lease", "grant", "place", "set_gpu_ids", "set_notice", "close", "resize", "set_quota", "reset_quota",
+          "set_setting")
+BATCHED = frozenset({"add_lease", "grant", "place", "set_gpu_ids", "set_notice", "close", "resize"})  # the hot path
 MAX_BATCH = 1000
 
 

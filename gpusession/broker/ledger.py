@@ -25,10 +25,11 @@ __all__ = ["ACTIVE_STATES", "OPEN_STATES", "Ledger", "MIGRATIONS", "QuotaRow"]
 LEASE_COLUMNS = (
     "id request_id user job_id gpus workers gpus_per_worker min_workers priority placement "
     "max_hold_s queue_timeout_s state over_quota requested_at granted_at placed_at released_at "
-    "end_reason gpu_seconds node_workers notice preempted_for sweep_id gpu_ids"
+    "end_reason gpu_seconds node_workers notice preempted_for sweep_id gpu_ids full_workers sized_at "
+    "gpu_seconds_before"
 ).split()
 NUMBER_COLUMNS = ("gpus", "gpus_per_worker", "max_hold_s", "queue_timeout_s", "requested_at", "granted_at",
-                  "placed_at", "released_at", "gpu_seconds")
+                  "placed_at", "released_at", "gpu_seconds", "sized_at", "gpu_seconds_before")
 
 MIGRATIONS: list[tuple[str, Callable[[sqlite_utils.Database], None]]] = []
 
@@ -101,6 +102,19 @@ def m004_quarantine(db: sqlite_utils.Database) -> None:
 def m005_gpu_ids(db: sqlite_utils.Database) -> None:
     """The GPU ids a placed lease's workers hold, per node (JSON: node id -> one list per worker)."""
     db.execute("alter table leases add column gpu_ids text")
+
+
+@migration
+def m006_elastic_sizes(db: sqlite_utils.Database) -> None:
+    """Elastic leases change size: the size asked for (full_workers), when the current size began
+    (sized_at; NULL: at the grant), the GPU-seconds of earlier sizes, and each earlier size as an
+    interval of its own (lease_sizes) for usage reports."""
+    db.execute("alter table leases add column full_workers integer")
+    db.execute("alter table leases add column sized_at real")
+    db.execute("alter table leases add column gpu_seconds_before real")
+    db.execute("create table lease_sizes (lease_id integer not null, user text not null, gpus real not null, "
+               "start real not null, end real not null)")
+    db.execute("create index lease_sizes_user_end on lease_sizes (user, end)")
 
 
 @dataclass(frozen=True)
@@ -268,6 +282,20 @@ class Ledger:
                 [json.dumps(notice), preempted_for, lease_id],
             )
 
+    def resize(self, lease_id: int, workers: int, gpus: float, node_workers: dict[str, int], sized_at: float,
+               gpu_seconds_before: float | None, segment: tuple[str, float, float, float] | None) -> None:
+        """An open lease changed size (or, segment None, only where its workers are): the earlier
+        size becomes an interval of its own, and the notice that asked for it is cleared."""
+        with self._tx():
+            if segment is not None:
+                self.db.conn.execute("insert into lease_sizes (lease_id, user, gpus, start, end) values (?, ?, ?, ?, ?)",
+                                     [lease_id, *segment])
+            self.db.conn.execute(
+                "update leases set workers=?, gpus=?, node_workers=?, sized_at=?, gpu_seconds_before=?, notice=NULL, "
+                "preempted_for=NULL where id=? and state in ('granted', 'placed')",
+                [workers, gpus, json.dumps(node_workers), sized_at, gpu_seconds_before, lease_id],
+            )
+
     def close(self, lease_id: int, reason: str, released_at: float, gpu_seconds: float) -> bool:
         """End a lease exactly once (the books computed its figures); False if it had already
         ended: the state check in the UPDATE makes a second close change nothing."""
@@ -307,10 +335,15 @@ class Ledger:
     # ----- usage ------------------------------------------------------------------------------
     # Computed in SQL over a range the caller bounded (request.usage_range): a query costs what
     # the ledger holds in that range, and runs on a reader thread, never on the broker's loop.
+    # An elastic lease counts its current size from sized_at, its earlier sizes from lease_sizes.
     _INTERVALS = (
-        "select user, gpus, max(granted_at, :since) as s, min(coalesce(released_at, :until), :until) as e "
-        "from leases where granted_at is not null and placed_at is not null and granted_at < :until "
-        "and (released_at is null or released_at > :since) and (:user is null or user = :user)"
+        "select user, gpus, max(coalesce(sized_at, granted_at), :since) as s, "
+        "min(coalesce(released_at, :until), :until) as e "
+        "from leases where granted_at is not null and placed_at is not null "
+        "and coalesce(sized_at, granted_at) < :until "
+        "and (released_at is null or released_at > :since) and (:user is null or user = :user) "
+        "union all select user, gpus, max(start, :since) as s, min(end, :until) as e from lease_sizes "
+        "where start < :until and end > :since and (:user is null or user = :user)"
     )
 
     def earliest_grant(self) -> float | None:

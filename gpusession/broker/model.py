@@ -106,6 +106,9 @@ class ActiveLease:
     min_workers: int | None = None
     # the request's placement: the policy simulates an unplaced grant (node_workers None) with it
     placement: Placement = Placement.PACK
+    full_workers: int | None = None  # elastic: the size it asked for (it may grow back to it)
+    giving: Mapping[str, int] | None = None  # told to shrink: the workers per node it gives up
+    noticed: bool = False  # a notice stands (preempt, revoke, shrink or an offer to grow)
 
     @property
     def gpus(self) -> float:
@@ -124,8 +127,9 @@ class Preempt:
     victim_id: int
     for_lease_id: int
     reason: str  # "over quota" | "lower priority"
-    # Elastic hook: the victim may shrink to this many workers instead of stopping. None: stop.
+    # An elastic victim shrinks to this many workers instead of stopping. None: it stops.
     shrink_to_workers: int | None = None
+    give_node_workers: Mapping[str, int] | None = None  # the workers per node a shrink gives up
 
 
 @dataclass(frozen=True)

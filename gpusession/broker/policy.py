@@ -60,6 +60,11 @@ def check_admission(
     return None
 
 
+def free_gpus(nodes: Sequence[NodeCapacity], leases: Sequence[ActiveLease]) -> dict[str, float]:
+    """Free GPUs per node once every active lease (placed, or simulated) is counted."""
+    return dict(build_board(nodes, leases, set()).free)
+
+
 def _ceiling(quota: Quota, nodes: Sequence[NodeCapacity], *, allow_borrowing: bool) -> float:
     """The most GPUs the user may ever hold: max_gpus, or the whole cluster when borrowing."""
     if allow_borrowing or quota.max_gpus is None:

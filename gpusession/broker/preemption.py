@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+from . import elastic
+from .elastic import Taking
 from .model import EPSILON, ActiveLease, Preempt, Request
 from .placement import NodeGpus, give, plan, take
 
@@ -79,8 +81,48 @@ def _fits(view: NodeGpus, request: Request) -> bool:
     return plan(view, request.workers, request.gpus_per_worker, request.placement) is not None
 
 
-def notice(victim: ActiveLease, request: Request) -> Preempt:
-    """The notice sent to a victim. Elastic shrinking (to min_workers) will decide
-    `shrink_to_workers` here; for now every victim stops."""
+def choose_takings(
+    request: Request,
+    *,
+    candidates: Sequence[ActiveLease],
+    footprint: dict[int, NodeGpus],
+    free: NodeGpus,
+) -> list[Taking] | None:
+    """Like choose_victims, but an elastic victim (min_workers < workers) only shrinks, giving
+    up the fewest workers the request needs. Only when shrinking every elastic candidate to its
+    minimum would not do are they taken whole, like any other victim."""
+    partial = {lease.lease_id: elastic.most_to_give(lease, footprint[lease.lease_id])
+               for lease in candidates if elastic.can_shrink(lease)}
+    offered = {**footprint, **partial}
+    victims = choose_victims(request, candidates=candidates, footprint=offered, free=free)
+    if victims is None and partial:
+        return _whole(choose_victims(request, candidates=candidates, footprint=footprint, free=free),
+                      footprint)
+    if victims is None:
+        return None
+    view = dict(free)
+    for victim in victims:
+        give(view, offered[victim.lease_id], add_nodes=True)
+    takings: list[Taking] = []
+    for victim in reversed(victims):  # the last chosen gives the least it can
+        if victim.lease_id not in partial:
+            takings.append(Taking(victim, footprint[victim.lease_id]))
+            continue
+        take(view, offered[victim.lease_id])
+        taking = elastic.fewest_to_give(request, victim, footprint[victim.lease_id], view)
+        give(view, taking.gpus, add_nodes=True)
+        takings.append(taking)
+    return takings[::-1]
+
+
+def _whole(victims: list[ActiveLease] | None, footprint: dict[int, NodeGpus]) -> list[Taking] | None:
+    return None if victims is None else [Taking(v, footprint[v.lease_id]) for v in victims]
+
+
+def notice(victim: ActiveLease, request: Request, taking: Taking | None = None) -> Preempt:
+    """The notice sent to a victim: stop, or (an elastic victim) shrink to `taking.shrink_to`."""
     reason = OVER_QUOTA if victim.over_quota else LOWER_PRIORITY
-    return Preempt(victim.lease_id, request.lease_id, reason, shrink_to_workers=None)
+    if taking is None or taking.shrink_to is None:
+        return Preempt(victim.lease_id, request.lease_id, reason, shrink_to_workers=None)
+    return Preempt(victim.lease_id, request.lease_id, reason, shrink_to_workers=taking.shrink_to,
+                   give_node_workers=dict(taking.give or {}))

@@ -47,12 +47,19 @@ class Force:
 
 
 @dataclass(frozen=True)
+class Withdraw:
+    """An offer of GPUs (to an elastic lease that shrank) was not taken in time: take it back."""
+
+    lease_id: int
+
+
+@dataclass(frozen=True)
 class MarkVanished:
     lease_id: int
     since: float
 
 
-Action = Close | MarkPlaced | Force | MarkVanished
+Action = Close | MarkPlaced | Force | MarkVanished | Withdraw
 
 
 def reconcile(
@@ -81,6 +88,9 @@ def _reconcile_one(row, snapshot, now, last_seen, vanished_since, timeouts) -> l
         return []
     notice = row.get("notice") or {}
     if notice.get("deadline") is not None and now >= notice["deadline"]:
+        if notice.get("kind") == "grow":
+            return [Withdraw(lease_id)]
+        # a shrink that was not made in time ends like a preemption: Ray cannot shrink a group
         return [Force(lease_id, notice.get("reason_code", "revoked"))]
     held_since = row.get("placed_at") or row.get("granted_at")
     if row.get("max_hold_s") and held_since is not None:

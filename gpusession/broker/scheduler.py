@@ -15,7 +15,7 @@ from . import messages
 from .board import Board, Reservation, beyond, reserve
 from .model import EPSILON, ActiveLease, Decision, Grant, Priority, Quota, Reject, Request
 from .placement import NodeGpus, NodeWorkers, Plan, give, gpus_of, plan
-from .preemption import choose_victims, eligible, newest_first, notice
+from .preemption import choose_takings, eligible, newest_first, notice
 
 
 class Wait:
@@ -256,14 +256,15 @@ class Run:
         mark, view = self._with_victims(r)
         candidates = eligible(r, self.pool, in_quota=in_quota)
         footprint = self.board.footprint
-        victims = choose_victims(r, candidates=candidates, footprint=footprint, free=view)
-        if not victims:
+        takings = choose_takings(r, candidates=candidates, footprint=footprint, free=view)
+        if not takings:
             self.no_victims.add(shape)
             return None
-        for victim in victims:
-            self.decision.preemptions.append(notice(victim, r))
-            give(view, footprint[victim.lease_id])
-            give(mark, footprint[victim.lease_id], add_nodes=True)
+        for taking in takings:  # an elastic victim gives up only what r needs (broker/elastic.py)
+            self.decision.preemptions.append(notice(taking.lease, r, taking))
+            give(view, taking.gpus)
+            give(mark, taking.gpus, add_nodes=True)
+        victims = [taking.lease for taking in takings]
         chosen = {victim.lease_id for victim in victims}
         self.pool = [lease for lease in self.pool if lease.lease_id not in chosen]
         self.board.earmarked[r.lease_id] = mark

@@ -29,6 +29,7 @@ from .door import door
 from .journal import Journal
 from .ledger import Ledger
 from .request import PROTOCOL, LeaseRequest
+from .resize_api import ResizeMethods
 from .states import LeaseState
 from .timings import Timings
 
@@ -37,7 +38,7 @@ TICK_S = 0.5
 SWITCH_INTERVAL_S = 0.0005
 
 
-class BrokerService(AdminMethods):
+class BrokerService(AdminMethods, ResizeMethods):
     async def __init__(self, config: dict | None = None) -> None:
         # The ledger's writer and readers are threads: let one that has waited for the GIL get it
         # within 0.5 ms (Python's default is 5 ms), or every reply waits that long for its commit.
@@ -146,12 +147,16 @@ class BrokerService(AdminMethods):
         return self._view_of(await self._row(lease_id), time.time())
 
     @door
-    async def watch(self, lease_id: int, *, auth: dict) -> dict:
-        """Returns once the lease gets a notice (preempt, revoke) or ends."""
+    async def watch(self, lease_id: int, *, auth: dict, seen: str | None = None) -> dict:
+        """Returns once the lease gets a notice (preempt, revoke, shrink, an offer to grow) other
+        than the one whose id is `seen`, or ends."""
+        if seen is not None and (not isinstance(seen, str) or len(seen) > 64):
+            raise InvalidRequest(f"seen must be a notice id (a short string) or None; got {type(seen).__name__}. "
+                                 "Nothing was changed.")
         await self._owned(lease_id, auth, "watch")
         while True:
             row = self.books.rows.get(lease_id)
-            if row is None or row.get("notice"):
+            if row is None or (row.get("notice") and row["notice"].get("id") != seen):
                 return self._view_of(await self._row(lease_id), time.time())
             await self.wakers.setdefault(lease_id, asyncio.Event()).wait()
 
@@ -350,6 +355,8 @@ class BrokerService(AdminMethods):
         """Apply one reconciliation action to the books; returns Ray work to do off the loop."""
         if isinstance(action, reconcile.MarkVanished):
             self.vanished[action.lease_id] = action.since
+        elif isinstance(action, reconcile.Withdraw):
+            self._apply(self.books.withdraw(action.lease_id))
         elif isinstance(action, reconcile.MarkPlaced):
             self._apply(self.books.place(action.lease_id, action.node_workers, now))
         elif isinstance(action, reconcile.Close):

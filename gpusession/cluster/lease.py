@@ -76,6 +76,10 @@ class Lease:
         self.has_run = False  # a run began: the next one's setup starts when it is called, not at the grant
         self._lost_nodes: set[str] = set()  # hosts lost during a run: never waited on again
         self._pg = None
+        self._pg_name: str | None = None
+        self.size = options.lease.workers  # workers held now: an elastic lease shrinks and grows
+        self._sized_at: float | None = None  # when the current size began
+        self._gpu_seconds_before = 0.0  # GPU-seconds of earlier sizes
         self._watch = None
         self._notice: dict | None = None
         self._workers: list[WorkerHandle] = []
@@ -86,11 +90,12 @@ class Lease:
     # ----- public -------------------------------------------------------------------------------
     @property
     def gpus(self) -> float:
-        return self.options.lease.gpus
+        """GPUs held now (an elastic lease's size changes; options.lease.gpus is what it asked for)."""
+        return self.size * self.options.lease.gpus_per_worker
 
     @property
     def workers(self) -> int:
-        return self.options.lease.workers
+        return self.size
 
     def run(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
         """Run fn on every worker of this lease; returns rank 0's value (or all with return_all)."""
@@ -146,7 +151,7 @@ class Lease:
         _live.add(self)
         try:
             view = self._wait_in_queue(broker, view, requested)
-            self.granted_at = time.time()
+            self.granted_at = self._sized_at = time.time()
             self.info.queued_s = self.granted_at - requested
             self.info.gpus, self.info.workers = self.gpus, self.workers
             self.info.over_quota = bool(view.get("over_quota"))
@@ -210,31 +215,51 @@ class Lease:
         return None
 
     def _place_group(self, broker, view: dict) -> None:
+        self._pg_name = view["pg_name"]
+        self._create_group()
+        client.call(broker.placed, self.lease_id, self.node_workers(), gpu_ids=self.gpu_ids(),
+                    auth=client.lease_auth(self.identity))
+        self._watch = broker.watch.remote(self.lease_id, auth=client.lease_auth(self.identity))
+
+    def _create_group(self, keep: list[WorkerHandle] = ()) -> None:
+        """A placement group of `self.size` bundles under the lease's name; its workers (those in
+        `keep` first, on their nodes, in order) and slots."""
         lease = self.options.lease
+        started = time.monotonic()
         self._pg = placement_group(
-            [{"GPU": lease.gpus_per_worker}] * lease.workers,
+            [{"GPU": lease.gpus_per_worker}] * self.size,
             strategy=lease.placement.ray_strategy,
-            name=view["pg_name"],
+            name=self._pg_name,
         )
         try:
             ray.get(self._pg.ready(), timeout=PLACE_TIMEOUT_S)
         except ray.exceptions.GetTimeoutError:
-            raise Infeasible(messages.not_placed(self.gpus, PLACE_TIMEOUT_S, _cluster_view(broker))) from None
+            raise Infeasible(messages.not_placed(self.gpus, PLACE_TIMEOUT_S, _cluster_view(client.broker()))) from None
         # Workers start (or come warm from the pool) while the probes run: a first call pays
         # one process start, not two in a row.
         bundle_nodes = ray.util.placement_group_table(self._pg)["bundles_to_node_id"]
-        self._workers = pool().checkout([bundle_nodes[i] for i in range(lease.workers)], self.options.runtime_env)
+        self._workers = self._assign([bundle_nodes[i] for i in range(self.size)], list(keep))
         self._workers_ready = False
+        placed = time.monotonic()
         self.slots = self._probe_slots(self._pg)
+        log.debug("Lease %s: group of %d placed in %.2f s, probed in %.2f s", self.lease_id, self.size,
+                  placed - started, time.monotonic() - placed)
         logical_nodes = {n.node_id for n in raycluster.nodes() if n.logical}
         self.logical_gpus = all(slot.node_id in logical_nodes for slot in self.slots)
         self.info.logical_gpus = self.logical_gpus
         self.info.nodes = sorted({slot.address for slot in self.slots})
-        node_workers = dict(collections.Counter(slot.node_id for slot in self.slots))
-        gpu_ids = {node: [list(s.gpu_ids) for s in self.slots if s.node_id == node] for node in node_workers}
-        client.call(broker.placed, self.lease_id, node_workers, gpu_ids=gpu_ids,
-                    auth=client.lease_auth(self.identity))
-        self._watch = broker.watch.remote(self.lease_id, auth=client.lease_auth(self.identity))
+
+    def _assign(self, nodes: list[str], keep: list[WorkerHandle]) -> list[WorkerHandle]:
+        """One worker per bundle node: a kept one on that node if any (rank 0's stays rank 0's,
+        with its rendezvous warm), else one from the pool; kept ones left over go back to it."""
+        chosen = []
+        for node in nodes:
+            handle = next((h for h in keep if h.node_id == node), None)
+            if handle is not None:
+                keep.remove(handle)
+            chosen.append(handle or pool().checkout([node], self.options.runtime_env)[0])
+        pool().give_back(keep)
+        return chosen
 
     def _probe_slots(self, group) -> list[Slot]:
         lease = self.options.lease
@@ -244,7 +269,7 @@ class Lease:
         probes = [
             _probe.options(num_gpus=lease.gpus_per_worker, scheduling_strategy=PlacementGroupSchedulingStrategy(
                 group, placement_group_bundle_index=i)).remote()
-            for i in range(lease.workers)
+            for i in range(self.size)
         ]
         try:
             found = ray.get(probes, timeout=PROBE_TIMEOUT_S)
@@ -279,9 +304,21 @@ class Lease:
             self._notice = view.get("notice") or {"kind": "ended", "reason": view.get("end_reason")}
         return self._notice
 
+    def rearm(self) -> None:
+        """Watch for the next notice (after a resize was made, or an offer to grow lapsed)."""
+        seen = (self._notice or {}).get("id")
+        self._notice = None
+        self._watch = client.broker().watch.remote(self.lease_id, auth=client.lease_auth(self.identity), seen=seen)
+
     def check_notice(self) -> None:
-        """Between runs: if the broker took the lease back, release and raise."""
+        """Between runs: make a resize the broker asked for; if it took the lease back, release
+        and raise."""
         notice = self.notice()
+        if notice and notice.get("kind") in ("shrink", "grow"):
+            from ..run.resize import resize_between_runs
+
+            resize_between_runs(self, notice)
+            return
         if notice:
             error = notice_error(self, notice)
             self.release(notice.get("reason_code") or "revoked")
@@ -314,10 +351,30 @@ class Lease:
         self._lost_nodes |= set(lost_nodes)
         pool().discard(dropped)
 
-    def request_checkpoints(self, reason: str) -> None:
-        """Make gs.should_checkpoint() true in every rank of the current attempt."""
+    def request_checkpoints(self, reason: str, wanted: bool = True) -> None:
+        """Make gs.should_checkpoint() true (or false again: an offer lapsed) in every rank of the
+        current attempt."""
         for worker in self._workers:
-            worker.actor.request_checkpoint.remote(reason)
+            worker.actor.request_checkpoint.remote(reason, wanted)
+
+    def change_size(self, workers: int) -> None:
+        """Re-make the lease's group with `workers` bundles: a placement group cannot shrink or
+        grow, so the old one is removed (waiting until Ray shows its GPUs free) and a new one made
+        under the same name. The worker actors stay (those no longer needed go back to the pool)."""
+        keep, self._workers, self._workers_ready = self._workers, [], False
+        self._remove_group_and_wait()
+        now = time.time()
+        self._gpu_seconds_before += self.gpus * (now - (self._sized_at or now))
+        self.size, self._sized_at = workers, now
+        self._create_group(keep)
+        self.info.nodes = sorted({slot.address for slot in self.slots})
+
+    def node_workers(self) -> dict[str, int]:
+        return dict(collections.Counter(slot.node_id for slot in self.slots))
+
+    def gpu_ids(self) -> dict[str, list[list[str]]]:
+        """Per node, the GPU ids of each worker there (the broker checks them against the grant)."""
+        return {node: [list(s.gpu_ids) for s in self.slots if s.node_id == node] for node in self.node_workers()}
 
     def replace_lost_workers(self, lost_ranks: set[int]) -> None:
         """After a worker actor died (killed, or its node lost): find where the group's bundles
@@ -380,7 +437,7 @@ class Lease:
                 log.warning("Could not tell the broker lease %s ended (%s); it will notice by itself.",
                             self.lease_id, exc)
         if self.granted_at is not None and self.slots:  # as the broker bills: only a lease Ray placed
-            self.info.gpu_seconds = self.gpus * (released - self.granted_at)
+            self.info.gpu_seconds = self._gpu_seconds_before + self.gpus * (released - (self._sized_at or released))
         self.info.released = True
         _live.discard(self)
 

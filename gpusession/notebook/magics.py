@@ -57,8 +57,9 @@ class GPUMagics(Magics):
     @argument("gpus", nargs="?", default=1, type=_gpu_count, metavar="N",
               help="GPUs to lease for this cell, one worker per GPU (default 1).")
     @argument("--min", dest="min_gpus", type=_gpu_count, metavar="N",
-              help="Elastic lower bound. Elastic runs are not supported yet: only N equal to the GPUs "
-                   "asked for is accepted (the default); a lower N is refused.")
+              help="Elastic lower bound (default: the GPUs asked for, not elastic). With N below them, "
+                   "a preemption shrinks the run to as few as N GPUs and it grows back when GPUs free up; "
+                   "it changes size at its next gs.save_checkpoint.")
     @argument("--priority", choices=("low", "normal", "high"), default="normal",
               help="Queue priority: low, normal (default) or high; capped by your quota's max_priority.")
     @argument("--timeout", type=_duration, metavar="T",

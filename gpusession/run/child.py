@@ -31,6 +31,7 @@ class Channel:
         self._send_lock = threading.Lock()
         self._acks = threading.Semaphore(0)
         self.checkpoint_requested = threading.Event()
+        self.checkpoint_withdrawn = threading.Event()  # set when a request is taken back
         self.checkpoint_reason = ""
 
     def send(self, *items) -> None:
@@ -52,9 +53,13 @@ class Channel:
                 os._exit(75)  # the worker actor is gone: nobody will ever read our results
             if isinstance(item, m.CheckpointAck):
                 self._acks.release()
-            elif isinstance(item, m.ShouldCheckpoint):
+            elif isinstance(item, m.ShouldCheckpoint) and item.wanted:
                 self.checkpoint_reason = item.reason
+                self.checkpoint_withdrawn.clear()
                 self.checkpoint_requested.set()
+            elif isinstance(item, m.ShouldCheckpoint):
+                self.checkpoint_requested.clear()
+                self.checkpoint_withdrawn.set()
 
 
 def main(fd: int) -> None:

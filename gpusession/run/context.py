@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 from ..errors import GPUSessionError
 
+_STOP_AT_COMMIT_WAIT_S = 10.0  # bound only: the caller stops the attempt within a second or so
 _NOT_IN_RUN = (
     "{name}() only works inside a function run by @gs.distributed, gs.lease().run or a %%gpu cell."
 )
@@ -81,8 +82,13 @@ def save_checkpoint(state: Any) -> None:
 
     data = cloudpickle.dumps(state)
     run.checkpoints_saved += 1
+    requested = run.channel.checkpoint_requested.is_set()
     run.channel.send(messages.CheckpointSaved(run.checkpoints_saved), messages.Pickled(data))
     run.channel.wait_ack()
+    if requested:
+        # The commit the caller asked for: it now stops this attempt (to resize or to stop the
+        # run). Going on would only compute a step that the next attempt computes again.
+        run.channel.checkpoint_withdrawn.wait(_STOP_AT_COMMIT_WAIT_S)
 
 
 def load_checkpoint() -> Any:
@@ -98,8 +104,9 @@ def load_checkpoint() -> Any:
 
 
 def should_checkpoint() -> bool:
-    """True once the run is about to stop or change size (a preemption or revoke notice):
-    save a checkpoint now; the run then stops or resizes at that commit, losing no step."""
+    """True once the run is about to stop or change size (a preemption, a revoke, a shrink of an
+    elastic run, or free GPUs to grow back on): save a checkpoint now; the run then stops or
+    resizes at that commit, losing no step."""
     return _run("gs.should_checkpoint").channel.checkpoint_requested.is_set()
 
 

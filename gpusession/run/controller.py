@@ -23,6 +23,7 @@ from .spec import RankSpec
 from .follower import AttemptFailed, Follower
 from .heartbeat import silence_timeout
 from .policies import Action, FailurePolicy, FaultKind, RunState, can_move, lost_capacity_decision, restart_line
+from . import resize
 
 log = logging.getLogger("gpusession")
 PG_TIMEOUT_ENV = "GPUSESSION_PG_TIMEOUT_S"
@@ -112,6 +113,11 @@ class RunController:
                 self._recover_or_raise(failed, attempt)
                 attempt += 1
                 continue
+            except resize.ResizeNeeded as needed:  # elastic: not a failure, never counted as one
+                self.lease.stop_ranks(self._run_id)
+                self._resize(needed.notice)
+                attempt += 1
+                continue
             except BaseException as exc:
                 self.lease.stop_ranks(self._run_id)  # ranks may be stuck in a collective: stop them all
                 self._move(_terminal_state(exc), type(exc).__name__)
@@ -162,7 +168,7 @@ class RunController:
         follower = self._follower
         self.lease.replace_lost_workers(follower.lost_ranks)
         where = _resume_point(self.info)
-        line = restart_line(failed.fault, resume_step=where, attempt=attempt + 2,
+        line = restart_line(failed.fault, resume_step=where, attempt=self.failures + 1,
                             max_attempts=self.options.max_failures + 1)
         self.info.restarts += 1
         self.info.transitions.append(line)
@@ -170,6 +176,23 @@ class RunController:
         log.info("Lease %s: %s", self.lease.lease_id, line)
         self.observer.transition(self.info, line)
         self._move(RunState.STARTING, f"attempt {attempt + 1}")
+
+    def _resize(self, notice: dict) -> None:
+        """Continue at the size the broker asked for or offered, from the commit just made."""
+        self._move(RunState.RESIZING, notice["kind"])
+        where = _resume_point(self.info)
+        gpw = self.options.lease.gpus_per_worker
+        sizes = resize.carry_out(self.lease, notice)
+        self.lease.rearm()
+        self.info.gpus, self.info.workers = self.lease.gpus, self.lease.workers  # the status line's count
+        if sizes is not None:
+            line = resize.resize_line(notice, old_gpus=sizes[0] * gpw, new_gpus=sizes[1] * gpw,
+                                      full_gpus=self.options.lease.gpus, at=where)
+            self.info.resizes += 1
+            self.info.transitions.append(line)
+            log.info("Lease %s: %s", self.lease.lease_id, line)
+            self.observer.transition(self.info, line)
+        self._move(RunState.STARTING, "resized" if sizes else "offer lapsed")
 
     def _move(self, target: RunState, why: str) -> None:
         if not can_move(self.state, target):

@@ -17,6 +17,7 @@ from ..events import Observer, RunInfo
 from . import messages as m
 from .heartbeat import BeatMonitor, Loss
 from .policies import Fault, FaultKind, ranks_text, signal_name
+from .resize import ResizeNeeded, deadline_to_act
 
 POLL_S = 0.2  # how often the loop looks at the clock when no rank says anything
 FAILURE_GRACE_S = 1.0  # after a rank's communication error, how long to wait for the root cause
@@ -58,6 +59,7 @@ class Follower:
         self.checkpoints = 0
         self.reported = False  # this attempt's first report marks where it resumed
         self.stop_at_checkpoint: tuple[float, dict] | None = None
+        self.resize_at_checkpoint: tuple[float, dict] | None = None  # (act by, shrink or grow notice)
         self.failures: list[tuple[int, Fault, WorkerFailed]] = []  # (0 root cause .. 2 collateral)
         self.failing_since: float | None = None
         self.lost_ranks: set[int] = set()  # ranks whose worker actor died
@@ -136,6 +138,13 @@ class Follower:
             )
         if self.stop_at_checkpoint is not None and now >= self.stop_at_checkpoint[0]:
             raise self._preempted(self.stop_at_checkpoint[1])
+        if self.resize_at_checkpoint is not None and now >= self.resize_at_checkpoint[0]:
+            notice = self.resize_at_checkpoint[1]
+            if notice["kind"] == "shrink":  # no commit in time: resume from the last one, smaller
+                raise ResizeNeeded(notice)
+            self.resize_at_checkpoint = None  # an offer not taken in time lapses; watch for the next
+            self.lease.request_checkpoints("", wanted=False)
+            self.lease.rearm()
 
     # ----- messages ------------------------------------------------------------------------------
     def _advance(self, stream) -> None:
@@ -155,6 +164,8 @@ class Follower:
             self.checkpoints += 1
             if self.stop_at_checkpoint is not None:
                 raise self._preempted(self.stop_at_checkpoint[1])
+            if self.resize_at_checkpoint is not None:
+                raise ResizeNeeded(self.resize_at_checkpoint[1])
             return
         if kind == "result":
             self.results[rank] = ref
@@ -305,6 +316,11 @@ class Follower:
 
         notice = self.lease.notice()
         if notice is None:  # the broker was replaced; the lease now watches the new one
+            return
+        if notice.get("kind") in ("shrink", "grow"):  # elastic: change size at the next commit
+            why = notice.get("reason") or notice["kind"]
+            self.lease.request_checkpoints(f"{notice['kind']} to {notice.get('to_gpus')} GPUs: {why}")
+            self.resize_at_checkpoint = (deadline_to_act(notice, received=time.time()), notice)
             return
         if notice.get("kind") == "preempt":
             self.lease.request_checkpoints(f"preempted: {notice.get('reason') or ''}".strip())

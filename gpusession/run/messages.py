@@ -101,9 +101,11 @@ class CheckpointAck:
 
 @dataclass(frozen=True)
 class ShouldCheckpoint:
-    """The run is about to change size or stop: commit at the next gs.save_checkpoint."""
+    """The run is about to change size or stop: commit at the next gs.save_checkpoint.
+    `wanted=False` takes it back (an offer to grow lapsed before the run committed)."""
 
     reason: str = ""
+    wanted: bool = True
 
 
 @dataclass

@@ -76,9 +76,9 @@ class Worker:
         if pid is not None:
             Zygote.kill(pid)
 
-    def request_checkpoint(self, reason: str) -> None:
-        """Make gs.should_checkpoint() true in the current rank process."""
-        self._send(m.ShouldCheckpoint(reason))
+    def request_checkpoint(self, reason: str, wanted: bool = True) -> None:
+        """Make gs.should_checkpoint() true (or false again) in the current rank process."""
+        self._send(m.ShouldCheckpoint(reason, wanted))
 
     def shutdown(self) -> None:
         self.stop()

@@ -39,7 +39,6 @@ def test_bad_cell_flags_are_usage_errors(line, says):
 
 @pytest.mark.parametrize("line, says", [
     ("3 --min 4", "min_gpus"),
-    ("4 --min 2", "elastic run, which gpusession does not support yet"),
     ("0", "gpus must be more than 0"),
     ("--out a --no-out", "contradict"),
 ])
@@ -54,6 +53,11 @@ def test_good_flags_become_run_options():
     assert options.lease.gpus == 4 and options.lease.min_gpus == 4
     assert options.lease.priority.label == "high" and options.timeout_s == 600
     assert options.lease.queue_timeout_s == 30
+
+
+def test_min_below_n_makes_an_elastic_run():
+    options = _run_options(parse_argstring(GPUMagics.gpu_cell, "4 --min 2"))
+    assert (options.lease.workers, options.lease.min_workers) == (4, 2)
 
 
 def test_line_magic_takes_status_or_release():

@@ -72,9 +72,9 @@ def test_units_workers_fractions_and_elastic_bounds():
     assert validate_run_options(gpus=2, min_gpus=2).lease.min_workers is None
 
 
-def test_an_elastic_run_is_refused_until_it_is_supported_rather_than_silently_not_shrinking():
-    with pytest.raises(ValueError, match=r"min_gpus=2 below gpus=4 asks for an elastic run"):
-        validate_run_options(gpus=4, min_gpus=2)
+def test_an_elastic_run_keeps_its_bounds_in_workers():
+    options = validate_run_options(gpus=4, min_gpus=2)
+    assert (options.lease.workers, options.lease.min_workers) == (4, 2)
 
 
 def test_decorator_works_with_and_without_parentheses():

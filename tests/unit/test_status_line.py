@@ -66,6 +66,14 @@ def test_the_html_line_escapes_the_controllers_words_and_tags_the_phase():
     assert ">failed<" in failed and ">interrupted · 2 GPUs<" in failed  # the tag says failed, once
 
 
+def test_a_resize_is_tagged_resizing_and_a_restart_restarting():
+    resizing = status_html(Status(Phase.CHANGING, 0.0, line="preempted by lease 12 (alice, high): 4 -> 2 GPUs "
+                                                             "at step 340"), 1.0)
+    restarting = status_html(Status(Phase.CHANGING, 0.0, line="rank 1 died on n (SIGKILL): restarting from "
+                                                               "step 5 (attempt 2 of 4)"), 1.0)
+    assert ">resizing<" in resizing and ">restarting<" in restarting
+
+
 def test_the_running_line_shows_the_last_reported_step_else_the_report_count():
     assert step_of([]) is None
     assert step_of([{"step": 3, "loss": 1.0}, {"step": 7}]) == 7

@@ -1,0 +1,99 @@
+"""Elastic runs: the run changes size when the broker asks (a shrink notice) or offers (free GPUs
+to grow back on).
+
+The follower (follower.py) asks the ranks to commit (gs.should_checkpoint() turns true) and
+raises ResizeNeeded at the next commit; the controller stops the ranks, `carry_out` re-makes the
+lease's placement group at the new size and tells the broker, and the next attempt starts from
+that commit at the new world size. The decision and the cell's line are pure (`decide`,
+`resize_line`, tested in tests/unit/test_elastic.py); resizes never count as failures.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from ..errors import GPUSessionError, Preempted
+
+log = logging.getLogger("gpusession")
+SHRINK_MARGIN_S = 2.0  # a run that has not committed this long before a shrink's deadline resizes anyway
+
+
+class ResizeNeeded(Exception):
+    """The attempt ends here so that the run continues at another size (`notice` says which)."""
+
+    def __init__(self, notice: dict) -> None:
+        super().__init__(f"{notice.get('kind')} to {notice.get('to_workers')} workers")
+        self.notice = notice
+
+
+@dataclass(frozen=True)
+class ResizeDecision:
+    workers: int  # the size the run takes; equal to the current one: it stays
+    why: str
+
+
+def decide(notice: dict, *, current: int, minimum: int, full: int) -> ResizeDecision:
+    """PURE: the size to take for a shrink notice or an offer to grow: never below `minimum`
+    (min_gpus), never above `full` (gpus), and a shrink never grows the run."""
+    target = int(notice["to_workers"])
+    if notice["kind"] == "shrink":
+        workers = max(minimum, min(current, target))
+        return ResizeDecision(workers, f"told to shrink to {target} workers")
+    if notice["kind"] == "grow":
+        workers = max(current, min(full, target))
+        return ResizeDecision(workers, f"offered {target} workers")
+    raise ValueError(f"not a resize notice: {notice.get('kind')!r}")
+
+
+def deadline_to_act(notice: dict, *, received: float) -> float:
+    """PURE: when the run changes size even without a commit (a shrink must be made before the
+    broker's deadline), or gives up an offer to grow that it did not take in time."""
+    period = max(0.0, notice["deadline"] - received)
+    return notice["deadline"] - min(SHRINK_MARGIN_S, period / 2)
+
+
+def resize_line(notice: dict, *, old_gpus: float, new_gpus: float, full_gpus: float, at: str) -> str:
+    """PURE: the cell's line, e.g. "preempted by lease 12 (alice, high): 4 -> 2 GPUs at step 340"
+    or "4 GPUs again at step 610"."""
+    if notice["kind"] == "shrink":
+        by = notice.get("by") or {}
+        who = f"lease {by.get('lease_id')} ({by.get('user')}, {by.get('priority')})" if by else "the broker"
+        return f"preempted by {who}: {old_gpus:g} -> {new_gpus:g} GPUs at {at}"
+    if new_gpus >= full_gpus:
+        return f"{new_gpus:g} GPUs again at {at}"
+    return f"free GPUs offered back: {old_gpus:g} -> {new_gpus:g} GPUs at {at}"
+
+
+def carry_out(lease, notice: dict) -> tuple[int, int] | None:
+    """Make the resize on the lease (its ranks are stopped): (old, new) workers, or None when
+    nothing changed (the offer was taken back before the run could take it)."""
+    from ..broker import client
+
+    options = lease.options.lease
+    decision = decide(notice, current=lease.size, minimum=options.min_workers or lease.size, full=options.workers)
+    broker, auth, old = client.broker(), client.lease_auth(lease.identity), lease.size
+    if notice["kind"] == "grow":
+        try:  # first take the offer: from then on the broker holds those GPUs for this lease
+            client.call(broker.resize, lease.lease_id, decision.workers, None, auth=auth)
+        except GPUSessionError as exc:  # it lapsed, or a shrink notice replaced it
+            log.info("Lease %s: the offer to grow was gone (%s)", lease.lease_id, exc)
+            return None
+    if decision.workers != old:
+        lease.change_size(decision.workers)
+    try:  # a shrink is made now; a grow says where the regrown group landed
+        client.call(broker.resize, lease.lease_id, decision.workers, lease.node_workers(), gpu_ids=lease.gpu_ids(),
+                    auth=auth)
+    except GPUSessionError as exc:
+        if notice["kind"] == "shrink":  # too late: the broker took the whole lease back
+            raise Preempted(f"Lease {lease.lease_id} was {notice.get('reason')} and could not shrink in time "
+                            f"({exc}). The run stopped at its last checkpoint (last_run.checkpoint); "
+                            ".resume() continues from it.") from None
+        raise
+    log.info("Lease %s: %s; now %d workers (was %d)", lease.lease_id, decision.why, decision.workers, old)
+    return old, decision.workers
+
+
+def resize_between_runs(lease, notice: dict) -> None:
+    """A held lease (gs.lease) with no run going: resize at once, nothing to commit."""
+    carry_out(lease, notice)
+    lease.rearm()
