@@ -160,6 +160,7 @@ class BrokerService(AdminMethods):
         while True:
             row = self.books.rows.get(lease_id)
             if row is None or row.get("notice"):
+                await self._committed()  # the notice it shows must survive a restart
                 return self._view_of(await self._row(lease_id), time.time())
             await self.wakers.setdefault(lease_id, asyncio.Event()).wait()
 
