@@ -40,12 +40,16 @@ def _run_threads(threads: int, seconds: float, cycle) -> int:
     return sum(done)
 
 
-def broker_cycles_per_second(threads: int, seconds: float) -> float:
+def broker_cycles_per_second(threads: int, seconds: float) -> tuple[float, float]:
+    """Cycles per second, and the broker process's CPU time per cycle (microseconds): the second
+    figure barely moves with the machine's load, the first moves a lot on a shared machine."""
+    import psutil
     import ray
 
     from gpusession.broker import client
 
     broker = client.broker()
+    process = psutil.Process(client.call(broker.info)["pid"])  # the broker runs on this machine's head
     job = ray.get_runtime_context().get_job_id()
 
     def cycle() -> None:
@@ -58,9 +62,10 @@ def broker_cycles_per_second(threads: int, seconds: float) -> float:
         client.call(broker.release, view["lease_id"], "finished", auth={"user": user, "job_id": job})
 
     cycle()  # warm the broker (it is created on first use)
-    started = time.monotonic()
+    started, cpu = time.monotonic(), sum(process.cpu_times()[:2])
     count = _run_threads(threads, seconds, cycle)
-    return count / (time.monotonic() - started)
+    rate = count / (time.monotonic() - started)
+    return rate, (sum(process.cpu_times()[:2]) - cpu) / max(count, 1) * 1e6
 
 
 def ray_group_cycles_per_second(threads: int, seconds: float) -> float:
@@ -85,10 +90,12 @@ def main() -> None:
     args = parser.parse_args()
     decision_s = time_decision(10_000)
     with local_cluster():
-        broker_rate = broker_cycles_per_second(args.threads, args.seconds)
+        broker_rate, broker_cpu_us = broker_cycles_per_second(args.threads, args.seconds)
         ray_rate = ray_group_cycles_per_second(args.threads, args.seconds)
+    print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     print(f"scheduling decision over 10,000 queued requests: {decision_s * 1e3:.2f} ms (target < 10 ms)")
-    print(f"broker grant+release cycles through Ray: {broker_rate:.0f}/s with {args.threads} threads (target >= 500)")
+    print(f"broker grant+release cycles through Ray: {broker_rate:.0f}/s with {args.threads} threads (target >= 500); "
+          f"broker CPU {broker_cpu_us:.0f} us per cycle")
     print(f"Ray placement group reserve+release cycles: {ray_rate:.0f}/s with {args.threads} threads")
     print(f"ratio broker cycles / Ray placement-group cycles: {broker_rate / ray_rate:.2f}")
 

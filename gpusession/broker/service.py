@@ -4,8 +4,15 @@ Glue only: policy decides, the ledger remembers, Ray (rayview) is read once per 
 Every method is a coroutine on one event loop. Nothing slow runs on that loop: Ray's state is
 read, groups are removed and SQLite is written and read on threads (journal.py), so a ten-year
 usage report never delays anyone's grant. Changes to the books still happen with no await
-between reading and writing them, so each is atomic without locks; a reply waits for its
-change to be committed.
+between reading and writing them, so each is atomic without locks.
+
+Which replies wait for the commit: those that hand out something only the ledger remembers (a
+new lease id, a grant, a notice, a quota) wait, so no restart can take back what a caller was
+told. `release` and `placed` do not wait: what they record, Ray already shows (the caller
+removed its group before releasing; a placed group is in Ray's table), and a broker restarted
+before the commit gets it back from Ray by reconciliation (a released lease whose group is gone
+is closed, as "lost" with the time reconciliation saw it; a placement is marked from the group).
+That spares every call's end a round trip to the writer thread: see README "Speed".
 
 Every value a caller sends is checked at the door (request.py) and every method that names a
 lease checks its caller (authz.py). Unexpected failures reach callers as BrokerFailed, with no
@@ -105,7 +112,7 @@ class BrokerService(AdminMethods, ResizeMethods):
             if self.books.quota_for(req.user).gpu_hours is not None and self.books.usage_stale(time.time()):
                 await self._refresh_usage()
             lease_id = self._add(req)
-        await self.journal.flushed()
+        await self._committed()
         if lease_id in self.books.rows:  # its caller is alive: it waits for this reply
             self.last_seen[lease_id] = time.time()
         self.meter.add("request", time.perf_counter() - started)
@@ -144,6 +151,7 @@ class BrokerService(AdminMethods, ResizeMethods):
             except asyncio.TimeoutError:
                 pass
         self.last_seen[lease_id] = time.time()
+        await self._committed()  # a grant this reply shows must survive a restart
         return self._view_of(await self._row(lease_id), time.time())
 
     @door
@@ -157,6 +165,7 @@ class BrokerService(AdminMethods, ResizeMethods):
         while True:
             row = self.books.rows.get(lease_id)
             if row is None or (row.get("notice") and row["notice"].get("id") != seen):
+                await self._committed()  # the notice it shows must survive a restart
                 return self._view_of(await self._row(lease_id), time.time())
             await self.wakers.setdefault(lease_id, asyncio.Event()).wait()
 
@@ -185,7 +194,7 @@ class BrokerService(AdminMethods, ResizeMethods):
             self._apply(self.books.place(lease_id, node_workers, time.time()))
         if gpu_ids is not None:
             self._apply(self.books.record_gpu_ids(lease_id, gpu_ids))
-        await self.journal.flushed()
+        # No wait for the commit: Ray shows the placement too, and reconciliation records it from there.
         return self._view_of(await self._row(lease_id), time.time())
 
     def _check_placement(self, row: dict, node_workers) -> dict[str, int]:
@@ -217,10 +226,12 @@ class BrokerService(AdminMethods, ResizeMethods):
         """Close the lease now, by the broker's clock (a caller's clock never decides GPU-seconds)."""
         reason = checks.release_reason(reason)
         await self._owned(lease_id, auth, "release")
+        started = time.perf_counter()
         self.workers.pop(lease_id, None)
         self._apply(self.books.close(lease_id, reason, time.time()))
         self._schedule()
-        await self.journal.flushed()
+        # No wait for the commit (see the module docstring): the caller removed its group first.
+        self.meter.add("release", time.perf_counter() - started)
         return self._view_of(await self._row(lease_id), time.time())
 
     @door
@@ -261,10 +272,16 @@ class BrokerService(AdminMethods, ResizeMethods):
             notice = Notice(lease_id, NoticeKind.REVOKE, f"revoked by {by}", time.time() + self.revoke_grace_s)
             self._apply(self.books.notify(notice))
         self._schedule()
-        await self.journal.flushed()
+        await self._committed()
         return self._view_of(await self._row(lease_id), time.time())
 
     # ----- internals ---------------------------------------------------------------------------
+    async def _committed(self) -> None:
+        """Wait until this call's changes are in the ledger (the reply promises they are)."""
+        started = time.perf_counter()
+        await self.journal.flushed()
+        self.meter.add("commit_wait", time.perf_counter() - started)
+
     async def _hours_7d(self) -> dict[str, float]:
         now = time.time()
         return await self.journal.read("gpu_hours_since", now - books_week(), now)

@@ -48,3 +48,5 @@ def test_no_lease_is_billed_that_ray_did_not_place(report):
     assert report["billed_unplaced"] == 0
     assert all(row["state"] == "ended" for row in report["rows"])
     assert all(row["gpu_seconds"] > 0 for row in report["rows"] if row["placed"])
+    four = next(row for row in report["rows"] if row["gpus"] == 4)
+    assert four["gpu_seconds"] <= 4 * report["four_done_after_node_back_s"]  # nothing before the node started
