@@ -377,7 +377,7 @@ class Lease:
             except Exception as exc:  # Ray already freed the group; the broker reconciles later
                 log.warning("Could not tell the broker lease %s ended (%s); it will notice by itself.",
                             self.lease_id, exc)
-        if self.granted_at is not None:
+        if self.granted_at is not None and self.slots:  # a grant Ray never placed ran nothing: not billed
             self.info.gpu_seconds = self.gpus * (released - self.granted_at)
         self.info.released = True
         _live.discard(self)
