@@ -102,7 +102,8 @@ def assert_blames_the_lost_host(result: dict, known: dict) -> None:
     assert result["error_type"] == "WorkerFailed", result
     message = result["error"]
     ranks = known["victim_ranks"]
-    assert message.startswith(f"Host {victim.name} ({victim.ip}, Ray node {result['node_ids'][victim.ip]})"), message
+    node_id = known["markers"][ranks[0]]["node_id"]  # what the lost ranks themselves ran on
+    assert message.startswith(f"Host {victim.name} ({victim.ip}, Ray node {node_id})"), message
     assert f"with ranks {ranks[0]}, {ranks[1]}" in message
     assert result["rank"] in ranks  # never a survivor, though theirs saw "connection closed by peer"
     assert message.endswith("It was not restarted: the hosts that remain have 2 GPUs in all, fewer than the 4 "
