@@ -122,7 +122,8 @@ def test_a_host_whose_processes_die_is_named_within_2_s_and_the_survivors_gpus_a
     result, known = losses[0]
     assert result["error_time"] - known["lost_at"] < DEAD_HOST_S + FREE_S + MARGIN_S
     assert_blames_the_lost_host(result, known)
-    assert "its processes stopped" in result["error"]
+    # told by the heartbeat's closed connection, or by Ray's report of the dead worker if that came first
+    assert "was lost (its processes stopped" in result["error"] or "was lost (ActorDiedError" in result["error"]
     assert known["survivor_scratch"] == []  # the survivor's ranks were stopped and cleaned up
 
 
