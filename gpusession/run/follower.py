@@ -249,6 +249,8 @@ class Follower:
             return
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         how = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+        if rank in self.pending_losses:  # its heartbeat said it first, and says it better
+            how = self.pending_losses.pop(rank).how
         self._blame(self.rank_node_ids.get(rank, ""), [Loss(rank, how, time.time())])
 
     def _where(self, rank: int, host: str) -> str:
@@ -272,6 +274,8 @@ class Follower:
         losses, self.pending_losses = self.pending_losses, {}
         by_node: dict[str, list[Loss]] = {}
         for rank, loss in sorted(losses.items()):
+            if rank in self.lost_ranks:  # judged meanwhile, when Ray reported its worker dead
+                continue
             by_node.setdefault(self.rank_node_ids.get(rank, ""), []).append(loss)
         for node_id, node_losses in by_node.items():
             self._blame(node_id, node_losses)

@@ -85,7 +85,7 @@ def node_loss() -> dict:
             time.sleep(0.05)
         node_id, _ = open(marker).read().split()
         [node] = [n for n in nodes if n.node_id == node_id]
-        removed["at"] = time.time()
+        removed["at"], removed["node_id"] = time.time(), node_id
         cluster.remove_node(node)
 
     remover = threading.Thread(target=remove_the_node_when_told, daemon=True)
@@ -95,6 +95,7 @@ def node_loss() -> dict:
     return {"same_weights": all(torch.equal(expected[k], resumed[k]) for k in expected),
             "restarts": info.restarts, "transitions": info.transitions,
             "steps": [r["step"] for r in info.history], "node_removed": bool(removed),
+            "removed_node": removed.get("node_id", ""),
             "first_step_after_s": info.history[6]["at"] - removed.get("at", 0.0),
             "free_after": ray.available_resources().get("GPU", 0.0)}
 

@@ -35,7 +35,8 @@ def steps_until_lost(marker_prefix: str):
         dist.all_reduce(torch.ones(1))
         if step == 10:
             with open(f"{marker_prefix}-rank{ctx.rank}", "w") as f:
-                json.dump({"host": socket.gethostname(), "scratch_dir": ctx.scratch_dir, "lease_id": ctx.lease_id}, f)
+                json.dump({"host": socket.gethostname(), "scratch_dir": ctx.scratch_dir, "lease_id": ctx.lease_id,
+                           "node_id": ctx.node_id, "address": ctx.address}, f)
         time.sleep(0.05)
 
 
@@ -51,9 +52,8 @@ def main() -> None:
 
 
 def one_run(prefix: str) -> None:
-    node_ids = {n.address: n.node_id for n in raycluster.nodes()}
     call = gs.distributed(gpus=4, placement="spread", timeout="240s")(steps_until_lost)
-    result: dict = {"node_ids": node_ids}
+    result: dict = {}
     started = time.time()
     try:
         call(prefix)
@@ -63,7 +63,10 @@ def one_run(prefix: str) -> None:
         result["error"] = str(exc)
         result["rank"] = getattr(exc, "rank", None)
     free = raycluster.available_gpus_by_node()
-    result["free_after"] = {address: free.get(node_id) for address, node_id in node_ids.items()}
+    result["free_after"] = {}  # per address: a host started again may briefly show its old node too
+    for node in raycluster.nodes():
+        result["free_after"][node.address] = max(result["free_after"].get(node.address, 0.0),
+                                                 free.get(node.node_id, 0.0))
     info = call.last_run
     result["wall_s"] = time.time() - started
     result["run_info"] = {k: getattr(info, k) for k in ("queued_s", "setup_s", "run_s", "gpu_seconds", "end_reason",
