@@ -80,7 +80,7 @@ def cluster(tmp_path_factory):
     db_path = home / "ledger.db"
     broker = client.broker(BrokerConfig(db_path=str(db_path), preemption_grace_s=3.0, revoke_grace_s=3.0,
                                         heartbeat_timeout_s=3.0, claim_timeout_s=10.0))
-    info = client.call(broker.info)
+    client.call(broker.info)  # started and answering before any test runs
     token = (db_path.parent / "admin_token").read_text().strip()
     yield Cluster(ray.get_runtime_context().gcs_address, home, db_path, token)
     from gpusession.broker.client import BROKER_NAME, NAMESPACE

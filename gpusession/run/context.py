@@ -1,10 +1,9 @@
 """What user code calls inside a worker: context, report, checkpoints, prepare_model/loader."""
 from __future__ import annotations
 
-import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from numbers import Number
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import GPUSessionError
 

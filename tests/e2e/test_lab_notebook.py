@@ -123,7 +123,7 @@ def test_the_first_gpu_cell_shows_its_status_at_once_then_workers_starting_runni
     wait_for_line(lab, 1, "starting 2 workers on 1 node", timeout_ms=60_000)
     screenshot(lab, "lab-1-starting-workers")
     # the first running line has no step yet ("running on 2 GPUs · 0 s"): wait for one with a step
-    running = wait_for_line(lab, 1, re.compile(r"running on 2 GPUs · step \d"))
+    wait_for_line(lab, 1, re.compile(r"running on 2 GPUs · step \d"))
     screenshot(lab, "lab-2-running")
     receipt = wait_for_line(lab, 1, "2 logical GPUs · queued")
     screenshot(lab, "lab-3-receipt")

@@ -142,7 +142,6 @@ def test_a_worker_stops_by_itself_when_its_leases_group_is_taken_back(cluster, q
 
     @gs.distributed(gpus=1)
     def computes_forever(path):
-        import os
         import time as t
 
         open(path, "w").write(str(os.getpid()))

@@ -19,7 +19,6 @@ def train():
     import os
     import socket
 
-    import ray
     import torch
     import torch.distributed as dist
 

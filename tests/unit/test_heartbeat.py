@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpusession.run import heartbeat
-from gpusession.run.heartbeat import BeatMonitor, BeatServer, silence_timeout
+from gpusession.run.heartbeat import BeatMonitor, silence_timeout
 
 SLACK_S = 1.5  # a loaded 2-core machine may run the monitor's thread late
 
