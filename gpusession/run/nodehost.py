@@ -118,16 +118,19 @@ class NodeHost:
         raise RuntimeError(f"Could not start a worker on node {self.node_id}: three tries failed.")
 
     def probe_ready(self) -> bool:
-        return self._prober.ready()
+        """Whether probe() answers now; a prober that died is started again (ready a bit later)."""
+        return self._live_prober().ready()
 
     def probe(self, group_id: str, index: int, gpus: float) -> tuple[str, str, list[str]]:
         """(node id, address, GPU ids) of bundle `index` of the group, found by the prober."""
+        return self._live_prober().probe(group_id, index, gpus)
+
+    def _live_prober(self) -> "Prober":
         with self._lock:
             if not self._prober.alive():
                 self._prober.close()
                 self._prober = Prober()
-            prober = self._prober
-        return prober.probe(group_id, index, gpus)
+            return self._prober
 
     def ensure_zygote(self) -> int:
         """Start the warm parent again if it died (killed while idle); its pid once it is ready."""
