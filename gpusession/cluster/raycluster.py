@@ -224,6 +224,4 @@ def unreserved_gpus_by_node(*, excluding_group: str) -> dict[str, float]:
 def dead_job_ids(job_ids: set[str]) -> set[str]:
     """Those of these Ray job ids (hex) whose driver is gone, from the GCS job table (private API:
     Ray has no public one without the dashboard)."""
-    from ray._private.state import state
-
-    return {row["JobID"] for row in state.job_table() if row["JobID"] in job_ids and row["IsDead"]}
+    return {row["JobID"] for row in rayprivate.jobs() if row["JobID"] in job_ids and row["IsDead"]}

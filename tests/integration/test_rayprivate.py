@@ -23,7 +23,7 @@ def test_per_node_resources_show_the_clusters_gpus(cluster):
 def test_the_job_table_lists_this_driver_as_running(cluster):
     mine = ray.get_runtime_context().get_job_id()
     rows = {row["JobID"]: row for row in rayprivate.jobs()}
-    assert mine in rows and not rows[mine]["EndTime"]
+    assert mine in rows and not rows[mine]["EndTime"] and not rows[mine]["IsDead"]
 
 
 def test_node_address_session_dir_and_accelerators(cluster):
