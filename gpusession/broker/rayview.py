@@ -92,6 +92,11 @@ def _our_groups(ledger_id: str) -> dict[int, GroupState]:
     return found
 
 
+def placed_leases(ledger_id: str) -> set[int]:
+    """The leases whose placement group Ray has created and holds now (read from the GCS)."""
+    return {lease_id for lease_id, group in _our_groups(ledger_id).items() if group.state == "CREATED"}
+
+
 def _dead_jobs() -> dict[str, float]:
     return {
         job["JobID"]: (job.get("EndTime") or 0) / 1000.0

@@ -40,7 +40,7 @@ class ResizeMethods:
             if node_workers is None:
                 raise InvalidRequest("gpu_ids must come with node_workers (the workers per node they belong to). "
                                      "Nothing was changed.")
-            gpu_ids = self._check_gpu_ids({**row, "workers": workers}, node_workers, gpu_ids)
+            gpu_ids = await self._check_gpu_ids({**row, "workers": workers}, node_workers, gpu_ids)
         self._apply(self.books.resize(row["id"], workers, node_workers, time.time()))
         if node_workers is not None:  # a re-made group: its old GPU ids no longer hold (unknown if not told)
             self._apply(self.books.record_gpu_ids(row["id"], gpu_ids or {}))

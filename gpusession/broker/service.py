@@ -182,7 +182,7 @@ class BrokerService(AdminMethods, ResizeMethods):
         if node_workers:
             node_workers = self._check_placement(row, node_workers)
         if gpu_ids is not None:
-            gpu_ids = self._check_gpu_ids(row, node_workers, gpu_ids)
+            gpu_ids = await self._check_gpu_ids(row, node_workers, gpu_ids)
         if row["state"] == LeaseState.ENDED:
             return self._view_of(row, time.time())
         if workers:
@@ -209,14 +209,37 @@ class BrokerService(AdminMethods, ResizeMethods):
                                  f"({group.node_workers}). Nothing was changed.")
         return counts
 
-    def _check_gpu_ids(self, row: dict, node_workers: dict[str, int], gpu_ids) -> dict:
+    async def _check_gpu_ids(self, row: dict, node_workers: dict[str, int], gpu_ids) -> dict:
         """Each worker's GPU ids: as many as its share needs, on GPUs its node has room for, none
-        held by another live lease (no await: checked against the books as they are now)."""
+        held by another live lease.
+
+        Ray, not the books, decides which GPU a bundle gets: when another lease's group is gone,
+        Ray may hand its GPUs on before that lease's release reaches the broker (another process),
+        or before a restarted broker has reconciled a lease that ended while it was away. So a
+        clash with the books is checked against Ray's placement groups once more (off the loop);
+        the records of leases Ray no longer places are dropped, and only a clash with a lease Ray
+        still places is refused."""
         parsed = gpuids.parse(gpu_ids, node_workers=node_workers, gpus_per_worker=row["gpus_per_worker"])
-        gpuids.check_room(row["id"], parsed, gpus_per_worker=row["gpus_per_worker"],
-                          node_gpus={node.node_id: node.gpus for node in self.snapshot.nodes},
-                          others=[gpuids.Holder(*held) for held in self.books.gpu_id_holders()])
+        holders = [gpuids.Holder(*held) for held in self.books.gpu_id_holders()]
+        try:
+            self._check_room(row, parsed, holders)
+            return parsed
+        except InvalidRequest:
+            if not any(holder.lease_id != row["id"] for holder in holders):
+                raise
+        placed_now = await asyncio.to_thread(rayview.placed_leases, self.ledger_id)
+        stale = [h for h in holders if h.lease_id != row["id"] and h.lease_id not in placed_now]
+        live = [h for h in holders if h.lease_id == row["id"] or h.lease_id in placed_now]
+        self._check_room(row, parsed, live)  # a clash with a lease Ray still places is refused here
+        for holder in stale:
+            log.info("Lease %d's GPU ids are out of date (Ray no longer places its group): dropped for lease %d's",
+                     holder.lease_id, row["id"])
+            self._apply(self.books.record_gpu_ids(holder.lease_id, {}))
         return parsed
+
+    def _check_room(self, row: dict, parsed: dict, holders: list) -> None:
+        gpuids.check_room(row["id"], parsed, gpus_per_worker=row["gpus_per_worker"],
+                          node_gpus={node.node_id: node.gpus for node in self.snapshot.nodes}, others=holders)
 
     @door
     async def release(self, lease_id: int, reason: str, *, auth: dict) -> dict:

@@ -159,6 +159,30 @@ def test_the_owner_cannot_report_gpu_ids_that_are_not_its_grant(cluster, quiet, 
         held.release()
 
 
+def test_gpu_ids_of_a_lease_ray_no_longer_places_do_not_block_the_lease_ray_gave_them_to(cluster, quiet, broker,
+                                                                                       admin):
+    """Ray, not the books, decides which GPU a bundle gets: a group removed before its release
+    reaches the broker (or before a restarted broker reconciles it) frees GPUs Ray may hand on at
+    once. The lease Ray gave them to is not refused; the stale record is dropped."""
+    gone, newcomer = gs.lease(gpus=1), gs.lease(gpus=1)
+    try:
+        views = {v["lease_id"]: v for v in _everything(broker, admin)}
+        (node, [[stale_id]]), = views[gone.lease_id]["gpu_ids"].items()
+        ray.util.remove_placement_group(gone._pg)  # its caller removed the group; the release is on its way
+        deadline = time.monotonic() + 30
+        while ray.util.placement_group_table(gone._pg).get("state") != "REMOVED":
+            assert time.monotonic() < deadline, "Ray never removed the group"
+            time.sleep(0.05)
+        view = client.call(broker.placed, newcomer.lease_id, {node: 1}, gpu_ids={node: [[stale_id]]},
+                           auth=client.lease_auth())
+        assert view["gpu_ids"] == {node: [[stale_id]]}
+        after = {v["lease_id"]: v for v in _everything(broker, admin)}
+        assert not after[gone.lease_id]["gpu_ids"] and after[gone.lease_id]["state"] != "ended"
+    finally:
+        newcomer.release()
+        gone.release()
+
+
 def test_gpu_ids_beyond_what_a_node_has_are_refused(cluster, quiet, broker, admin):
     shared, other = gs.lease(gpus=2, gpus_per_worker=0.5), gs.lease(gpus=2)
     try:
