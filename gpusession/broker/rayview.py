@@ -7,9 +7,8 @@ from dataclasses import dataclass, field
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
-from ..cluster import rayprivate
+from ..cluster import liveness, rayprivate
 from ..cluster.raycluster import nodes as alive_nodes
-from . import liveness
 from .model import NodeCapacity
 
 PG_PREFIX = "gpusession"

@@ -172,18 +172,14 @@ def nodes() -> list[NodeInfo]:
 def node_answers(node_id: str, timeout_s: float) -> bool:
     """Is the node still there: Ray counts it alive and its raylet accepts a connection now? A
     host that died refuses at once; one that went silent does not answer within timeout_s."""
-    import socket
+    from .liveness import unreachable
 
     for node in ray.nodes():
         if node.get("NodeID") == node_id:
             if not node.get("Alive"):
                 return False
-            try:
-                socket.create_connection((node["NodeManagerAddress"], int(node["NodeManagerPort"])),
-                                         timeout=timeout_s).close()
-                return True
-            except (OSError, KeyError, ValueError):
-                return False
+            target = (node.get("NodeManagerAddress") or "", int(node.get("NodeManagerPort") or 0))
+            return target[1] > 0 and not unreachable({node_id: target}, timeout_s=timeout_s)
     return False
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import socket
 import time
 
-from gpusession.broker import liveness, messages
+from gpusession.broker import messages
+from gpusession.cluster import liveness
 
 
 def test_a_listening_node_answers_and_a_closed_port_is_lost_at_once():

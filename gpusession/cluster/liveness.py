@@ -1,4 +1,5 @@
-"""Is a node there? One TCP connect to each node's raylet port, all at once, bounded.
+"""Is a node there? One TCP connect to each node's raylet port, all at once, bounded. Used by the
+broker (capacity, each tick) and by a run that must tell a lost host from a lost worker.
 
 Ray declares a node dead only after its health checks fail for ~15 s (processes killed) or ~60 s
 (a host gone silent); until then its GPUs look free. A connect is answered by the node's kernel,
