@@ -101,6 +101,9 @@ class BeatMonitor:
         self._conns: dict[socket.socket, Hashable] = {}
         self._last: dict[socket.socket, float] = {}
         self._closed = False
+        # close() writes here to wake the thread from its select at once: a join that waited out
+        # the select's timeout would add up to BEAT_EVERY_S to every call's end.
+        self._wake_reader, self._wake_writer = socket.socketpair()
         self.unwatched: dict[Hashable, str] = {}  # could not connect: left to Ray's own detection
         for key, (address, port) in targets.items():
             try:
@@ -123,10 +126,16 @@ class BeatMonitor:
 
     def close(self) -> None:
         self._closed = True
+        try:
+            self._wake_writer.send(b"x")
+        except OSError:  # closed already
+            pass
         self._thread.join(timeout=1.0)
         for conn in list(self._conns):
             conn.close()
         self._conns.clear()
+        self._wake_writer.close()
+        self._wake_reader.close()
 
     def _lost(self, key: Hashable, how: str) -> None:
         with self._lock:
@@ -140,9 +149,11 @@ class BeatMonitor:
 
     def _watch(self) -> None:
         while not self._closed and self._conns:
-            readable, _, _ = select.select(list(self._conns), [], [], BEAT_EVERY_S)
+            readable, _, _ = select.select([*self._conns, self._wake_reader], [], [], BEAT_EVERY_S)
             now = time.monotonic()
             for conn in readable:
+                if conn is self._wake_reader:  # close() was called
+                    return
                 try:
                     data = conn.recv(4096)
                 except (BlockingIOError, InterruptedError):

@@ -121,9 +121,10 @@ class NodeHost:
         """Whether probe() answers now; a prober that died is started again (ready a bit later)."""
         return self._live_prober().ready()
 
-    def probe(self, group_id: str, index: int, gpus: float) -> tuple[str, str, list[str]]:
-        """(node id, address, GPU ids) of bundle `index` of the group, found by the prober."""
-        return self._live_prober().probe(group_id, index, gpus)
+    def probe(self, group_id: str, indices: list[int], gpus: float) -> list[tuple[str, str, list[str]]]:
+        """(node id, address, GPU ids) of each of these bundles of the group (all on this node),
+        found by the prober."""
+        return self._live_prober().probe(group_id, indices, gpus)
 
     def _live_prober(self) -> "Prober":
         with self._lock:
@@ -210,7 +211,8 @@ class Prober:
         import sys
 
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "gpusession.run.prober", ray.get_runtime_context().gcs_address],
+            [sys.executable, "-m", "gpusession.run.prober", ray.get_runtime_context().gcs_address,
+             ray.util.get_node_ip_address()],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=dict(os.environ),
         )
         self._lock = threading.Lock()
@@ -225,7 +227,7 @@ class Prober:
     def ready(self) -> bool:
         return self._ready.is_set() and self.alive()
 
-    def probe(self, group_id: str, index: int, gpus: float) -> tuple[str, str, list[str]]:
+    def probe(self, group_id: str, indices: list[int], gpus: float) -> list[tuple[str, str, list[str]]]:
         if not self._ready.is_set():  # still starting: the kernel's own probe is faster now
             raise RuntimeError("The node's prober is still starting.")
         done = threading.Event()
@@ -233,7 +235,7 @@ class Prober:
             self._next += 1
             request_id = self._next
             self._waiting[request_id] = [done, None]
-            self.process.stdin.write(json.dumps({"id": request_id, "group": group_id, "index": index,
+            self.process.stdin.write(json.dumps({"id": request_id, "group": group_id, "indices": indices,
                                                  "gpus": gpus}) + "\n")
             self.process.stdin.flush()
         if not done.wait(PROBE_TIMEOUT_S) or self._waiting[request_id][1] is None:
@@ -242,8 +244,7 @@ class Prober:
         answer = self._waiting.pop(request_id)[1]
         if "error" in answer:
             raise RuntimeError(answer["error"])
-        node_id, address, gpu_ids = answer["slot"]
-        return node_id, address, gpu_ids
+        return [(node_id, address, gpu_ids) for node_id, address, gpu_ids in answer["slots"]]
 
     def close(self) -> None:
         try:

@@ -195,8 +195,17 @@ class WorkerPool:
             # A host that is still starting would make the caller wait longer than its own probe.
             if not all(ray.get([host.probe_ready.remote() for host in set(hosts)], timeout=HOST_ANSWER_S)):
                 return None
-            answers = [host.probe.remote(group.id.hex(), i, gpus_per_bundle) for i, host in enumerate(hosts)]
-            return ray.get(answers, timeout=HOST_PROBE_TIMEOUT_S)
+            # One request per node for all its bundles: the node's prober runs them in its one warm worker.
+            by_host: dict = {}
+            for index, host in enumerate(hosts):
+                by_host.setdefault(host, []).append(index)
+            answers = {host: host.probe.remote(group.id.hex(), indices, gpus_per_bundle)
+                       for host, indices in by_host.items()}
+            found: list = [None] * count
+            for host, slots in zip(answers, ray.get(list(answers.values()), timeout=HOST_PROBE_TIMEOUT_S)):
+                for index, slot in zip(by_host[host], slots):
+                    found[index] = tuple(slot)
+            return found
         except Exception:  # a host starting, stopping or gone; the group removed meanwhile
             return None
 

@@ -46,6 +46,10 @@ class Worker:
         self._conn_lock = threading.Lock()
         self._beats = BeatServer(self.address)  # the controller's heartbeat (run/heartbeat.py)
         _sweep_stale_scratch()
+        # Any worker may become some attempt's rank 0 and serve its TCPStore, which needs
+        # torch.distributed in this process: ~1.5 s to import (more on a loaded node), paid by a
+        # call's setup unless it is done ahead, while the worker waits idle in a pool.
+        threading.Thread(target=_import_store, name="gpusession-preload-store", daemon=True).start()
 
     def info(self) -> dict:
         self.zygote.wait_ready(ZYGOTE_START_TIMEOUT_S)
@@ -156,6 +160,13 @@ class Worker:
                     self._conn.send(item)
                 except OSError:  # the rank just exited
                     pass
+
+
+def _import_store() -> None:
+    try:
+        import torch.distributed  # noqa: F401  (open_rendezvous imports it again: at once, or waiting for this)
+    except Exception:  # open_rendezvous raises it where a caller sees it
+        pass
 
 
 def _sweep_stale_scratch() -> None:

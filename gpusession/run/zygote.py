@@ -47,13 +47,24 @@ def _serve(owner: socket.socket, listener: socket.socket | None) -> None:
         importlib.import_module(name)
     asked: dict[socket.socket, set[int]] = {owner: set()}  # each connection: the children it asked for
     children: dict[int, socket.socket | None] = {}  # each child: the connection told when it ends
+    # A child's exit wakes the loop at once (SIGCHLD writes to this socket), so the caller hears
+    # of it without waiting out a poll; the select timeout stays as a fallback.
+    global _wake_sockets
+    _wake_sockets = socket.socketpair()
+    wake = _wake_sockets[0]
+    for sock in _wake_sockets:
+        sock.setblocking(False)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(_wake_sockets[1].fileno(), warn_on_full_buffer=False)
     _send(owner, {"hello": os.getpid()})
     try:
         while True:
-            waiting = list(asked) + ([listener] if listener is not None else [])
+            waiting = list(asked) + ([listener] if listener is not None else []) + [wake]
             readable, _, _ = select.select(waiting, [], [], REAP_EVERY_S)
             for sock in readable:
-                if sock is listener:
+                if sock is wake:
+                    _drain(wake)
+                elif sock is listener:
                     _accept(listener, asked)
                 elif not _serve_request(sock, owner, listener, asked, children):
                     if sock is owner:
@@ -63,6 +74,17 @@ def _serve(owner: socket.socket, listener: socket.socket | None) -> None:
     finally:
         for pid in children:
             _kill_group(pid)
+
+
+_wake_sockets: tuple[socket.socket, socket.socket] = ()  # the zygote's SIGCHLD wakeup pair
+
+
+def _drain(sock: socket.socket) -> None:
+    try:
+        while sock.recv(4096):
+            pass
+    except (BlockingIOError, InterruptedError):
+        pass
 
 
 def _accept(listener: socket.socket, asked: dict) -> None:
@@ -108,7 +130,9 @@ def _fork_child(inherited: list[socket.socket], fd: int) -> int:
     if pid:
         return pid
     try:  # the child: a fresh rank process
-        for sock in inherited:  # the zygote's sockets are not the rank's business
+        signal.set_wakeup_fd(-1)  # the zygote's SIGCHLD wakeup is not the rank's either
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for sock in (*inherited, *_wake_sockets):  # the zygote's sockets are not the rank's business
             sock.close()
         os.setsid()  # its own process group: the actor kills the rank with every process it started
         _die_with_parent()
