@@ -35,6 +35,8 @@ FREE_TIMEOUT_S = 5.0  # bound on waiting for Ray's resource view after removing 
 CLEANUP_TIMEOUT_S = 2.0  # bound on the workers removing the lease's scratch directory
 STOP_TIMEOUT_S = 2.0  # bound on the workers killing their rank processes
 PROBE_TIMEOUT_S = 180.0  # a probe may need a new Ray worker process: slow on a loaded node
+IDLE_WATCH_S = 1.0  # a held elastic lease's idle watcher looks again this often (and at once on a notice)
+RELEASE_WAITS_FOR_RESIZE_S = 30.0  # a release lets a resize between runs finish, up to this
 _live: "weakref.WeakSet[Lease]" = weakref.WeakSet()
 
 
@@ -86,6 +88,10 @@ class Lease:
         self._workers_ready = False
         self._released = False
         self._lock = threading.Lock()
+        # Held by a run (and by a resize between runs): the idle watcher of a held elastic lease
+        # never resizes under a run, whose follower handles notices itself.
+        self._running = threading.RLock()
+        self.lines_between_runs: list[str] = []  # resizes made with no run going, for the next run's RunInfo
 
     # ----- public -------------------------------------------------------------------------------
     @property
@@ -105,16 +111,17 @@ class Lease:
             raise GPUSessionError(
                 f"Lease {self.lease_id} was already released; get GPUs again with gs.lease(...)."
             )
-        self.check_notice()
-        error: BaseException | None = None
-        try:
-            return run_function(self, fn, args, kwargs, info=self.info, observer=self.observer)
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:  # each run of a held lease gets its receipt ("still held" until released)
-            self.info.end_reason = _end_reason(error)
-            self.observer.finished(self.info, error)
+        with self._running:
+            self.check_notice()
+            error: BaseException | None = None
+            try:
+                return run_function(self, fn, args, kwargs, info=self.info, observer=self.observer)
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:  # each run of a held lease gets its receipt ("still held" until released)
+                self.info.end_reason = _end_reason(error)
+                self.observer.finished(self.info, error)
 
     def release(self, reason: str = "finished") -> None:
         """Give the GPUs back now; waits (bounded) until Ray shows them free. Idempotent."""
@@ -123,7 +130,42 @@ class Lease:
                 if self._released:
                     return
                 self._released = True
-            self._release(reason)
+            # Not in the middle of a resize between runs (bounded: a stuck one must not keep the GPUs).
+            resizing = self._running.acquire(timeout=RELEASE_WAITS_FOR_RESIZE_S)
+            try:
+                self._release(reason)
+            finally:
+                if resizing:
+                    self._running.release()
+
+    def resize_while_idle(self) -> None:
+        """For a held elastic lease (gs.lease with min_gpus): a thread that makes a shrink the
+        broker asks for, or takes an offer to grow, as soon as it comes while no run is going.
+        Left to the next run, a shrink would miss the broker's deadline (the grace period) and
+        the broker would take the whole lease back."""
+        threading.Thread(target=self._watch_while_idle, name=f"gpusession-lease-{self.lease_id}-idle",
+                         daemon=True).start()
+
+    def _watch_while_idle(self) -> None:
+        from ..run.resize import resize_between_runs
+
+        while not self._released and self._watch is not None:
+            ready, _ = ray.wait([self._watch], timeout=IDLE_WATCH_S)
+            if not ready or not self._running.acquire(timeout=IDLE_WATCH_S):
+                continue  # nothing yet, or a run is going: its follower takes the notice
+            try:
+                if self._released:
+                    return
+                notice = self.notice()
+                if not notice or notice.get("kind") not in ("shrink", "grow"):
+                    return  # taken back (revoked, ended): the next run or release tells the user
+                resize_between_runs(self, notice)
+            except Exception as exc:  # noqa: BLE001 - the next run meets the same state and reports it
+                log.warning("Lease %s: could not resize between runs (%s); the next run will try again.",
+                            self.lease_id, exc)
+                return
+            finally:
+                self._running.release()
 
     def __enter__(self) -> "Lease":
         return self
@@ -506,7 +548,10 @@ def lease(**options: Any) -> Lease:
     # `timeout` bounds each run of a held lease, not the lease: declare no hold limit to the broker.
     run_options = dataclasses.replace(run_options, lease=dataclasses.replace(run_options.lease, max_hold_s=None))
     observer = default_observer(run_options.lease.workers)
-    return Lease(run_options, observer=observer).acquire()
+    held = Lease(run_options, observer=observer).acquire()
+    if run_options.lease.min_workers is not None and run_options.lease.min_workers < run_options.lease.workers:
+        held.resize_while_idle()
+    return held
 
 
 def held_leases() -> list[Lease]:

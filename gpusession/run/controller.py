@@ -90,6 +90,8 @@ class RunController:
         self.failures = 0
         self._run_id: str | None = None  # the current attempt's, once its ranks are specified
         _reset_run_fields(info, checkpoint_ref)
+        # A held lease resized between runs: this run's record begins with how it got its size.
+        info.transitions, lease.lines_between_runs = list(lease.lines_between_runs), []
 
     def run(self) -> Any:
         started = time.time()

@@ -52,16 +52,17 @@ def deadline_to_act(notice: dict, *, received: float) -> float:
     return notice["deadline"] - min(SHRINK_MARGIN_S, period / 2)
 
 
-def resize_line(notice: dict, *, old_gpus: float, new_gpus: float, full_gpus: float, at: str) -> str:
+def resize_line(notice: dict, *, old_gpus: float, new_gpus: float, full_gpus: float, at: str | None) -> str:
     """PURE: the cell's line, e.g. "preempted by lease 12 (alice, high): 4 -> 2 GPUs at step 340"
-    or "4 GPUs again at step 610"."""
+    or "4 GPUs again at step 610"; `at` None: a held lease resized between runs."""
+    when = f"at {at}" if at is not None else "between runs"
     if notice["kind"] == "shrink":
         by = notice.get("by") or {}
         who = f"lease {by.get('lease_id')} ({by.get('user')}, {by.get('priority')})" if by else "the broker"
-        return f"preempted by {who}: {old_gpus:g} -> {new_gpus:g} GPUs at {at}"
+        return f"preempted by {who}: {old_gpus:g} -> {new_gpus:g} GPUs {when}"
     if new_gpus >= full_gpus:
-        return f"{new_gpus:g} GPUs again at {at}"
-    return f"free GPUs offered back: {old_gpus:g} -> {new_gpus:g} GPUs at {at}"
+        return f"{new_gpus:g} GPUs again {when}"
+    return f"free GPUs offered back: {old_gpus:g} -> {new_gpus:g} GPUs {when}"
 
 
 def carry_out(lease, notice: dict) -> tuple[int, int] | None:
@@ -94,6 +95,17 @@ def carry_out(lease, notice: dict) -> tuple[int, int] | None:
 
 
 def resize_between_runs(lease, notice: dict) -> None:
-    """A held lease (gs.lease) with no run going: resize at once, nothing to commit."""
-    carry_out(lease, notice)
+    """A held lease (gs.lease) with no run going: resize at once, nothing to commit. Counted in
+    the lease's RunInfo (resizes, and the next run's transitions) like a resize during a run."""
+    sizes = carry_out(lease, notice)
     lease.rearm()
+    if sizes is None:
+        return
+    gpw = lease.options.lease.gpus_per_worker
+    line = resize_line(notice, old_gpus=sizes[0] * gpw, new_gpus=sizes[1] * gpw, full_gpus=lease.options.lease.gpus,
+                       at=None)
+    lease.info.gpus, lease.info.workers = lease.gpus, lease.workers
+    lease.info.resizes += 1
+    lease.info.transitions.append(line)
+    lease.lines_between_runs.append(line)  # the next run's RunInfo starts with them
+    log.info("Lease %s: %s", lease.lease_id, line)

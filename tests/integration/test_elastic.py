@@ -107,3 +107,33 @@ def test_an_elastic_run_shrinks_for_a_higher_priority_run_and_grows_back_without
     assert shrink.startswith(f"preempted by lease {high.lease_id} ({boss}, high): 4 -> 2 GPUs at step ")
     assert grow.startswith("4 GPUs again at step ")
     assert free_gpus() == CLUSTER_GPUS
+
+
+def test_a_held_elastic_lease_shrinks_and_grows_back_between_runs(cluster, broker, boss):
+    """gs.lease(min_gpus=...) held with no run going: the shrink is made when the broker asks
+    (waiting for the next run would miss the grace period and lose the whole lease), and freed
+    GPUs are taken back at once; each run sees the size of that moment."""
+    held = gs.lease(gpus=4, min_gpus=2, priority="low")
+    try:
+        assert held.run(rank_sum) == 10.0  # ranks 1 + 2 + 3 + 4
+        asked = time.monotonic()
+        high = Lease(validate_run_options(gpus=2, priority="high"), identity=Identity(boss)).acquire()
+        try:
+            placed_after = time.monotonic() - asked
+            assert held.workers == 2 and held.info.workers == 2  # shrunk, not taken back
+            assert held.run(rank_sum) == 3.0  # 2 ranks now
+            assert held.info.transitions == [
+                f"preempted by lease {high.lease_id} ({boss}, high): 4 -> 2 GPUs between runs"]
+        finally:
+            high.release()
+        freed = time.monotonic()
+        wait_for(lambda: held.workers == 4, timeout=GROW_TARGET_S + GROW_MARGIN_S, message="the held lease back at 4")
+        grown_after = time.monotonic() - freed
+        assert held.run(rank_sum) == 10.0
+    finally:
+        held.release()
+    assert placed_after < GRACE_S + MARGIN_S
+    assert grown_after < GROW_TARGET_S + GROW_MARGIN_S
+    assert held.info.resizes == 2
+    assert held.info.transitions == ["4 GPUs again between runs"]  # the last run's record
+    assert free_gpus() == CLUSTER_GPUS

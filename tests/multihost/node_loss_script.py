@@ -9,6 +9,11 @@ directory) once the run is in its stride; when the run ends the script prints
 the machine's clock), what Ray showed free right after, the receipt. Then it waits for the file
 MARKER_PREFIX-<i>.go (the test brings the lost host back) before run i + 1. One driver for every
 scenario: its warm workers on the surviving host serve the next run.
+
+After run 0 (the host's processes killed), while the host is still down, it also tries what a
+user would next (capacity_while_lost): a 4-GPU call, which must wait ungranted, and a 2-GPU call,
+which must run on the survivor. It prints `WAITING {json}` once the 4-GPU call waits (the test
+then starts the host again) and `CAPACITY {json}` once that call ran, with the broker's ledger.
 """
 from __future__ import annotations
 
@@ -49,6 +54,8 @@ def main() -> None:
             while not os.path.exists(f"{prefix}-{i - 1}.go"):
                 time.sleep(0.1)
         one_run(f"{prefix}-{i}")
+        if i == 0 and runs > 1:
+            capacity_while_lost()
 
 
 def one_run(prefix: str) -> None:
@@ -72,6 +79,66 @@ def one_run(prefix: str) -> None:
     result["run_info"] = {k: getattr(info, k) for k in ("queued_s", "setup_s", "run_s", "gpu_seconds", "end_reason",
                                                        "released", "restarts", "transitions")}
     print("RESULT " + json.dumps(result), flush=True)
+
+
+def capacity_while_lost() -> None:
+    """The broker's view right after the loss; a 4-GPU call that cannot be placed until the host
+    is back (it must wait, ungranted and unbilled) and a 2-GPU call meanwhile."""
+    import sqlite3
+    import threading
+
+    from gpusession.broker import client
+
+    broker = client.broker()
+    admin = {"token": client.admin_token_here(), "user": "admin"}
+    report: dict = {}
+    deadline = time.monotonic() + 30
+    while (view := client.call(broker.cluster))["gpus_lost"] != 2.0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    report["lost_seen_at"] = time.time()
+    report["view_when_lost"] = {k: view[k] for k in ("gpus_total", "gpus_free", "gpus_lost", "gpus_unmanaged")}
+    report["ray_alive_gpu_nodes_then"] = sum(1 for n in raycluster.nodes() if n.gpus)  # Ray's own view
+
+    four: dict = {}
+
+    def ask_for_four() -> None:
+        call = gs.distributed(gpus=4, placement="spread", return_all=True, timeout="240s")(
+            lambda: gs.context().node_id)
+        four["asked"] = time.time()
+        try:
+            four["nodes"] = sorted(set(call()))
+        except Exception as exc:  # reported; the test shows it
+            four["error"] = f"{type(exc).__name__}: {exc}"
+        four["done"] = time.time()
+        four["gpu_seconds"] = call.last_run.gpu_seconds
+
+    caller = threading.Thread(target=ask_for_four, daemon=True)
+    caller.start()
+    deadline = time.monotonic() + 60
+    while not (seen := [x for x in client.call(broker.leases, admin) if x["gpus"] == 4]) and "error" not in four:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    report["four_first_seen"] = four.get("error") or ({k: seen[0][k] for k in ("state", "wait_kind")} if seen else None)
+    states = set()
+    watch_until = time.monotonic() + 2.0
+    while time.monotonic() < watch_until:
+        states.update(x["state"] for x in client.call(broker.leases, admin) if x["gpus"] == 4)
+        time.sleep(0.05)
+    two = gs.distributed(gpus=2, return_all=True)(lambda: gs.context().node_id)
+    report["two_gpu_nodes"] = sorted(set(two()))
+    states.update(x["state"] for x in client.call(broker.leases, admin) if x["gpus"] == 4)
+    report["four_states_while_lost"] = sorted(states)
+    print("WAITING " + json.dumps(report), flush=True)  # the test starts the host again now
+
+    caller.join(300)
+    report["four"] = four
+    ledger = sqlite3.connect(client.ledger_path_here())
+    report["billed_unplaced"] = ledger.execute(
+        "select count(*) from leases where placed_at is null and gpu_seconds > 0").fetchone()[0]
+    report["rows"] = [dict(zip(("id", "gpus", "state", "placed", "gpu_seconds"), r)) for r in ledger.execute(
+        "select id, gpus, state, placed_at is not null, gpu_seconds from leases order by id")]
+    print("CAPACITY " + json.dumps(report), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """A host lost under a running 4-rank run (2 ranks on each of 2 hosts): gpusession notices it
 by its own heartbeat, names the host and its ranks (never a survivor), frees the survivors'
 GPUs, and leaves no scratch directory behind, on the survivor at once and on the lost host
-when it starts again. Bounds are measured from the moment the test kills the host or cuts its
+when it starts again. While the host is down the broker's capacity has left with it: a 4-GPU
+call waits, ungranted and unbilled, a 2-GPU call runs on the survivor, and the 4-GPU call runs
+once the host is back. Bounds are measured from the moment the test kills the host or cuts its
 link, with margins for a loaded 2-core machine."""
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ DEAD_HOST_S = 2.0  # a host whose processes die: noticed within 2 s ...
 SILENT_HOST_S = 10.0  # ... one that goes silent within 10 s (5 s by default, GPUSESSION_HOST_SILENCE_S)
 FREE_S = 1.0  # the survivors' GPUs free within 1 s of noticing
 MARGIN_S = 4.0  # a loaded 2-core machine: process starts, GCS calls and the release take longer
+RAY_DEAD_AFTER_S = 12.0  # Ray's own verdict on a killed host comes after its health checks fail
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +56,11 @@ def losses(sim_cluster, tmp_path_factory):
             known["survivor_scratch"] = scratch_dirs(survivor)
             if i == 0:  # the dead host back; and on both hosts what a rank on a dead host leaves
                 known["left_by_kill"] = scratch_dirs(victim)
+                known["waiting"] = _next_result(proc, out, timeout=180, prefix="WAITING ")
+                known["back_at"] = time.time()  # nothing can be granted on it before its processes start
                 cluster.restart_host(victim)
                 lost.remove(victim)
+                known["capacity"] = _next_result(proc, out, timeout=300, prefix="CAPACITY ")
                 for host in cluster.workers:
                     orphan = host.tmp / "gpusession-scratch" / "session_gone" / "lease-999" / "attempt-0"
                     orphan.mkdir(parents=True, exist_ok=True)
@@ -69,7 +75,7 @@ def losses(sim_cluster, tmp_path_factory):
     return results
 
 
-def _next_result(proc, out: queue.Queue, timeout: float) -> dict:
+def _next_result(proc, out: queue.Queue, timeout: float, prefix: str = "RESULT ") -> dict:
     deadline = time.monotonic() + timeout
     seen: list[str] = []
     while time.monotonic() < deadline:
@@ -80,9 +86,9 @@ def _next_result(proc, out: queue.Queue, timeout: float) -> dict:
         if not line:
             pytest.fail("the driver ended without a result:\n" + "".join(seen[-60:]))
         seen.append(line)
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
-    pytest.fail(f"no result within {timeout:.0f} s of the loss:\n" + "".join(seen[-60:]))
+        if line.startswith(prefix):
+            return json.loads(line[len(prefix):])
+    pytest.fail(f"no {prefix.strip()} line within {timeout:.0f} s:\n" + "".join(seen[-60:]))
 
 
 def _wait_markers(proc, prefix: str, count: int, timeout: float) -> dict[int, dict]:
@@ -140,3 +146,32 @@ def test_a_host_gone_silent_is_named_within_10_s_and_workers_sweep_what_lost_ran
     assert left_by_kill  # the killed host's ranks could not clean up ...
     assert not set(left_by_kill) & set(scratch_dirs(first_victim))  # ... its workers did when it was back
     assert not [d for h in (known["victim"], known["survivor"]) for d in scratch_dirs(h) if "lease-999" in d]
+
+
+def test_the_lost_hosts_gpus_leave_the_brokers_capacity_before_ray_calls_it_dead(losses):
+    _, known = losses[0]
+    waiting = known["waiting"]
+    assert waiting["view_when_lost"] == {"gpus_total": 4.0, "gpus_free": 2.0, "gpus_lost": 2.0, "gpus_unmanaged": 0.0}
+    assert waiting["lost_seen_at"] - known["lost_at"] < DEAD_HOST_S + MARGIN_S
+    if waiting["lost_seen_at"] - known["lost_at"] < RAY_DEAD_AFTER_S:
+        assert waiting["ray_alive_gpu_nodes_then"] == 2  # Ray still listed the host: the broker did not wait for that
+
+
+def test_while_the_host_is_down_a_4_gpu_call_waits_ungranted_and_a_2_gpu_call_runs_on_the_survivor(losses):
+    _, known = losses[0]
+    waiting = known["waiting"]
+    assert waiting["four_first_seen"] == {"state": "queued", "wait_kind": "capacity"}
+    assert waiting["four_states_while_lost"] == ["queued"]
+    assert waiting["two_gpu_nodes"] == [known["markers"][0]["node_id"]]  # rank 0's host survived
+
+
+def test_the_4_gpu_call_runs_once_the_host_is_back_and_nothing_unplaced_is_billed(losses):
+    _, known = losses[0]
+    capacity = known["capacity"]
+    four = capacity["four"]
+    assert "error" not in four, four
+    assert len(four["nodes"]) == 2 and known["markers"][0]["node_id"] in four["nodes"]
+    assert four["gpu_seconds"] <= 4 * (four["done"] - known["back_at"])  # billed from its grant, after the host was back
+    assert capacity["billed_unplaced"] == 0
+    assert all(row["state"] == "ended" for row in capacity["rows"])
+    assert all(row["gpu_seconds"] > 0 for row in capacity["rows"] if row["placed"])

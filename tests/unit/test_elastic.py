@@ -177,6 +177,8 @@ def test_the_cell_says_who_preempted_the_run_and_when_it_is_whole_again():
         "preempted by lease 12 (alice, high): 4 -> 2 GPUs at step 340"
     assert resize.resize_line({"kind": "grow"}, old_gpus=2, new_gpus=4, full_gpus=4, at="step 610") == \
         "4 GPUs again at step 610"
+    assert resize.resize_line(SHRINK, old_gpus=4, new_gpus=2, full_gpus=4, at=None) == \
+        "preempted by lease 12 (alice, high): 4 -> 2 GPUs between runs"  # a held lease with no run going
 
 
 def test_a_shrink_is_made_before_the_deadline_even_without_a_commit():
