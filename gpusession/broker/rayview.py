@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Iterable
 
 import ray
 from ray.util.placement_group import PlacementGroup, remove_placement_group
 
 from ..cluster import liveness, rayprivate
 from ..cluster.raycluster import nodes as alive_nodes
-from .model import NodeCapacity
+from .model import ActiveLease, NodeCapacity
 
 PG_PREFIX = "gpusession"
 PROBE_TIMEOUT_S = 1.0  # a node whose raylet does not answer a connect within this lends no GPUs
@@ -36,6 +37,21 @@ class Snapshot:
     dead_jobs: dict[str, float] = field(default_factory=dict)  # job id -> when it ended
     raw_unmanaged: dict[str, float] = field(default_factory=dict)  # this reading, before smoothing
     lost: dict[str, str] = field(default_factory=dict)  # node id -> address: Ray lists it, it does not answer
+
+    def nodes_for(self, active: Iterable[ActiveLease]) -> list[NodeCapacity]:
+        """PURE: the nodes as a decision must see them, given the leases active now. A lost node
+        lends nothing: every GPU on it is unavailable but those active leases still hold there
+        (they go with those leases). Taken from the books, not from Ray's group table at the time
+        of the reading: a lease released since then would otherwise leave its GPUs on the lost
+        node looking free, and a request could be granted that Ray cannot place."""
+        if not self.lost:
+            return self.nodes
+        held: dict[str, float] = {}
+        for lease in active:
+            for node_id, workers in (lease.node_workers or {}).items():
+                held[node_id] = held.get(node_id, 0.0) + workers * lease.gpus_per_worker
+        return [NodeCapacity(n.node_id, n.gpus, round(max(0.0, n.gpus - held.get(n.node_id, 0.0)), 6))
+                if n.node_id in self.lost else n for n in self.nodes]
 
 
 def take(ledger_id: str, previous: Snapshot | None = None) -> Snapshot:

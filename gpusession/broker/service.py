@@ -127,7 +127,7 @@ class BrokerService(AdminMethods, ResizeMethods):
             "queue_timeout_s": req.queue_timeout_s, "sweep_id": req.sweep_id,
         }
         now = time.time()
-        lease_id, effects = self.books.add_request(fields, self.snapshot.nodes, now)
+        lease_id, effects = self.books.add_request(fields, self.snapshot.nodes_for(self.books.active()), now)
         self.last_seen[lease_id] = now
         self._apply(effects)
         self._schedule()
@@ -339,7 +339,7 @@ class BrokerService(AdminMethods, ResizeMethods):
 
     def _schedule(self) -> None:
         started = time.perf_counter()
-        effects = self.books.schedule(self.snapshot.nodes, time.time())
+        effects = self.books.schedule(self.snapshot.nodes_for(self.books.active()), time.time())
         self.meter.add("decide", time.perf_counter() - started)
         self._apply(effects)
 

@@ -46,7 +46,8 @@ def lease_view(row: dict, *, waiting: Waiting | None, version: int, now: float) 
 
 def cluster_view(snapshot: Snapshot, books: Books) -> dict:
     total = sum(n.gpus for n in snapshot.nodes)
-    unavailable = sum(n.unmanaged for n in snapshot.nodes)  # a lost node's GPUs count here too
+    nodes = snapshot.nodes_for(books.active())
+    unavailable = sum(n.unmanaged for n in nodes)  # a lost node's GPUs count here too
     leased = sum(lease.gpus for lease in books.active())
     queued = [r for r in books.rows.values() if r["state"] == "queued"]
     return {

@@ -80,3 +80,15 @@ def test_a_run_far_past_its_declared_timeout_is_forced_counting_from_its_placeme
 
 def test_a_group_rescheduling_after_a_node_loss_is_not_treated_as_vanished():
     assert _run([_row()], _snapshot({1: _group("RESCHEDULING")})) == []
+
+
+def test_a_lost_node_lends_nothing_but_what_active_leases_still_hold_there():
+    from gpusession.broker.model import ActiveLease, NodeCapacity
+
+    # Read while lease 7's group still held 2 GPUs on the lost node "b"; lease 7 has ended since.
+    snapshot = Snapshot(nodes=[NodeCapacity("a", 2.0), NodeCapacity("b", 2.0, 0.0)], logical=True, lost={"b": "10.0.0.2"})
+    assert snapshot.nodes_for([]) == [NodeCapacity("a", 2.0), NodeCapacity("b", 2.0, 2.0)]
+    holder = ActiveLease(8, "u", 2, 0.5, Priority.NORMAL, False, 0.0, node_workers={"a": 2, "b": 2})
+    assert snapshot.nodes_for([holder]) == [NodeCapacity("a", 2.0), NodeCapacity("b", 2.0, 1.0)]
+    healthy = Snapshot(nodes=[NodeCapacity("a", 2.0, 0.5)], logical=True)
+    assert healthy.nodes_for([]) == healthy.nodes  # only lost nodes change
