@@ -20,8 +20,9 @@ class ResizeMethods:
                      gpu_ids: dict | None = None, auth: dict) -> dict:
         """An elastic lease changes size: it shrank as a shrink notice asked (node_workers: where
         its workers are now), it takes an offer to grow (node_workers None: the broker holds the
-        GPUs for it from now on), or it says where its regrown group landed (no notice, same size).
-        Anything else is refused and changes nothing."""
+        GPUs for it from now on), it says where its regrown group landed (no notice, same size), or
+        it shrank by itself (no notice: a host under it was lost), never below min_gpus. Anything
+        else is refused and changes nothing."""
         row = await self._owned(lease_id, auth, "resize")
         if row["state"] != LeaseState.PLACED.value:
             raise InvalidRequest(f"Lease {row['id']} is {row['state']}, not placed: only a placed lease changes "
@@ -64,6 +65,9 @@ class ResizeMethods:
                                      "many, without node_workers. Nothing was changed.")
         elif kind:
             raise InvalidRequest(f"{lease} is under a {kind} notice: it cannot change size. Nothing was changed.")
-        elif workers != row["workers"] or node_workers is None:
-            raise InvalidRequest(f"{lease} holds {row['workers']} workers and has no offer to grow or notice to "
-                                 "shrink: it may only report where those workers are. Nothing was changed.")
+        elif workers > row["workers"] or node_workers is None:
+            # Giving GPUs back unasked is always allowed (an elastic run that lost a host goes on
+            # with the workers that remain); growing needs an offer.
+            raise InvalidRequest(f"{lease} holds {row['workers']} workers and has no offer to grow: it may "
+                                 "shrink (down to its min_gpus) or report where its workers are, with node_workers. "
+                                 "Nothing was changed.")

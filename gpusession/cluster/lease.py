@@ -268,10 +268,14 @@ class Lease:
         `keep` first, on their nodes, in order) and slots."""
         lease = self.options.lease
         started = time.monotonic()
+        # After a host was lost, never on it: Ray still lists it as alive for seconds to a minute,
+        # and a bundle placed there would wait until Ray gives up on the host.
+        avoid = [{raycluster.NODE_ID_LABEL: f"!in({','.join(sorted(self._lost_nodes))})"}] * self.size
         self._pg = placement_group(
             [{"GPU": lease.gpus_per_worker}] * self.size,
             strategy=lease.placement.ray_strategy,
             name=self._pg_name,
+            bundle_label_selector=avoid if self._lost_nodes else None,
         )
         try:
             ray.get(self._pg.ready(), timeout=PLACE_TIMEOUT_S)

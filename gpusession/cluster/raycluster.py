@@ -20,6 +20,7 @@ log = logging.getLogger("gpusession")
 LOCAL_GPUS_ENV = "GPUSESSION_LOCAL_GPUS"
 DEFAULT_LOCAL_GPUS = 4
 HEAD_RESOURCE = "node:__internal_head__"
+NODE_ID_LABEL = "ray.io/node-id"  # the label Ray gives every node: its id (bundle label selectors)
 _connect_lock = threading.Lock()
 
 

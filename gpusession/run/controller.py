@@ -22,7 +22,8 @@ from ..shipping import pickle_call
 from .spec import RankSpec
 from .follower import AttemptFailed, Follower
 from .heartbeat import silence_timeout
-from .policies import Action, FailurePolicy, FaultKind, RunState, can_move, lost_capacity_decision, restart_line
+from .policies import (Action, FailurePolicy, FaultKind, RunState, can_move, lost_capacity_decision, restart_line,
+                       workers_after_host_loss)
 from . import resize
 
 log = logging.getLogger("gpusession")
@@ -155,11 +156,17 @@ class RunController:
 
     def _recover_or_raise(self, failed: AttemptFailed, attempt: int) -> None:
         decision = self.policy.decide(failed.fault, self.failures)
+        shrink_to = None
         if decision.action is Action.RETRY and failed.fault.kind is FaultKind.HOST_LOST:
-            short = lost_capacity_decision(self.lease.gpus, _gpus_outside(self._follower.lost_nodes))
-            if short is not None:
-                failed.error.args = (f"{failed.error.args[0]} It was not restarted: {short.why}.",)
-                decision = short
+            workers = workers_after_host_loss(self.lease.size, len(self._follower.lost_ranks),
+                                              self.options.lease.min_workers)
+            if workers < self.lease.size:  # elastic: go on with the survivors
+                shrink_to = workers
+            else:
+                short = lost_capacity_decision(self.lease.gpus, _gpus_outside(self._follower.lost_nodes))
+                if short is not None:
+                    failed.error.args = (f"{failed.error.args[0]} It was not restarted: {short.why}.",)
+                    decision = short
         if decision.action is Action.RAISE:
             if self.failures:
                 failed.error.args = (failed.error.args[0] + f" The run had restarted {self.failures} "
@@ -168,10 +175,15 @@ class RunController:
             raise failed.error
         self.failures += 1
         follower = self._follower
-        self.lease.replace_lost_workers(follower.lost_ranks)
+        if shrink_to is not None:
+            resize.shrink_after_host_loss(self.lease, shrink_to)
+            self.info.gpus, self.info.workers = self.lease.gpus, self.lease.workers  # the status line's count
+        else:
+            self.lease.replace_lost_workers(follower.lost_ranks)
         where = _resume_point(self.info)
         line = restart_line(failed.fault, resume_step=where, attempt=self.failures + 1,
-                            max_attempts=self.options.max_failures + 1)
+                            max_attempts=self.options.max_failures + 1,
+                            gpus=self.lease.gpus if shrink_to is not None else None)
         self.info.restarts += 1
         self.info.transitions.append(line)
         self._move(RunState.RESTARTING, line)

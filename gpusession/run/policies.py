@@ -112,10 +112,13 @@ def signal_name(number: int | None) -> str:
         return f"signal {number}"
 
 
-def restart_line(fault: Fault, *, resume_step: str, attempt: int, max_attempts: int) -> str:
+def restart_line(fault: Fault, *, resume_step: str, attempt: int, max_attempts: int,
+                 gpus: float | None = None) -> str:
     """The cell's line for a restart, e.g. "rank 3 died on node 10.0.0.4 (SIGKILL): restarting
-    from step 120 (attempt 2 of 4)"."""
-    then = f"restarting from {resume_step} (attempt {attempt} of {max_attempts})"
+    from step 120 (attempt 2 of 4)"; `gpus`: an elastic run restarting smaller ("... from step
+    120 on 2 GPUs (attempt 2 of 4)")."""
+    on = f" on {gpus:g} GPUs" if gpus is not None else ""
+    then = f"restarting from {resume_step}{on} (attempt {attempt} of {max_attempts})"
     if fault.kind is FaultKind.HOST_LOST:
         return f"host {fault.host} was lost ({fault.detail}) with {ranks_text(fault.ranks or (fault.rank,))}: {then}"
     what = {
@@ -139,3 +142,14 @@ def lost_capacity_decision(needed_gpus: float, remaining_gpus: float) -> Failure
         return None
     return FailureDecision(Action.RAISE, f"the hosts that remain have {remaining_gpus:g} GPUs in all, "
                                          f"fewer than the {needed_gpus:g} the run needs")
+
+
+def workers_after_host_loss(size: int, lost: int, minimum: int | None) -> int:
+    """PURE: the workers a run restarts with after a lost host took `lost` of its `size`: an
+    elastic run (`minimum` below size) goes on with those that survived, if at least `minimum`
+    (their GPUs are the lease's already: nothing to wait for); otherwise the full size, for which
+    Ray must first move the lost host's share of the group."""
+    survivors = size - lost
+    if minimum is not None and minimum < size and lost > 0 and survivors >= minimum:
+        return survivors
+    return size

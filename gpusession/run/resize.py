@@ -109,3 +109,15 @@ def resize_between_runs(lease, notice: dict) -> None:
     lease.info.transitions.append(line)
     lease.lines_between_runs.append(line)  # the next run's RunInfo starts with them
     log.info("Lease %s: %s", lease.lease_id, line)
+
+
+def shrink_after_host_loss(lease, workers: int) -> None:
+    """An elastic run lost a host: its lease becomes the `workers` that survived (their GPUs, on
+    the hosts that remain), re-made as a group of that size, and the broker is told. Not a
+    preemption: no notice came; the GPUs of the lost host return to nobody until it answers."""
+    from ..broker import client
+
+    lease.change_size(workers)
+    client.call(client.broker().resize, lease.lease_id, workers, lease.node_workers(), gpu_ids=lease.gpu_ids(),
+                auth=client.lease_auth(lease.identity))
+    log.info("Lease %s: a host was lost; going on with the %d workers that remain", lease.lease_id, workers)

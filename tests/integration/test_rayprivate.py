@@ -37,3 +37,11 @@ def test_node_address_session_dir_and_accelerators(cluster):
 def test_the_package_uploads_as_a_gcs_module(cluster):
     env = rayprivate.upload_package(gpusession.__path__[0], logging.getLogger("test"))
     assert [uri.startswith("gcs://") for uri in env["py_modules"]] == [True]
+
+
+def test_every_node_carries_its_id_as_the_label_a_group_can_avoid(cluster):
+    """Not private, but relied on the same way: a group re-made after a host was lost excludes
+    that host with a bundle label selector on this label (cluster/lease.py)."""
+    from gpusession.cluster.raycluster import NODE_ID_LABEL
+
+    assert all(node["Labels"].get(NODE_ID_LABEL) == node["NodeID"] for node in ray.nodes() if node["Alive"])

@@ -1,5 +1,7 @@
 """A user's script on the head of the simulated cluster (RAY_ADDRESS is set): a 4-rank run spread
 over both hosts that goes on until a host is lost under it (the test kills it or cuts its link).
+Run 0 asks for 4 GPUs and cannot go on without the lost host; run 1 is elastic (min_gpus=2) and
+goes on with the 2 ranks of the host that remains, from its last checkpoint.
 
     python node_loss_script.py MARKER_PREFIX RUNS
 
@@ -45,25 +47,66 @@ def steps_until_lost(marker_prefix: str):
         time.sleep(0.05)
 
 
+def elastic_steps(marker_prefix: str, steps_after: int = 10):
+    """Checkpoints every step. The first attempt goes on until a host is lost under it (rank
+    markers as steps_until_lost); a later one makes steps_after more steps and says what it was."""
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
+    ctx = gs.context()
+    state = gs.load_checkpoint() or {"step": 0}
+    step = state["step"]
+    end = None if ctx.attempt == 0 else step + steps_after
+    while end is None or step < end:
+        total = torch.ones(1)
+        dist.all_reduce(total)
+        gs.report(step=step, world_size=ctx.world_size, total=total.item())
+        step += 1
+        gs.save_checkpoint({"step": step})
+        if step == 10 and ctx.attempt == 0:
+            with open(f"{marker_prefix}-rank{ctx.rank}", "w") as f:
+                json.dump({"host": socket.gethostname(), "scratch_dir": ctx.scratch_dir, "lease_id": ctx.lease_id,
+                           "node_id": ctx.node_id, "address": ctx.address}, f)
+        time.sleep(0.05)
+    return {"world_size": ctx.world_size, "attempt": ctx.attempt, "resumed_at": state["step"], "step": step}
+
+
+class Transitions(events.Observer):
+    """Each restart or resize line with the time it was told (the cell would show it then)."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[float, str]] = []
+
+    def transition(self, info, line: str) -> None:
+        self.lines.append((time.time(), line))
+
+
 def main() -> None:
-    events.set_observer_factory(lambda world_size: events.Observer())
+    transitions = Transitions()
+    events.set_observer_factory(lambda world_size: transitions)
     ray.init()
     prefix, runs = sys.argv[1], int(sys.argv[2])
     for i in range(runs):
         if i:
             while not os.path.exists(f"{prefix}-{i - 1}.go"):
                 time.sleep(0.1)
-        one_run(f"{prefix}-{i}")
+        transitions.lines = []
+        one_run(f"{prefix}-{i}", transitions, elastic=(i == 1))
         if i == 0 and runs > 1:
             capacity_while_lost()
 
 
-def one_run(prefix: str) -> None:
-    call = gs.distributed(gpus=4, placement="spread", timeout="240s")(steps_until_lost)
+def one_run(prefix: str, transitions: Transitions, *, elastic: bool) -> None:
+    if elastic:  # a lost host leaves it on the 2 GPUs of the host that remains
+        call = gs.distributed(gpus=4, min_gpus=2, placement="spread", timeout="240s")(elastic_steps)
+    else:
+        call = gs.distributed(gpus=4, placement="spread", timeout="240s")(steps_until_lost)
     result: dict = {}
     started = time.time()
     try:
-        call(prefix)
+        result["value"] = call(prefix)
     except BaseException as exc:
         result["error_time"] = time.time()
         result["error_type"] = type(exc).__name__
@@ -77,7 +120,8 @@ def one_run(prefix: str) -> None:
     info = call.last_run
     result["wall_s"] = time.time() - started
     result["run_info"] = {k: getattr(info, k) for k in ("queued_s", "setup_s", "run_s", "gpu_seconds", "end_reason",
-                                                       "released", "restarts", "transitions")}
+                                                       "released", "restarts", "transitions", "gpus", "history")}
+    result["transitions"] = transitions.lines
     print("RESULT " + json.dumps(result), flush=True)
 
 

@@ -5,7 +5,7 @@ import pytest
 
 from gpusession.options import validate_run_options
 from gpusession.run.policies import (Action, Fault, FailurePolicy, FaultKind, RunState, can_move,
-                                     lost_capacity_decision, restart_line)
+                                     lost_capacity_decision, restart_line, workers_after_host_loss)
 
 
 def fault(kind: FaultKind, names: tuple[str, ...] = ()) -> Fault:
@@ -72,6 +72,16 @@ def test_a_lost_host_restart_line_names_the_host_and_every_rank_it_held():
     assert restart_line(lost, resume_step="step 7", attempt=2, max_attempts=4) == (
         "host host2 (10.0.0.12, Ray node 3f2a1b0c9d8e) was lost (silent for 5.0 s) with ranks 2, 3: "
         "restarting from step 7 (attempt 2 of 4)")
+    assert restart_line(lost, resume_step="step 7", attempt=2, max_attempts=4, gpus=2).endswith(
+        "restarting from step 7 on 2 GPUs (attempt 2 of 4)")  # an elastic run going on smaller
+
+
+def test_an_elastic_run_goes_on_with_the_workers_a_lost_host_left_never_below_its_minimum():
+    assert workers_after_host_loss(4, 2, minimum=2) == 2
+    assert workers_after_host_loss(4, 1, minimum=2) == 3
+    assert workers_after_host_loss(4, 3, minimum=2) == 4  # too few left: the full size (Ray must move them)
+    assert workers_after_host_loss(4, 2, minimum=None) == 4  # not elastic
+    assert workers_after_host_loss(4, 0, minimum=2) == 4
 
 
 def test_after_a_lost_host_a_restart_needs_the_runs_gpus_on_the_hosts_that_remain():
