@@ -99,7 +99,6 @@ def _run(launch: m.Launch, channel: Channel) -> int:
 
 def _call(launch: m.Launch, channel: Channel):
     import cloudpickle
-    import torch.distributed as dist
 
     from . import context as ctx_module
     spec = launch.spec
@@ -114,8 +113,9 @@ def _call(launch: m.Launch, channel: Channel):
         # The process group is left alone: the process exits right after this, which closes
         # its sockets; the caller tells this root cause from the peers' echoes of it.
         return _error(exc, spec)
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    # The process group is not destroyed: the process exits right after sending its result (as a
+    # torchrun script that returns without destroy_process_group does), which closes its sockets
+    # and frees its GPU memory; destroying it first would add ~20 ms to every call.
     if not spec.return_value:
         return (m.Result(False),)
     try:
