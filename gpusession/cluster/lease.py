@@ -92,6 +92,7 @@ class Lease:
         # never resizes under a run, whose follower handles notices itself.
         self._running = threading.RLock()
         self.lines_between_runs: list[str] = []  # resizes made with no run going, for the next run's RunInfo
+        self._idle_watched = False  # resize_while_idle() was started
 
     # ----- public -------------------------------------------------------------------------------
     @property
@@ -131,7 +132,7 @@ class Lease:
                     return
                 self._released = True
             # Not in the middle of a resize between runs (bounded: a stuck one must not keep the GPUs).
-            resizing = self._running.acquire(timeout=RELEASE_WAITS_FOR_RESIZE_S)
+            resizing = self._idle_watched and self._running.acquire(timeout=RELEASE_WAITS_FOR_RESIZE_S)
             try:
                 self._release(reason)
             finally:
@@ -143,6 +144,7 @@ class Lease:
         broker asks for, or takes an offer to grow, as soon as it comes while no run is going.
         Left to the next run, a shrink would miss the broker's deadline (the grace period) and
         the broker would take the whole lease back."""
+        self._idle_watched = True
         threading.Thread(target=self._watch_while_idle, name=f"gpusession-lease-{self.lease_id}-idle",
                          daemon=True).start()
 
