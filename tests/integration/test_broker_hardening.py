@@ -124,6 +124,28 @@ def test_the_owner_cannot_report_a_placement_that_is_not_its_grant(cluster, quie
         held.release()
 
 
+def test_a_lease_may_give_workers_back_unasked_but_never_below_min_gpus_nor_grow_without_an_offer(
+        cluster, quiet, broker, admin):
+    """resize without a notice: an elastic lease that lost a host shrinks by itself; nothing else."""
+    elastic, fixed = gs.lease(gpus=3, min_gpus=2), gs.lease(gpus=1)
+    try:
+        before = _everything(broker, admin)
+        node = next(iter(next(v for v in before if v["lease_id"] == elastic.lease_id)["node_workers"]))
+        auth = client.lease_auth()
+        for lease_id, workers, node_workers, match in (
+                (elastic.lease_id, 4, {node: 4}, "workers"),  # more than it asked for
+                (elastic.lease_id, 1, {node: 1}, "workers"),  # below min_gpus
+                (elastic.lease_id, 3, None, "no offer to grow"),  # "take" GPUs nobody offered
+                (elastic.lease_id, 2, None, "no offer to grow"),  # a shrink must say where it is
+                (fixed.lease_id, 0, {node: 0}, "workers")):  # not elastic: no smaller size exists
+            with pytest.raises(InvalidRequest, match=match):
+                client.call(broker.resize, lease_id, workers, node_workers, auth=auth)
+        assert _everything(broker, admin) == before
+    finally:
+        elastic.release()
+        fixed.release()
+
+
 def test_the_owner_cannot_report_gpu_ids_that_are_not_its_grant(cluster, quiet, broker, admin):
     held, other = gs.lease(gpus=2), gs.lease(gpus=1)
     try:
