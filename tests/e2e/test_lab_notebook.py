@@ -155,7 +155,9 @@ def test_a_queued_cell_says_its_position_and_reason_then_runs_without_a_blank_mo
     receipt = wait_for_line(lab, 2, "1 logical GPU · queued")
     assert "granted at last" in cell(lab, 2).inner_text()
     assert_never_blank_after_first_second(lab, samples(lab))
-    assert float(receipt.split("queued ")[1].split(" s")[0]) >= 2
+    # The line showed "2 s" (its seconds are rounded, and count from when it turned to "waiting",
+    # after the request left): the receipt's queue time, from the request, is at least 1.5 s.
+    assert float(receipt.split("queued ")[1].split(" s")[0]) >= 1.5
 
 
 def test_a_cell_on_borrowed_gpus_says_it_may_be_preempted_first_and_its_receipt_says_borrowed(lab, broker, admin):
