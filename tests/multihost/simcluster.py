@@ -265,8 +265,21 @@ class SimCluster:
                 host = waiting[0]
                 raise SimClusterError(f"The Ray node of simulated host {host.name} ({host.ip}) was not up within "
                                       f"{self.ready_timeout_s:.0f} s; its log ends:\n"
-                                      f"{_tail(host.log_path.read_text(errors='replace'))}{_raylet_errors(host)}")
+                                      f"{_tail(host.log_path.read_text(errors='replace'))}{_raylet_errors(host)}"
+                                      f"\n{self.diagnose(host)}")
             time.sleep(0.2)
+
+    def diagnose(self, host: SimHost) -> str:
+        """Why a host's node may not reach the head: the head's GCS process, a TCP connect from
+        the host to it, the bridge ports' states."""
+        gcs = [pid for pid in namespace_pids(self.head.netns) if _comm(pid) == "gcs_server"]
+        probe = _run(["ip", "netns", "exec", host.netns, sys.executable, "-c",
+                      "import socket,sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3); "
+                      "print('connects')", self.head.ip, str(RAY_PORT)], check=False)
+        ports = _run(["ip", "-br", "link", "show", "master", self.bridge], check=False).stdout.strip()
+        return (f"diagnosis: head's gcs_server pids {gcs or 'none'}; {host.name} -> {self.address}: "
+                f"{(probe.stdout or probe.stderr).strip().splitlines()[-1:] or ['no answer']}; "
+                f"bridge ports: {ports!r}")
 
     # ---- faults --------------------------------------------------------------------------
     def kill_host(self, host: SimHost) -> int:
@@ -401,14 +414,15 @@ def _set_group_nice(session_leader: int, niceness: int) -> None:
         pass
 
 
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:  # gone meanwhile
+        return ""
+
+
 def _has_raylet(netns: str) -> bool:
-    for pid in namespace_pids(netns):
-        try:
-            if Path(f"/proc/{pid}/comm").read_text().strip() == "raylet":
-                return True
-        except OSError:
-            pass
-    return False
+    return any(_comm(pid) == "raylet" for pid in namespace_pids(netns))
 
 
 def _raylet_errors(host: SimHost) -> str:
