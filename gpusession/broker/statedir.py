@@ -111,12 +111,6 @@ def claim(home: Path, *, host: str, port: int, recorded: str | None,
 
 
 # ----- with Ray: the broker chooses and records, a client reads the record --------------------------
-def _kv():
-    from ray.experimental import internal_kv
-
-    return internal_kv
-
-
 def _this_cluster() -> tuple[str, int]:
     import ray
 
@@ -126,17 +120,20 @@ def _this_cluster() -> tuple[str, int]:
 
 def claim_for_this_cluster() -> Claim:
     """Called by the broker (on the head node): claim and record this cluster's directory."""
-    kv = _kv()
+    from ..cluster import rayprivate
+
     home = state_dir()
-    recorded = kv._internal_kv_get(KV_KEY, namespace=KV_NAMESPACE)
+    recorded = rayprivate.kv_get(KV_KEY, namespace=KV_NAMESPACE)
     host, port = _this_cluster()
     held = claim(home, host=host, port=port, recorded=recorded.decode() if recorded else None)
-    kv._internal_kv_put(KV_KEY, relative(home, held.directory).encode(), overwrite=True, namespace=KV_NAMESPACE)
+    rayprivate.kv_put(KV_KEY, relative(home, held.directory).encode(), namespace=KV_NAMESPACE)
     return held
 
 
 def recorded_here() -> Path | None:
     """For a client on the head node: this cluster's state directory, if its broker recorded one
     (None before the first broker started, or when it uses an explicit db_path)."""
-    recorded = _kv()._internal_kv_get(KV_KEY, namespace=KV_NAMESPACE)
+    from ..cluster import rayprivate
+
+    recorded = rayprivate.kv_get(KV_KEY, namespace=KV_NAMESPACE)
     return (state_dir() / recorded.decode()).resolve() if recorded else None

@@ -2,9 +2,10 @@
 
 Ray exposes no public way to read free resources per node without its dashboard, to find the
 node's IP the way Ray itself picks it, to count accelerators without touching CUDA, to refresh
-its auth config after setting RAY_AUTH_MODE, or to upload a local package for a detached actor.
+its auth config after setting RAY_AUTH_MODE, to upload a local package for a detached actor, or
+to keep a small record in the cluster's own key-value store (where the broker's state lives).
 The versions these calls are tested with are the range pinned in pyproject.toml (`ray[default]`);
-tests/unit/test_rayprivate.py calls each one against the installed Ray so a change shows up as
+tests/integration/test_rayprivate.py calls each one against the installed Ray so a change shows up as
 one failing test naming the call, not as a broker that cannot read the cluster."""
 from __future__ import annotations
 
@@ -68,3 +69,16 @@ def session_dir() -> str:
     import ray
 
     return ray._private.worker.global_worker.node.get_session_dir_path()
+
+
+def kv_get(key: str, *, namespace: str) -> bytes | None:
+    """A value of the cluster's key-value store (kept by the GCS; gone with the cluster)."""
+    from ray.experimental import internal_kv
+
+    return internal_kv._internal_kv_get(key, namespace=namespace)
+
+
+def kv_put(key: str, value: bytes, *, namespace: str) -> None:
+    from ray.experimental import internal_kv
+
+    internal_kv._internal_kv_put(key, value, overwrite=True, namespace=namespace)

@@ -39,6 +39,13 @@ def test_the_package_uploads_as_a_gcs_module(cluster):
     assert [uri.startswith("gcs://") for uri in env["py_modules"]] == [True]
 
 
+def test_the_clusters_key_value_store_keeps_a_record(cluster):
+    assert rayprivate.kv_get("never-written", namespace="gpusession-test") is None
+    rayprivate.kv_put("record", b"one", namespace="gpusession-test")
+    rayprivate.kv_put("record", b"two", namespace="gpusession-test")  # overwrites
+    assert rayprivate.kv_get("record", namespace="gpusession-test") == b"two"
+
+
 def test_every_node_carries_its_id_as_the_label_a_group_can_avoid(cluster):
     """Not private, but relied on the same way: a group re-made after a host was lost excludes
     that host with a bundle label selector on this label (cluster/lease.py)."""
