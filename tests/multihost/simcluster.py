@@ -49,6 +49,7 @@ class SimHost:
     cpus: int
     proc: subprocess.Popen | None = None  # `ray start --block`, leader of its own session
     log_path: Path | None = None
+    own_head: bool = False  # heads a Ray cluster of its own (a host added with add_host(head=True))
 
     @property
     def home(self) -> Path:
@@ -83,6 +84,7 @@ class SimCluster:
                     base=self.base / name, gpus=0 if i == 0 else self.gpus_per_host, cpus=self.cpus_per_host)
             for i, name in enumerate(names)
         ]
+        self.added: list[SimHost] = []  # hosts of add_host(): on the bridge, in no one's `workers`
         self.started: list[subprocess.Popen] = []
 
     # ---- the cluster's shape -------------------------------------------------------------
@@ -99,7 +101,10 @@ class SimCluster:
         return f"{self.head.ip}:{RAY_PORT}"
 
     def host(self, name: str) -> SimHost:
-        return next(h for h in self.all_hosts if h.name == name)
+        return next(h for h in self._every_host() if h.name == name)
+
+    def _every_host(self) -> list[SimHost]:
+        return self.all_hosts + self.added
 
     # ---- start and stop ------------------------------------------------------------------
     def start(self) -> "SimCluster":
@@ -116,11 +121,11 @@ class SimCluster:
 
     def stop(self) -> None:
         """Every process of every host, the namespaces, the bridge and the files; never raises."""
-        for host in self.all_hosts:
+        for host in self._every_host():
             kill_namespace(host.netns)
         for proc in self.started:
             _reap(proc)
-        for host in self.all_hosts:
+        for host in self._every_host():
             _run(["ip", "netns", "del", host.netns], check=False)
             shutil.rmtree(f"/etc/netns/{host.netns}", ignore_errors=True)
         _run(["ip", "link", "del", self.bridge], check=False)
@@ -136,18 +141,48 @@ class SimCluster:
         _run(["ip", "link", "add", self.bridge, "type", "bridge"])
         _run(["ip", "link", "set", self.bridge, "up"])
         for host in self.all_hosts:
-            for path in (host.home, host.tmp):
-                path.mkdir(parents=True, exist_ok=True)
-            os.makedirs(f"/etc/netns/{host.netns}", exist_ok=True)
-            _run(["ip", "netns", "add", host.netns])
-            peer = f"{host.veth}p"
-            _run(["ip", "link", "add", host.veth, "type", "veth", "peer", "name", peer])
-            _run(["ip", "link", "set", peer, "netns", host.netns])
-            _run(["ip", "-n", host.netns, "link", "set", peer, "name", INNER_IF])
-            _run(["ip", "-n", host.netns, "addr", "add", f"{host.ip}/24", "dev", INNER_IF])
-            _run(["ip", "-n", host.netns, "link", "set", INNER_IF, "up"])
-            _run(["ip", "-n", host.netns, "link", "set", "lo", "up"])
-            _run(["ip", "link", "set", host.veth, "master", self.bridge, "up"])
+            self._plug(host)
+
+    def _plug(self, host: SimHost) -> None:
+        """The host's namespace, directories and interface on the bridge."""
+        for path in (host.home, host.tmp):
+            path.mkdir(parents=True, exist_ok=True)
+        os.makedirs(f"/etc/netns/{host.netns}", exist_ok=True)
+        _run(["ip", "netns", "add", host.netns])
+        peer = f"{host.veth}p"
+        _run(["ip", "link", "add", host.veth, "type", "veth", "peer", "name", peer])
+        _run(["ip", "link", "set", peer, "netns", host.netns])
+        _run(["ip", "-n", host.netns, "link", "set", peer, "name", INNER_IF])
+        _run(["ip", "-n", host.netns, "addr", "add", f"{host.ip}/24", "dev", INNER_IF])
+        _run(["ip", "-n", host.netns, "link", "set", INNER_IF, "up"])
+        _run(["ip", "-n", host.netns, "link", "set", "lo", "up"])
+        _run(["ip", "link", "set", host.veth, "master", self.bridge, "up"])
+
+    def add_host(self, name: str, *, head: bool = False, home_of: SimHost | None = None) -> SimHost:
+        """Another host on the bridge, with no GPUs, started with a Ray node: the head of a cluster
+        of its own (head=True) or a node of this one. home_of: its HOME is that host's (a home
+        directory shared over NFS). Taken down by remove_host() or stop()."""
+        index = len(self.all_hosts) + len(self.added)
+        host = SimHost(name=name, netns=f"{self.tag}-{name}", ip=f"{self.subnet}.{10 + index}",
+                       veth=f"{self.tag}v{index}", base=self.base / name, gpus=0, cpus=self.cpus_per_host,
+                       own_head=head)
+        self.added.append(host)
+        if home_of is not None:
+            host.base.mkdir(parents=True, exist_ok=True)
+            host.home.symlink_to(home_of.home, target_is_directory=True)
+        self._plug(host)
+        self.set_resolution(self.resolve)  # every host knows its name
+        self.start_node(host)
+        return host
+
+    def remove_host(self, host: SimHost) -> None:
+        """Every process of an added host, its namespace (and with it its link) and its files."""
+        kill_namespace(host.netns)
+        _run(["ip", "netns", "del", host.netns], check=False)
+        shutil.rmtree(f"/etc/netns/{host.netns}", ignore_errors=True)
+        shutil.rmtree(host.base, ignore_errors=True)
+        self.added.remove(host)
+        self.set_resolution(self.resolve)
 
     def set_resolution(self, mode: str) -> None:
         """How each host resolves its own name: "own" (its bridge address) or "loopback"
@@ -156,9 +191,9 @@ class SimCluster:
         if mode not in RESOLVE_MODES:
             raise ValueError(f"mode must be one of {RESOLVE_MODES}, not {mode!r}")
         self.resolve = mode
-        for host in self.all_hosts:
+        for host in self._every_host():
             lines = ["127.0.0.1 localhost"]
-            for other in self.all_hosts:
+            for other in self._every_host():
                 own = other is host
                 lines.append(f"{'127.0.1.1' if own and mode == 'loopback' else other.ip} {other.name}")
             with open(f"/etc/netns/{host.netns}/hosts", "w") as f:  # same inode: the bind mount follows
@@ -193,13 +228,13 @@ class SimCluster:
         merged into one text pipe."""
         argv = [sys.executable, code_or_path, *args] if code_or_path.endswith(".py") else \
             [sys.executable, "-c", code_or_path, *args]
-        return self.popen(host, argv, env=self.env(host, RAY_ADDRESS=self.address, **env),
+        return self.popen(host, argv, env=self.env(host, **{"RAY_ADDRESS": self.address, **env}),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
-    def run_python(self, host: SimHost, path: str, *args: str, timeout: float) -> tuple[int | None, str]:
+    def run_python(self, host: SimHost, path: str, *args: str, timeout: float, **env: str) -> tuple[int | None, str]:
         """Run a Python script on `host` to its end: (exit status, or None if it ran past
         `timeout` and was killed; its output)."""
-        proc = self.python(host, path, *args)
+        proc = self.python(host, path, *args, **env)
         try:
             out, _ = proc.communicate(timeout=timeout)
             return proc.returncode, out
@@ -232,7 +267,7 @@ class SimCluster:
                "--dashboard-agent-grpc-port=52366", "--dashboard-agent-listen-port=52365",
                "--metrics-export-port=52367", "--runtime-env-agent-port=52368",
                "--node-manager-port=52369", "--object-manager-port=52370"]
-        if host is self.head:
+        if host is self.head or host.own_head:
             ray += ["--head", f"--port={RAY_PORT}", "--include-dashboard=false"]
         else:
             ray += [f"--address={self.address}"]
@@ -277,9 +312,14 @@ class SimCluster:
                       "import socket,sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3); "
                       "print('connects')", self.head.ip, str(RAY_PORT)], check=False)
         ports = _run(["ip", "-br", "link", "show", "master", self.bridge], check=False).stdout.strip()
-        return (f"diagnosis: head's gcs_server pids {gcs or 'none'}; {host.name} -> {self.address}: "
+        neighbours = {h.name: _run(["ip", "-n", h.netns, "neigh", "show"], check=False).stdout.strip()
+                      for h in (host, self.head)}
+        fatal = [line.rstrip() for path in self.head.tmp.glob("ray/session_*/logs/gcs_server.out")
+                 for line in path.read_text(errors="replace").splitlines() if " C " in line or " F " in line]
+        return (f"diagnosis: head's gcs_server pids {gcs or 'none'} (fatal lines in its log: {fatal[-3:]}); "
+                f"{host.name} -> {self.address}: "
                 f"{(probe.stdout or probe.stderr).strip().splitlines()[-1:] or ['no answer']}; "
-                f"bridge ports: {ports!r}")
+                f"bridge ports: {ports!r}; neighbours: {neighbours!r}")
 
     # ---- faults --------------------------------------------------------------------------
     def kill_host(self, host: SimHost) -> int:

@@ -1,5 +1,8 @@
-"""Ranks on two simulated hosts meet and train, whatever each host's own name resolves to."""
+"""Ranks on two simulated hosts meet and train, whatever each host's own name resolves to; a run
+that fails on one host leaves no scratch directory on either."""
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -70,3 +73,14 @@ def test_hosts_whose_own_name_resolves_to_127_0_1_1_still_train_together(loopbac
     assert_trained_on_two_hosts(result, loopback_names)
     assert {r["gloo_ifname"] for r in result["ranks"]} == {INNER_IF}
     assert {r["nccl_ifname"] for r in result["ranks"]} == {"^docker"}  # the user's own value is kept
+
+
+def test_a_run_that_fails_on_one_host_leaves_no_scratch_directory_on_either_host(own_addresses):
+    result = run_driver(own_addresses, "train_script.py", "spread", "--fail-on-rank", "3")
+    assert result["error_type"] == "WorkerFailed" and "planned failure on rank 3" in result["error"], result
+    lease = result["lease_id"]
+    used = {host.name: [Path(p.read_text()) for p in host.tmp.glob(f"scratch-of-lease{lease}-rank*")]
+            for host in own_addresses.workers}
+    assert sorted(len(dirs) for dirs in used.values()) == [2, 2]  # both hosts' ranks wrote to theirs
+    assert [d for dirs in used.values() for d in dirs if d.exists()] == []  # removed before the call raised
+    assert result["free_gpus_after"] == 4.0

@@ -1,8 +1,11 @@
 """A user's script on the head of the simulated cluster (RAY_ADDRESS is set): train across hosts.
 
-    python train_script.py spread|strict_spread [--keep-nccl-ifname VALUE]
+    python train_script.py spread|strict_spread [--keep-nccl-ifname VALUE] [--fail-on-rank R]
 
-Prints one line `RESULT {json}`: what every rank saw (host, addresses, interfaces) and trained.
+Prints one line `RESULT {json}`: what every rank saw (host, addresses, interfaces) and trained;
+with --fail-on-rank, the error the call raised once every rank had written to its scratch
+directory and rank R raised (each rank leaves the path of its scratch directory in
+$TMPDIR/scratch-of-lease<id>-rank<r> on its host, for the test to look at afterwards).
 """
 from __future__ import annotations
 
@@ -39,6 +42,24 @@ def train():
             "allreduce": total.item(), "weight": gs.unwrap(model).weight.item()}
 
 
+def fail_on(failing_rank: int):
+    """Every rank writes to its scratch directory; then rank `failing_rank` raises while the
+    others wait for it in a collective."""
+    import os
+
+    import torch.distributed as dist
+
+    ctx = gs.context()
+    with open(os.path.join(ctx.scratch_dir, "work"), "w") as f:
+        f.write("a rank's work in progress")
+    with open(os.path.join(os.environ["TMPDIR"], f"scratch-of-lease{ctx.lease_id}-rank{ctx.rank}"), "w") as f:
+        f.write(ctx.scratch_dir)
+    dist.barrier()  # every rank has its scratch directory now
+    if ctx.rank == failing_rank:
+        raise ValueError(f"planned failure on rank {ctx.rank}")
+    dist.barrier()  # never passes: the failing rank does not come
+
+
 def main() -> None:
     placement = sys.argv[1]
     options = {"gpus": 4, "placement": placement, "return_all": True, "timeout": "240s"}
@@ -48,9 +69,18 @@ def main() -> None:
         value = sys.argv[sys.argv.index("--keep-nccl-ifname") + 1]
         options["runtime_env"] = {"env_vars": {"NCCL_SOCKET_IFNAME": value}}
     events.set_observer_factory(lambda world_size: events.Observer())
-    ranks = gs.distributed(**options)(train)()
     import ray
 
+    if "--fail-on-rank" in sys.argv:
+        call = gs.distributed(**options)(fail_on)
+        try:
+            call(int(sys.argv[sys.argv.index("--fail-on-rank") + 1]))
+        except Exception as exc:
+            print("RESULT " + json.dumps({"error_type": type(exc).__name__, "error": str(exc),
+                                          "lease_id": call.last_run.lease_id,
+                                          "free_gpus_after": ray.available_resources().get("GPU", 0.0)}), flush=True)
+        return
+    ranks = gs.distributed(**options)(train)()
     print("RESULT " + json.dumps({"ranks": ranks, "free_gpus_after": ray.available_resources().get("GPU", 0.0)}),
           flush=True)
 
