@@ -1,7 +1,8 @@
 """One rank of one attempt, in a fresh process forked from the node's zygote.
 
 It receives its Launch over the pipe to its worker actor, sets torchrun's variables and its GPUs
-before anything can touch CUDA, joins the process group, runs the user's function with stdout
+before anything can touch CUDA, joins the process group (process_group.py: a torchrun script's
+own init_process_group call finds it ready), runs the user's function with stdout
 and stderr captured at the file-descriptor level, sends what happens as typed messages, and
 exits. Nothing it changes (module globals, library state, environment, working directory,
 threads) outlives it, and exiting gives its GPU memory back.
@@ -14,7 +15,6 @@ import sys
 import threading
 import time
 import traceback
-from datetime import timedelta
 from multiprocessing.connection import Connection
 
 from . import messages as m
@@ -101,10 +101,13 @@ def _call(launch: m.Launch, channel: Channel):
     import cloudpickle
 
     from . import context as ctx_module
+    from .process_group import RankGroup
     spec = launch.spec
     try:
+        group = RankGroup(spec)
+        group.install()  # the script's own init_process_group call then finds the group ready
         fn, args, kwargs = cloudpickle.loads(launch.call)
-        _init_process_group(spec)
+        group.join()
         run = ctx_module._Run(_make_context(spec), channel, launch.checkpoint)
         ctx_module._current = run
         channel.send(m.Started(time.time(), socket.gethostname(), spec.address, os.getpid()))
@@ -162,47 +165,15 @@ def _set_environment(spec) -> None:
         sys.path.insert(0, spec.caller_cwd)
 
 
-def _init_process_group(spec, store=None) -> None:
-    """Join the attempt's process group through the store rank 0's actor serves (`store` is for
-    tests that bring their own)."""
-    import torch.distributed as dist
-
-    if spec.backend == "nccl":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise RuntimeError(
-                f"backend='nccl' needs CUDA, but torch on {socket.gethostname()} sees no GPU "
-                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}). Use backend='gloo'."
-            )
-        torch.cuda.set_device(_local_devices(spec)[0])
-    timeout = timedelta(seconds=spec.pg_timeout_s)
-    if store is None:
-        store = dist.TCPStore(spec.master_addr, spec.master_port, spec.world_size, is_master=False,
-                              timeout=timeout)
-    # Keys under this attempt's own prefix: nothing of another run can ever be read by mistake.
-    scoped = dist.PrefixStore(f"gpusession/{spec.lease_id}/{spec.run_id}/", store)
-    dist.init_process_group(spec.backend, store=scoped, rank=spec.rank, world_size=spec.world_size,
-                            timeout=timeout)
-    # Each rank connects its own side of gloo's mesh. Without this barrier a rank whose function
-    # does no collective could finish, close its sockets, and fail a peer still connecting
-    # ("Gloo connectFullMesh failed ... Connection closed by peer").
-    scoped.set(f"connected/{spec.rank}", "1")
-    scoped.wait([f"connected/{rank}" for rank in range(spec.world_size)], timeout)
-
-
-def _local_devices(spec) -> list[int]:
-    return [spec.node_gpu_ids.index(gpu) for gpu in spec.gpu_ids]
-
-
 def _make_context(spec):
     import torch
 
     from .context import RunContext
+    from .process_group import local_devices
     from .spec import scratch_dir
 
     if not spec.logical_gpus and torch.cuda.is_available():
-        devices = tuple(torch.device("cuda", i) for i in _local_devices(spec))
+        devices = tuple(torch.device("cuda", i) for i in local_devices(spec))
     else:
         devices = (torch.device("cpu"),)
     return RunContext(

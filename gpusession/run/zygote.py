@@ -34,8 +34,8 @@ PATH_ENV = "GPUSESSION_ZYGOTE_SYS_PATH"
 REAP_EVERY_S = 0.05
 # What every rank needs, imported once here. Not Ray: a rank is not a Ray worker (see spec.py).
 PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "cloudpickle", "psutil", "gpusession.run.child",
-           "gpusession.run.spec", "gpusession.run.context", "gpusession.capture", "gpusession.cluster.netif",
-           "gpusession.errors")
+           "gpusession.run.process_group", "gpusession.run.spec", "gpusession.run.context", "gpusession.capture",
+           "gpusession.cluster.netif", "gpusession.errors")
 
 
 # ----- the zygote process ------------------------------------------------------------------------

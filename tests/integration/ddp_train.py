@@ -1,5 +1,5 @@
-"""A seeded DDP training loop written the torchrun way: it reads RANK/WORLD_SIZE and initialises
-the process group only if nobody did. Run by torchrun and by @gs.distributed in the parity tests."""
+"""A seeded DDP training loop written the torchrun way: it initialises the process group itself
+and reads RANK/WORLD_SIZE. Run unmodified by torchrun and by @gs.distributed in the parity tests."""
 from __future__ import annotations
 
 import os
@@ -25,8 +25,7 @@ def model(seed: int = 0) -> torch.nn.Module:
 
 
 def train_torchrun_style(epochs: int = 3) -> dict:
-    if not dist.is_initialized():
-        dist.init_process_group("gloo")
+    dist.init_process_group("gloo")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     assert dist.get_rank() == rank and dist.get_world_size() == world
     ddp = DistributedDataParallel(model())

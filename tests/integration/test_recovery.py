@@ -94,21 +94,29 @@ def test_a_survivor_blocked_in_a_collective_is_torn_down_when_its_peer_dies(clus
 
 def test_nothing_a_call_changes_in_its_processes_reaches_the_next_call(cluster, quiet, tmp_path):
     @gs.distributed(gpus=2, return_all=True)
-    def change_everything(directory):
+    def change_everything(directory, mixed_precision):
         import json
 
         import torch
+        from accelerate import Accelerator
+        from accelerate.state import AcceleratorState, PartialState
 
         before = {"threads": torch.get_num_threads(), "env": os.environ.get("GS_TEST_LEAK"),
-                  "cwd": os.getcwd(), "global": getattr(json, "_gs_leak", None)}
+                  "cwd": os.getcwd(), "global": getattr(json, "_gs_leak", None),
+                  "accelerate": sorted(AcceleratorState._shared_state) + sorted(PartialState._shared_state)}
         torch.set_num_threads(1)
         os.environ["GS_TEST_LEAK"] = "leaked"
         os.chdir(directory)
         json._gs_leak = "leaked"  # a module global of a library
-        return before
+        # Accelerate's state is a process-wide singleton: in a process that outlived call 1, call
+        # 2's Accelerator() would silently get call 1's bf16 (the bug this guards against).
+        accelerator = Accelerator() if mixed_precision is None else Accelerator(mixed_precision=mixed_precision)
+        return before, accelerator.mixed_precision
 
-    first = change_everything(str(tmp_path))
-    second = change_everything(str(tmp_path))
-    assert second == first
-    assert all(b["env"] is None and b["global"] is None for b in second)
-    assert all(b["cwd"] != str(tmp_path) for b in second)
+    first = change_everything(str(tmp_path), "bf16")
+    second = change_everything(str(tmp_path), None)
+    assert [before for before, _ in second] == [before for before, _ in first]
+    assert [precision for _, precision in first] == ["bf16", "bf16"]
+    assert [precision for _, precision in second] == ["no", "no"]
+    assert all(b["env"] is None and b["global"] is None and b["accelerate"] == [] for b, _ in second)
+    assert all(b["cwd"] != str(tmp_path) for b, _ in second)

@@ -63,7 +63,7 @@ def _rank(rank: int, ports, barrier, results) -> None:
     """One rank of runs whose function does nothing: join, leave at once; ROUNDS times."""
     import torch.distributed as dist
 
-    from gpusession.run.child import _init_process_group
+    from gpusession.run.process_group import RankGroup
     from gpusession.run.spec import RankSpec
 
     store = None
@@ -82,7 +82,7 @@ def _rank(rank: int, ports, barrier, results) -> None:
                         caller_host="", caller_cwd="", pg_timeout_s=20.0, run_id=f"round-{round_}")
         try:
             barrier.wait(ROUND_TIMEOUT_S)
-            _init_process_group(spec, store)
+            RankGroup(spec, store).join()
             dist.destroy_process_group()
             outcome = "ok"
         except threading.BrokenBarrierError:

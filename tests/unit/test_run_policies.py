@@ -89,3 +89,31 @@ def test_after_a_lost_host_a_restart_needs_the_runs_gpus_on_the_hosts_that_remai
     decision = lost_capacity_decision(needed_gpus=4, remaining_gpus=2)
     assert decision.action is Action.RAISE
     assert decision.why == "the hosts that remain have 2 GPUs in all, fewer than the 4 the run needs"
+
+
+@pytest.mark.parametrize("ours, asked, step", [
+    ("gloo", "gloo", "KEEP"), ("gloo", "cpu:gloo", "KEEP"),
+    ("nccl", "nccl", "KEEP"), ("nccl", "cuda:nccl", "KEEP"),
+    ("nccl", "gloo", "NEW_GROUP"), ("gloo", "nccl", "NEW_GROUP"),
+    ("nccl", "cpu:gloo,cuda:nccl", "NEW_GROUP"),  # gpusession's nccl group cannot reduce CPU tensors
+])
+def test_a_scripts_init_process_group_keeps_gpusessions_group_only_if_it_serves_the_backends_asked(ours, asked, step):
+    from gpusession.run.process_group import Step, backend_map, decide
+
+    decision = decide(ours=backend_map(ours), wanted=backend_map(asked), own_rendezvous=False, ours_up=True)
+    assert decision is Step[step]
+
+
+def test_a_scripts_init_process_group_after_its_destroy_or_with_its_own_store_is_not_gpusessions_group():
+    import torch
+
+    from gpusession.run.process_group import Step, backend_map, decide
+
+    gloo = backend_map("gloo")
+    assert decide(ours=gloo, wanted=gloo, own_rendezvous=False, ours_up=False) is Step.NEW_GROUP
+    assert decide(ours=gloo, wanted=gloo, own_rendezvous=True, ours_up=True) is Step.OWN_RENDEZVOUS
+    cpu_by_device = backend_map(None, device_id=torch.device("cpu"))  # torch's rule: the device's default
+    assert decide(ours=gloo, wanted=cpu_by_device, own_rendezvous=False, ours_up=True) is Step.KEEP
+    # No backend at all: torch's choice for this machine, the one gpusession makes on its real GPUs
+    this_machine = backend_map("nccl" if torch.cuda.is_available() else "gloo")
+    assert decide(ours=this_machine, wanted=backend_map(None), own_rendezvous=False, ours_up=True) is Step.KEEP
