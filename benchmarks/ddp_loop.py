@@ -18,8 +18,7 @@ WARMUP_STEPS = 20
 def step_times(steps: int = 200, width: int = 512) -> list[float]:
     """Seconds per optimizer step on this rank, after warm-up (setup excluded)."""
     torch.set_num_threads(1)  # the two launchers' ranks share 2 cores: same threads on both sides
-    if not dist.is_initialized():
-        dist.init_process_group("gloo")
+    dist.init_process_group("gloo")  # as a torchrun script does; under gpusession it finds the group ready
     torch.manual_seed(0)
     model = DistributedDataParallel(torch.nn.Sequential(
         torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, width), torch.nn.ReLU(),
