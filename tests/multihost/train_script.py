@@ -2,7 +2,8 @@
 
     python train_script.py spread|strict_spread [--keep-nccl-ifname VALUE]
 
-Prints one line `RESULT {json}`: what every rank saw (host, addresses, interfaces) and trained.
+Prints one line `RESULT {json}`: what every rank saw (host, addresses, interfaces) and trained,
+and the call's receipt.
 """
 from __future__ import annotations
 
@@ -48,11 +49,12 @@ def main() -> None:
         value = sys.argv[sys.argv.index("--keep-nccl-ifname") + 1]
         options["runtime_env"] = {"env_vars": {"NCCL_SOCKET_IFNAME": value}}
     events.set_observer_factory(lambda world_size: events.Observer())
-    ranks = gs.distributed(**options)(train)()
+    call = gs.distributed(**options)(train)
+    ranks = call()
     import ray
 
-    print("RESULT " + json.dumps({"ranks": ranks, "free_gpus_after": ray.available_resources().get("GPU", 0.0)}),
-          flush=True)
+    print("RESULT " + json.dumps({"ranks": ranks, "free_gpus_after": ray.available_resources().get("GPU", 0.0),
+                                  "receipt": call.last_run.receipt()}), flush=True)
 
 
 if __name__ == "__main__":
