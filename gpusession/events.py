@@ -46,7 +46,8 @@ class RunInfo:
         return cloudpickle.loads(ray.get(self._checkpoint_ref).data)
 
     def receipt(self) -> str:
-        """One line: GPUs, queued/setup/run seconds, GPU-seconds, restarts, borrowed, released."""
+        """One line: GPUs, queued/setup/run seconds, GPU-seconds, restarts, resizes, steps lost,
+        borrowed, the hosts when there are several, released."""
         from .receipt import costs
 
         return costs(self)

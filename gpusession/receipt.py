@@ -1,6 +1,7 @@
 """PURE: how a finished run presents itself: the one-line receipt, and RunInfo's own text and
-HTML (a short receipt, then the reports as a summarised table: first and last rows, numbers
-rounded). The full history stays in `RunInfo.history`; only its presentation is summarised."""
+HTML (a short receipt, where the ranks ran, each restart and resize, then the reports as a
+summarised table: first and last rows, numbers rounded). The full history stays in
+`RunInfo.history`; only its presentation is summarised."""
 from __future__ import annotations
 
 import html
@@ -15,19 +16,53 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
-def costs(info) -> str:
-    """GPUs, times, GPU-seconds, restarts and resizes, borrowed, held or released."""
+def costs(info, *, hosts: bool = True) -> str:
+    """GPUs, times, GPU-seconds, restarts, resizes and steps lost, borrowed, where the ranks ran
+    (only when on several hosts: a one-host receipt stays short), held or released."""
     kind = " logical" if info.logical_gpus else ""
     parts = [f"{info.gpus:g}{kind} GPU{'s' if info.gpus != 1 else ''}", f"queued {info.queued_s:.1f} s",
              f"setup {info.setup_s:.1f} s", f"run {info.run_s:.1f} s", f"{info.gpu_seconds:.1f} GPU·s"]
-    if info.restarts:
-        parts.append(f"{info.restarts} restart{'s' if info.restarts != 1 else ''}")
-    if info.resizes:
-        parts.append(f"{info.resizes} resize{'s' if info.resizes != 1 else ''}")
+    for count, word in ((info.restarts, "restart"), (info.resizes, "resize")):
+        if count:
+            parts.append(f"{count} {word}{'s' if count != 1 else ''}")
+    if info.steps_lost:
+        parts.append(f"{info.steps_lost} step{'s' if info.steps_lost != 1 else ''} lost")
     if info.over_quota:
         parts.append("on borrowed GPUs (over quota)")
+    ranks = last_ranks(info)
+    if hosts and len(set(ranks.values())) > 1:
+        parts.append(ranks_on_hosts(ranks))
     parts.append("released" if info.released else "still held")
     return " · ".join(parts)
+
+
+def last_ranks(info) -> dict[int, str]:
+    """rank -> "host (ip)" of the ranks the run has now: a run that shrank keeps no stale ranks."""
+    return {rank: host for rank, host in info.rank_hosts.items() if not info.workers or rank < info.workers}
+
+
+def ranks_on_hosts(rank_hosts: dict[int, str]) -> str:
+    """Each host once, in rank order, with its ranks as ranges:
+    "ranks 0-1 on host1 (10.0.0.11), 2-3 on host2 (10.0.0.12)"; "" when nothing is known."""
+    by_host: dict[str, list[int]] = {}
+    for rank in sorted(rank_hosts):
+        by_host.setdefault(rank_hosts[rank], []).append(rank)
+    groups = [f"{rank_ranges(ranks)} on {host}" for host, ranks in by_host.items()]
+    if not groups:
+        return ""
+    word = "rank" if len(next(iter(by_host.values()))) == 1 else "ranks"
+    return f"{word} " + ", ".join(groups)
+
+
+def rank_ranges(ranks: list[int]) -> str:
+    """[0, 1, 2, 5] -> "0-2,5" (no space: the groups of ranks_on_hosts are separated by ", ")."""
+    spans: list[list[int]] = []
+    for rank in ranks:
+        if spans and rank == spans[-1][1] + 1:
+            spans[-1][1] = rank
+        else:
+            spans.append([rank, rank])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)
 
 
 def receipt_text(info, error: BaseException | None) -> str:
@@ -65,8 +100,22 @@ def history_note(history: list[dict]) -> str:
     return f"{count} report{'s' if count != 1 else ''}{shown}; all of them in .history"
 
 
+def course(info) -> list[str]:
+    """Lines under the title of RunInfo's display: where the ranks ran (also on one host: the
+    display is asked for), then each restart and resize in order."""
+    lines = []
+    where = ranks_on_hosts(last_ranks(info))
+    if where:
+        lines.append(f"ran on: {where}")
+    if info.transitions:
+        lines.append("restarts and resizes:")
+        lines += [f"  {line}" for line in info.transitions]
+    return lines
+
+
 def as_text(info) -> str:
-    lines = [f"{run_title(info)}: {costs(info)}", f"history: {history_note(info.history)}"]
+    lines = [f"{run_title(info)}: {costs(info, hosts=False)}", *course(info),
+             f"history: {history_note(info.history)}"]
     columns, rows = summary_rows(info.history)
     if columns:
         cells = [["#", *columns]] + [["…"] + [""] * len(columns) if row is None else [str(row[0]), *row[1]]
@@ -77,8 +126,9 @@ def as_text(info) -> str:
 
 
 def as_html(info) -> str:
-    title = html.escape(f"{run_title(info)}: {costs(info)}")
+    title = html.escape(f"{run_title(info)}: {costs(info, hosts=False)}")
     note = html.escape(f"history: {history_note(info.history)}")
+    details = "".join(f"<div style='white-space:pre'>{html.escape(line)}</div>" for line in course(info))
     columns, rows = summary_rows(info.history)
     table = ""
     if columns:
@@ -88,5 +138,5 @@ def as_html(info) -> str:
             "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in [str(row[0]), *row[1]]) + "</tr>"
             for row in rows)
         table = f"<table class='gpusession-history'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-    return (f"<div class='gpusession-runinfo'><div><strong>{title}</strong></div>"
+    return (f"<div class='gpusession-runinfo'><div><strong>{title}</strong></div>{details}"
             f"<div style='font-size:smaller;opacity:0.8'>{note}</div>{table}</div>")

@@ -3,7 +3,8 @@
 One layout for a %%gpu cell and a @gs.distributed call, in JupyterLab, classic Notebook and
 VS Code alike (plain display_data messages with display_id, no widgets):
 
-    status line   never blank: asking -> queued -> starting workers -> running -> the receipt
+    status line   never blank: asking -> queued -> starting workers -> running -> the receipt;
+                  each restart and resize stays listed under it, with the time it happened
     metrics       `gs.report` as a table, then a plot, updated in place and throttled
     worker log    the kernel's own stdout/stderr, in whole lines, `[rank k]` prefixed
 
@@ -188,7 +189,10 @@ class NotebookObserver(Observer):
                                         borrowed=info.over_quota, step=step_of(info.history)))
 
     def transition(self, info: RunInfo, line: str) -> None:
-        self._move(self._status().moved(Phase.CHANGING, self.clock(), line=line, borrowed=info.over_quota))
+        self._move(self._status().moved(Phase.CHANGING, self.clock(), line=line, borrowed=info.over_quota),
+                   draw=False)
+        self.live.add_change(line, time.time())  # stays under the line when the run goes on
+        self.live.redraw()
 
     def finished(self, info: RunInfo, error: BaseException | None) -> None:
         for _rank, stream, text in self.lines.flush():

@@ -6,10 +6,15 @@ Output from a thread of an IPython kernel goes to the cell whose context the thr
 the cell that created the line, so a tick never lands in a later cell. It stops when the run is
 done, or when that cell's execution ends (a held `gs.lease` waits between cells: its line then
 stays as it was, and the next run in another cell gets a line of its own).
+
+Under the line, the run's restarts and resizes stay listed with the time each happened: the line
+itself moves on to "running" within seconds, and a user who looked away must still see that the
+run changed course.
 """
 from __future__ import annotations
 
 import contextvars
+import html
 import threading
 import time
 from typing import Callable
@@ -17,6 +22,24 @@ from typing import Callable
 from ..statusline import Status, status_html, status_text
 
 TICK_S = 0.25  # redraws only when the text changed, so about once a second
+
+
+# ----- pure: the changes of course listed under the line -------------------------------------------
+def timed(line: str, at: float) -> str:
+    """"12:03:04 rank 3 died on ...": the wall-clock time the kernel heard of it, then the line."""
+    return f"{time.strftime('%H:%M:%S', time.localtime(at))} {line}"
+
+
+def with_changes_text(line: str, changes: list[str]) -> str:
+    return "\n".join([line, *(f"  {change}" for change in changes)])
+
+
+def changes_html(changes: list[str]) -> str:
+    if not changes:
+        return ""
+    rows = "".join(f"<div>{html.escape(change)}</div>" for change in changes)
+    return ("<div class='gpusession-changes' style='font-family:var(--jp-ui-font-family,sans-serif);"
+            f"font-size:0.9em;margin-left:6.3em;color:#b26a00'>{rows}</div>")
 
 
 class LiveStatus:
@@ -29,6 +52,7 @@ class LiveStatus:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._shell = None
+        self.changes: list[str] = []  # the run's restarts and resizes, timed, kept under the line
 
     @property
     def attached(self) -> bool:
@@ -40,7 +64,7 @@ class LiveStatus:
         from IPython.display import display
 
         with self._lock:
-            self._shown = status_text(self.status, self.clock())
+            self._shown = self._text()
             self._handle = display(self._bundle(self._shown), raw=True, display_id=True)
         context = contextvars.copy_context()  # the cell's parent message, for the ticker's updates
         self._stop.clear()
@@ -48,6 +72,11 @@ class LiveStatus:
                                         daemon=True)
         self._thread.start()
         self._watch_cell_end()
+
+    def add_change(self, line: str, at: float) -> None:
+        """Keep a restart or resize line under the status line for the rest of the run."""
+        with self._lock:
+            self.changes.append(timed(line, at))
 
     def set(self, status: Status, *, draw: bool = True) -> None:
         with self._lock:
@@ -59,7 +88,7 @@ class LiveStatus:
         with self._lock:  # one drawer at a time, always of the newest status
             if self._handle is None:
                 return
-            text = status_text(self.status, self.clock())
+            text = self._text()
             if text != self._shown:
                 self._shown = text
                 self._handle.update(self._bundle(text), raw=True)
@@ -68,8 +97,11 @@ class LiveStatus:
         self._stop.set()
         self._unwatch_cell_end()
 
+    def _text(self) -> str:
+        return with_changes_text(status_text(self.status, self.clock()), self.changes)
+
     def _bundle(self, text: str) -> dict:
-        return {"text/plain": text, "text/html": status_html(self.status, self.clock())}
+        return {"text/plain": text, "text/html": status_html(self.status, self.clock()) + changes_html(self.changes)}
 
     def _tick(self) -> None:
         while not self._stop.wait(TICK_S):

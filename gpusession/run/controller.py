@@ -265,6 +265,7 @@ def _reset_run_fields(info: RunInfo, checkpoint_ref) -> None:
     info.restarts = 0
     info.steps_lost = 0
     info.transitions = []
+    info.rank_hosts = {}
     info._checkpoint_ref = checkpoint_ref
 
 

@@ -237,3 +237,39 @@ def test_scratch_directories_are_removed_after_a_run_and_after_a_user_error(clus
     written = {open(tmp_path / f"bad-{rank}").read() for rank in range(2)}
     [failed_dir] = written  # both ranks of the node shared one
     assert not os.path.exists(failed_dir) and failed_dir != dirs[0]  # another lease: another directory
+
+
+USER_ERROR_FREE_S = 1.0  # SPEC: a failed call's GPUs are free within 1 s of the failure
+LOADED_MARGIN_S = 0.5  # this 2-core machine is shared with other test runs: 0.26 s measured when quiet
+
+
+def test_an_exception_in_user_code_frees_the_gpus_within_a_second_and_its_receipt_adds_up(cluster, quiet):
+    @gs.distributed(gpus=2)
+    def fails_after_a_second():
+        import time as t
+
+        import torch
+        import torch.distributed as dist
+
+        if gs.context().rank == 1:
+            t.sleep(1.0)
+            raise ValueError(f"bad batch at {t.time()!r}")  # the raise time, as the worker's clock reads it
+        dist.all_reduce(torch.ones(1))  # rank 0 waits here for a peer that never comes
+
+    started = time.time()
+    with pytest.raises(gs.WorkerFailed, match="bad batch") as failure:
+        fails_after_a_second()
+    caught = time.time()
+    assert free_gpus() == CLUSTER_GPUS  # free by `caught`, so `caught` bounds the moment they came free
+    raised = float(failure.value.remote_message.rsplit(" ", 1)[-1])
+    info = fails_after_a_second.last_run
+    print(f"raise -> caught (GPUs free) {caught - raised:.3f} s; wall {caught - started:.3f} s; phases "
+          f"{info.queued_s:.3f} + {info.setup_s:.3f} + {info.run_s:.3f}; {info.gpu_seconds:.3f} GPU·s")
+    assert caught - raised < USER_ERROR_FREE_S + LOADED_MARGIN_S
+    assert info.released and info.end_reason == "failed" and info.restarts == 0
+    phases = info.queued_s + info.setup_s + info.run_s
+    assert 0 <= (caught - started) - phases < USER_ERROR_FREE_S + LOADED_MARGIN_S  # only the release is outside
+    granted = started + info.queued_s
+    held = info.gpu_seconds / info.gpus  # billed from the grant until the release began
+    assert held <= caught - granted  # never past the moment the GPUs were free
+    assert held < (raised - granted) + USER_ERROR_FREE_S + LOADED_MARGIN_S  # and only until the failure

@@ -254,3 +254,31 @@ for step in range(1, 10**9):
     print(f"GPUs free {freed_after:.3f} s after the interrupt; the cell ended after {stopped_after:.3f} s")
     assert freed_after < 1.0
     assert kernel.value("(_gpu.end_reason, _gpu.released, len(_gpu.history) > 0)") == ("interrupted", True, True)
+
+
+def test_a_rank_killed_in_a_cell_restarts_and_the_cell_keeps_the_restart_line_to_the_end(kernel):
+    run = kernel.ok("""%%gpu 2
+import os
+resumed = gs.load_checkpoint() or {"step": 0}
+for restart_step in range(resumed["step"], 6):
+    gs.save_checkpoint({"step": restart_step + 1})
+    gs.report(step=restart_step)
+    if restart_step == 3 and gs.context().rank == 1 and gs.context().attempt == 0:
+        os.kill(os.getpid(), 9)
+    torch.distributed.barrier()
+""")
+    status_id = _display_id(next(m for m in run.of_type("display_data") if "asking the cluster" in _text(m)))
+    shown = [_text(m).splitlines() for m in run.of_type("display_data", "update_display_data")
+             if _display_id(m) == status_id]
+
+    def tells_the_restart(line: str) -> bool:
+        return "rank 1 died" in line and "SIGKILL" in line and "restarting" in line and "(attempt 2 of 4)" in line
+
+    assert any(tells_the_restart(lines[0]) for lines in shown)  # the status line said it when it happened
+    after = [lines for lines in shown if lines[0].startswith("running") and len(lines) > 1]
+    assert after and all(tells_the_restart(lines[1]) for lines in after)  # and it stays under the line
+    receipt, *kept = shown[-1]
+    assert receipt.startswith("done · 2 logical GPUs") and "· 1 restart ·" in receipt
+    assert len(kept) == 1 and tells_the_restart(kept[0])
+    assert kernel.value("(_gpu.restarts, _gpu.end_reason, sorted(_gpu.rank_hosts))") == (1, "finished", [0, 1])
+    assert kernel.value("[report['step'] for report in _gpu.history]") == list(range(6))

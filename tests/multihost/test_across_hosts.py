@@ -59,6 +59,10 @@ def test_spread_run_trains_on_two_hosts_with_torchrun_ranks_per_host(own_address
     assert_trained_on_two_hosts(result, own_addresses)
     assert sorted(by_host(result["ranks"]).values()) == [[0, 1], [2, 3]]  # contiguous per host
     assert {r["gloo_ifname"] for r in result["ranks"]} == {INNER_IF}
+    first, second = (result["ranks"][r]["host"] for r in (0, 2))
+    where = (f"ranks 0-1 on {first} ({own_addresses.host(first).ip}), "
+             f"2-3 on {second} ({own_addresses.host(second).ip})")
+    assert f" · {where} · released" in result["receipt"]  # the receipt names each host's ranks
 
 
 def test_strict_spread_puts_one_two_gpu_worker_on_each_host(own_addresses):

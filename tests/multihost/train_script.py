@@ -2,10 +2,10 @@
 
     python train_script.py spread|strict_spread [--keep-nccl-ifname VALUE] [--fail-on-rank R]
 
-Prints one line `RESULT {json}`: what every rank saw (host, addresses, interfaces) and trained;
-with --fail-on-rank, the error the call raised once every rank had written to its scratch
-directory and rank R raised (each rank leaves the path of its scratch directory in
-$TMPDIR/scratch-of-lease<id>-rank<r> on its host, for the test to look at afterwards).
+Prints one line `RESULT {json}`: what every rank saw (host, addresses, interfaces) and trained,
+and the call's receipt; with --fail-on-rank, the error the call raised once every rank had
+written to its scratch directory and rank R raised (each rank leaves the path of its scratch
+directory in $TMPDIR/scratch-of-lease<id>-rank<r> on its host, for the test to look at afterwards).
 """
 from __future__ import annotations
 
@@ -80,9 +80,10 @@ def main() -> None:
                                           "lease_id": call.last_run.lease_id,
                                           "free_gpus_after": ray.available_resources().get("GPU", 0.0)}), flush=True)
         return
-    ranks = gs.distributed(**options)(train)()
-    print("RESULT " + json.dumps({"ranks": ranks, "free_gpus_after": ray.available_resources().get("GPU", 0.0)}),
-          flush=True)
+    call = gs.distributed(**options)(train)
+    ranks = call()
+    print("RESULT " + json.dumps({"ranks": ranks, "free_gpus_after": ray.available_resources().get("GPU", 0.0),
+                                  "receipt": call.last_run.receipt()}), flush=True)
 
 
 if __name__ == "__main__":

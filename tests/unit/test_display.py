@@ -1,5 +1,8 @@
-"""What the notebook display contains: queue line, metric table and plot data, receipt, throttle."""
+"""What the notebook display contains: queue line, metric table and plot data, receipt, throttle,
+and the restarts and resizes kept under the status line."""
 from __future__ import annotations
+
+import time
 
 from gpusession.notebook.display import (
     Throttle,
@@ -12,6 +15,7 @@ from gpusession.notebook.display import (
     wants_log_scale,
 )
 from gpusession.events import RunInfo
+from gpusession.notebook.livestatus import changes_html, timed, with_changes_text
 
 
 def test_queue_line_says_gpus_position_reason_and_elapsed():
@@ -79,3 +83,17 @@ def test_throttle_lets_one_through_per_interval():
 def test_a_loss_falling_by_orders_of_magnitude_is_drawn_on_a_log_axis():
     assert wants_log_scale([20.0, 1.0, 0.01])
     assert not wants_log_scale([1.0, 0.5]) and not wants_log_scale([1.0, 0.0]) and not wants_log_scale([])
+
+
+def test_restarts_and_resizes_stay_listed_under_the_status_line_with_their_time():
+    at = time.mktime((2024, 5, 1, 12, 3, 4, 0, 0, -1))  # local time 12:03:04
+    changes = [timed("rank 1 died on n1 (10.0.0.4) (SIGKILL): restarting from step 3 (attempt 2 of 4)", at),
+               timed("preempted by lease 12 (alice, high): 4 -> 2 GPUs at step 340", at + 60)]
+    assert with_changes_text("running on 2 GPUs · step 7 · 3 s", changes).splitlines() == [
+        "running on 2 GPUs · step 7 · 3 s",
+        "  12:03:04 rank 1 died on n1 (10.0.0.4) (SIGKILL): restarting from step 3 (attempt 2 of 4)",
+        "  12:04:04 preempted by lease 12 (alice, high): 4 -> 2 GPUs at step 340"]
+    assert with_changes_text("running on 2 GPUs", []) == "running on 2 GPUs"  # a run that never changed course
+    markup = changes_html(changes + ["<b>"])
+    assert "12:04:04 preempted by lease 12" in markup and "&lt;b&gt;" in markup and "<b>" not in markup
+    assert changes_html([]) == ""

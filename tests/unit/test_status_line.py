@@ -1,7 +1,11 @@
 """The status line on top of a run's output: its words in every phase, seconds that keep
-counting without events, borrowed GPUs said while running and in the receipt, no emoji."""
+counting without events, borrowed GPUs said while running and in the receipt, no emoji; a
+terminal's log keeps each restart line."""
 from __future__ import annotations
 
+import io
+
+from gpusession.console import ConsoleObserver
 from gpusession.events import RunInfo
 from gpusession.receipt import receipt_text
 from gpusession.statusline import BORROWED, Phase, Status, status_html, status_text, step_of
@@ -56,6 +60,23 @@ def test_a_run_on_borrowed_gpus_says_so_while_it_runs_and_in_its_receipt():
 
 def test_a_terminal_gets_the_line_without_seconds():
     assert status_text(Status(Phase.STARTING, 0.0, workers=4, nodes=2), None) == "starting 4 workers on 2 nodes"
+
+
+def test_a_terminal_keeps_each_restart_line_in_its_log_and_the_receipt_counts_it():
+    err = io.StringIO()
+    console = ConsoleObserver(2, stdout=io.StringIO(), stderr=err)
+    info = RunInfo(gpus=2, workers=2, released=True)
+    restart = "rank 1 died on n1 (10.0.0.4) (SIGKILL): restarting from step 3 (attempt 2 of 4)"
+    console.granted(info)
+    console.running(info)
+    info.restarts, info.steps_lost = 1, 2
+    console.transition(info, restart)
+    console.running(info)
+    console.finished(info, None)
+    lines = err.getvalue().splitlines()
+    assert lines[:2] == ["gpusession: starting 2 workers on 1 node", "gpusession: running on 2 GPUs"]
+    assert lines[2:4] == [f"gpusession: {restart}", "gpusession: running on 2 GPUs"]
+    assert lines[4].startswith("gpusession: done · 2 GPUs") and "1 restart · 2 steps lost" in lines[4]
 
 
 def test_the_html_line_escapes_the_controllers_words_and_tags_the_phase():
