@@ -16,7 +16,7 @@ from ..errors import Preempted, RunTimeout, WorkerFailed
 from ..events import Observer, RunInfo
 from . import messages as m
 from .heartbeat import BeatMonitor, Loss
-from .policies import Fault, FaultKind, ranks_text, signal_name
+from .policies import Fault, FaultKind, is_collective_fault, ranks_text, signal_name
 from .resize import ResizeNeeded, deadline_to_act
 
 POLL_S = 0.2  # how often the loop looks at the clock when no rank says anything
@@ -24,11 +24,6 @@ FAILURE_GRACE_S = 1.0  # after a rank's communication error, how long to wait fo
 DRAIN_S = 0.3  # after a failure, how long to keep taking what the other ranks already sent
 LOSS_GATHER_S = 0.15  # after a first lost heartbeat, how long the host's other ranks have to report theirs
 NODE_ANSWER_TIMEOUT_S = 0.3  # is the host of a lost worker still there? (its raylet's port)
-_COLLATERAL_TYPES = ("DistBackendError", "DistNetworkError", "DistStoreError")
-_COLLATERAL_WORDS = ("connection closed", "connection reset", "broken pipe", "socket timeout",
-                     "gloo/transport", "nccl communicator was aborted", "timed out")
-
-
 class AttemptFailed(Exception):
     """An attempt ended because a rank failed; `error` is what the user sees if it is not retried."""
 
@@ -361,7 +356,4 @@ def _monitor(rank_workers: dict, silence_s: float) -> BeatMonitor | None:
 
 def _is_collateral(error: m.RankError) -> bool:
     """A collective that failed because a peer went away, rather than this rank's own error."""
-    if error.type in _COLLATERAL_TYPES:
-        return True
-    message = error.message.lower()
-    return error.type == "RuntimeError" and any(word in message for word in _COLLATERAL_WORDS)
+    return is_collective_fault(error.type, error.message, error.traceback)

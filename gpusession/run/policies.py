@@ -6,6 +6,7 @@ decision it gets back. Tested without a cluster (tests/unit/test_run_policies.py
 from __future__ import annotations
 
 import enum
+import re
 import signal
 from dataclasses import dataclass
 
@@ -51,6 +52,27 @@ class FaultKind(enum.Enum):
     @property
     def is_fault(self) -> bool:
         return self is not FaultKind.USER_ERROR
+
+
+# torch.distributed's own errors when a peer went away or a collective timed out
+_COLLECTIVE_TYPES = ("DistBackendError", "DistNetworkError", "DistStoreError")
+# what gloo and nccl say in a plain RuntimeError raised inside torch (an older torch, DDP's backward)
+_COLLECTIVE_WORDS = ("connection closed", "connection reset", "broken pipe", "socket timeout",
+                     "gloo/transport", "nccl communicator was aborted", "timed out")
+_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+', re.M)
+
+
+def is_collective_fault(error_type: str, message: str, traceback_text: str) -> bool:
+    """A rank's exception that says a collective lost its peer (a fault, retried), not a bug in
+    the user's code (failed at once). torch's distributed error types always are; a RuntimeError
+    only when torch itself raised it (its innermost frame is in torch) with gloo's or nccl's words:
+    a user's own `raise RuntimeError("... timed out")` is the user's."""
+    if error_type in _COLLECTIVE_TYPES:
+        return True
+    if error_type != "RuntimeError" or not any(word in message.lower() for word in _COLLECTIVE_WORDS):
+        return False
+    frames = _FRAME.findall(traceback_text)
+    return bool(frames) and "/torch/" in frames[-1].replace("\\", "/")
 
 
 @dataclass(frozen=True)

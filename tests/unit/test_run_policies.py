@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from gpusession.options import validate_run_options
-from gpusession.run.policies import (Action, Fault, FailurePolicy, FaultKind, RunState, can_move,
+from gpusession.run.policies import (Action, Fault, FailurePolicy, FaultKind, RunState, can_move, is_collective_fault,
                                      lost_capacity_decision, restart_line, workers_after_host_loss)
 
 
@@ -117,3 +117,29 @@ def test_a_scripts_init_process_group_after_its_destroy_or_with_its_own_store_is
     # No backend at all: torch's choice for this machine, the one gpusession makes on its real GPUs
     this_machine = backend_map("nccl" if torch.cuda.is_available() else "gloo")
     assert decide(ours=this_machine, wanted=backend_map(None), own_rendezvous=False, ours_up=True) is Step.KEEP
+
+
+# ----- a collective that lost its peer, or the user's own error --------------------------------------
+def _traceback(innermost: str) -> str:
+    return ('Traceback (most recent call last):\n  File "/home/u/train.py", line 12, in train\n    step()\n'
+            f'  File "{innermost}", line 40, in step\n    ...\nRuntimeError: x\n')
+
+
+def test_torchs_distributed_errors_are_collective_faults():
+    assert is_collective_fault("DistBackendError", "anything", _traceback("/home/u/train.py"))
+
+
+def test_a_runtime_error_torch_raised_with_gloos_words_is_a_collective_fault():
+    torch_frame = "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py"
+    assert is_collective_fault("RuntimeError", "[../gloo/transport/tcp/pair.cc:534] Connection closed by peer",
+                               _traceback(torch_frame))
+
+
+def test_a_runtime_error_the_user_raised_is_the_users_even_with_those_words():
+    assert not is_collective_fault("RuntimeError", "data loader timed out", _traceback("/home/u/train.py"))
+
+
+def test_a_runtime_error_from_torch_without_those_words_is_the_users():
+    torch_frame = "/venv/lib/python3.11/site-packages/torch/nn/functional.py"
+    assert not is_collective_fault("RuntimeError", "mat1 and mat2 shapes cannot be multiplied",
+                                   _traceback(torch_frame))
