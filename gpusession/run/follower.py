@@ -14,7 +14,7 @@ import ray
 
 from ..errors import Preempted, RunTimeout, WorkerFailed
 from ..events import Observer, RunInfo
-from . import messages as m
+from . import commits, messages as m
 from .heartbeat import BeatMonitor, Loss
 from .policies import Fault, FaultKind, ranks_text, signal_name
 from .resize import ResizeNeeded, deadline_to_act
@@ -160,6 +160,8 @@ class Follower:
             return
         kind = self.payload_kind.pop(rank, None)
         if kind == "checkpoint":
+            if not (self.attempt and not self.reported):  # else the history still ends with redone steps
+                self.info._checkpoint_step = commits.last_step(self.info.history)
             self.info._checkpoint_ref = ref  # kept, not fetched: the caller owns it
             self.checkpoints += 1
             if self.stop_at_checkpoint is not None:

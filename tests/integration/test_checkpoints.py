@@ -12,8 +12,8 @@ def _count_to(target, crash_flag):
     state = gs.load_checkpoint() or {"step": 0, "seen": []}
     for step in range(state["step"], target):
         state = {"step": step + 1, "seen": state["seen"] + [step]}
-        gs.save_checkpoint(state)  # rank 0's object is kept; other ranks' calls do nothing
         gs.report(step=step)
+        gs.save_checkpoint(state)  # rank 0's object is kept; other ranks' calls do nothing
         if step == 2 and os.path.exists(crash_flag) and gs.context().rank == 0:
             os.remove(crash_flag)
             os._exit(1)  # the worker process dies right after committing step 3
@@ -31,7 +31,7 @@ def test_a_worker_that_dies_is_replaced_and_the_run_continues_from_its_last_chec
     assert [h["step"] for h in run.history] == [0, 1, 2, 3, 4, 5]  # nothing lost, nothing repeated
     assert len(run.transitions) == 1
     assert run.transitions[0].startswith("rank 0 died on ") and "exit code 1" in run.transitions[0]
-    assert "restarting from step 2 (attempt 2 of 4)" in run.transitions[0]
+    assert "restarting from the checkpoint after step 2 (attempt 2 of 4)" in run.transitions[0]
 
 
 def test_a_checkpoint_saved_before_a_worker_died_survives_and_resume_continues_from_it(cluster, quiet, tmp_path):

@@ -66,5 +66,5 @@ def test_a_run_whose_node_is_removed_finishes_on_the_other_node_with_uninterrupt
     assert loss["restarts"] == 1 and loss["steps"] == list(range(12))
     line = loss["transitions"][0]
     assert line.startswith("host ") and f"Ray node {loss['removed_node'][:12]}) was lost" in line  # by its heartbeat
-    assert "with ranks 0, 1: restarting from step 5" in line
+    assert "with ranks 0, 1: restarting from the checkpoint after step 5" in line
     assert loss["free_after"] == 2.0  # the lost node's GPUs are gone; the survivor's are free
