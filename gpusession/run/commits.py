@@ -1,8 +1,19 @@
-"""Checkpoint commits as the caller keeps them: how the cell names the commit a run goes on
-from ("the checkpoint after step 120")."""
+"""Checkpoint commits as the caller keeps them: its own copy of rank 0's object, and how the
+cell names the commit a run goes on from ("the checkpoint after step 120")."""
 from __future__ import annotations
 
 from typing import Any
+
+import ray
+
+
+def hold(ref) -> Any:
+    """The caller's own copy of a checkpoint rank 0 committed (an ObjectRef). Ray keeps an object
+    a worker yields in the object store of the worker's node (unless small enough to inline):
+    lost with that node, while the copy fetched to the caller's node is evictable. ray.put of the
+    fetched value makes an object the caller owns, pinned on its node (spilled, never evicted).
+    Its bytes are a numpy array (worker._out_of_band): one memcpy, no unpickling."""
+    return ray.put(ray.get(ref))
 
 
 def last_step(history: list[dict]) -> Any:

@@ -71,7 +71,8 @@ def report(metrics: dict | None = None, /, **values: Any) -> None:
 
 def save_checkpoint(state: Any) -> None:
     """Commit point: rank 0's object is kept by the caller (other ranks' calls do nothing).
-    Returns once the caller holds it, so a restart after this line resumes from it."""
+    Returns once the caller holds a copy on its own node, so a restart after this line resumes
+    from it, whichever worker or node is lost."""
     run = _run("gs.save_checkpoint")
     if run.context.rank != 0:
         return
@@ -82,8 +83,8 @@ def save_checkpoint(state: Any) -> None:
     data = cloudpickle.dumps(state)
     run.checkpoints_saved += 1
     requested = run.channel.checkpoint_requested.is_set()
-    run.channel.send(messages.CheckpointSaved(run.checkpoints_saved), messages.Pickled(data))
-    run.channel.wait_ack()
+    run.channel.send(messages.CheckpointSaved(run.checkpoints_saved), messages.CheckpointData(data))
+    run.channel.wait_ack()  # the caller holds its own copy, on its node: no worker's loss can take it
     if requested:
         # The commit the caller asked for: it now stops this attempt (to resize or to stop the
         # run). Going on would only compute a step that the next attempt computes again.

@@ -50,6 +50,7 @@ class Follower:
         self.pending_losses: dict[int, Loss] = {}
         self.lost_nodes: dict[str, str] = {}  # Ray node id -> "host (ip, Ray node id)" of hosts lost
         self.world_size = len(ranks)
+        self.run_id = ranks[0][0].run_id if ranks else None
         self.deadline, self.timeout_s, self.attempt = deadline, timeout_s, attempt
         self.launched = launched
         self.payload_kind: dict[int, str] = {}
@@ -160,14 +161,13 @@ class Follower:
             return
         kind = self.payload_kind.pop(rank, None)
         if kind == "checkpoint":
-            if not (self.attempt and not self.reported):  # else the history still ends with redone steps
-                self.info._checkpoint_step = commits.last_step(self.info.history)
-            self.info._checkpoint_ref = ref  # kept, not fetched: the caller owns it
-            self.checkpoints += 1
-            if self.stop_at_checkpoint is not None:
-                raise self._preempted(self.stop_at_checkpoint[1])
-            if self.resize_at_checkpoint is not None:
-                raise ResizeNeeded(self.resize_at_checkpoint[1])
+            try:
+                held = commits.hold(ref)
+            except ray.exceptions.RayError as exc:  # lost with rank 0's node before it reached us
+                del self.streams[stream]
+                self._lost(rank, exc)
+                return
+            self._commit(rank, held)
             return
         if kind == "result":
             self.results[rank] = ref
@@ -179,6 +179,19 @@ class Follower:
             self._lost(rank, exc)
             return
         self._on_message(rank, message)
+
+    def _commit(self, rank: int, held) -> None:
+        """Rank 0's commit is ours: it becomes the checkpoint, its save_checkpoint returns, and a
+        run told to stop or resize does so now."""
+        if not (self.attempt and not self.reported):  # else the history still ends with redone steps
+            self.info._checkpoint_step = commits.last_step(self.info.history)
+        self.info._checkpoint_ref = held
+        self.checkpoints += 1
+        self.rank_workers[rank].actor.checkpoint_kept.remote(self.run_id)
+        if self.stop_at_checkpoint is not None:
+            raise self._preempted(self.stop_at_checkpoint[1])
+        if self.resize_at_checkpoint is not None:
+            raise ResizeNeeded(self.resize_at_checkpoint[1])
 
     def _on_message(self, rank: int, message) -> None:
         if isinstance(message, m.Output):
