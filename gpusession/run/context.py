@@ -42,6 +42,7 @@ class _Run:
     checkpoint_value: Any = None
     checkpoint_loaded: bool = False
     checkpoints_saved: int = 0
+    watching: bool = False  # rank 0 called should_checkpoint() (the caller was told)
 
 
 _current: _Run | None = None
@@ -107,7 +108,15 @@ def should_checkpoint() -> bool:
     """True once the run is about to stop or change size (a preemption, a revoke, a shrink of an
     elastic run, or free GPUs to grow back on): save a checkpoint now; the run then stops or
     resizes at that commit, losing no step."""
-    return _run("gs.should_checkpoint").channel.checkpoint_requested.is_set()
+    run = _run("gs.should_checkpoint")
+    if run.context.rank == 0 and not run.watching:
+        # A function that asks commits when told: a notice to stop then waits for that commit
+        # (until just before its deadline) even if the function never committed before.
+        from . import messages
+
+        run.watching = True
+        run.channel.send(messages.WatchesCheckpoints())
+    return run.channel.checkpoint_requested.is_set()
 
 
 def prepare_model(model, **ddp_options: Any):

@@ -55,6 +55,12 @@ class CheckpointData:
 
 
 @dataclass(frozen=True)
+class WatchesCheckpoints:
+    """Rank 0 called gs.should_checkpoint(): it commits when asked, so a notice to stop waits
+    for that commit (until just before the deadline) even if it never committed before."""
+
+
+@dataclass(frozen=True)
 class Result:
     """The function returned; with `has_value` the next stream item is the pickled value."""
 
