@@ -105,7 +105,7 @@ def _call(launch: m.Launch, channel: Channel):
     try:
         fn, args, kwargs = cloudpickle.loads(launch.call)
         _init_process_group(spec)
-        run = ctx_module._Run(_make_context(spec), channel, launch.checkpoint)
+        run = ctx_module._Run(_make_context(spec), channel, launch.checkpoint, launch.loader_epochs)
         ctx_module._current = run
         channel.send(m.Started(time.time(), socket.gethostname(), spec.address, os.getpid()))
         result = fn(*args, **kwargs)

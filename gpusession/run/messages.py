@@ -52,6 +52,7 @@ class CheckpointData:
     it in its own object store without unpickling the user's objects."""
 
     data: Any
+    loader_epochs: tuple = ()  # per loader prepared at the attempt's start: the epoch to resume (None: 0)
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,7 @@ class Launch:
     spec: Any  # worker.RankSpec
     call: bytes  # cloudpickle of (fn, args, kwargs)
     checkpoint: bytes | None  # pickled checkpoint to resume from
+    loader_epochs: tuple = ()  # CheckpointData.loader_epochs of that checkpoint
 
 
 @dataclass(frozen=True)

@@ -119,7 +119,8 @@ class Worker:
                                  name="gpusession-lease-watchdog", daemon=True).start()
             clean = False
             try:
-                conn.send(m.Launch(spec, call, bytes(snapshot.data) if snapshot else None))
+                conn.send(m.Launch(spec, call, bytes(snapshot.data) if snapshot else None,
+                                   snapshot.loader_epochs if snapshot else ()))
                 for item in _relay(conn):
                     clean = clean or isinstance(item, (m.Result, m.RankError))
                     yield item
