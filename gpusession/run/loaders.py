@@ -6,10 +6,11 @@ start from (tested without a cluster in tests/unit/test_loaders.py).
 """
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 
-def distributed_loader(loader, *, rank: int, world_size: int, device: Any = None, epoch: int = 0) -> "EpochLoader":
+def distributed_loader(loader, *, rank: int, world_size: int, device: Any = None, epoch: int = 0) -> EpochLoader:
     """`loader` rebuilt with a DistributedSampler (shuffled if `loader` shuffles), its first
     pass at `epoch`; batches moved to `device` unless it is None."""
     from torch.utils.data import DataLoader, RandomSampler
