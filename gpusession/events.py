@@ -34,6 +34,7 @@ class RunInfo:
     end_reason: str | None = None  # finished | failed | interrupted | timeout | revoked | preempted
     released: bool = False
     _checkpoint_ref: Any = field(default=None, repr=False)
+    _checkpoint_step: Any = field(default=None, repr=False)  # rank 0's last reported step before it
 
     @property
     def checkpoint(self) -> Any:
@@ -95,7 +96,8 @@ class Observer:
 
     def transition(self, info: RunInfo, line: str) -> None:
         """The run changed course: a restart or a resize, told in one line, e.g.
-        "rank 3 died on node 10.0.0.4 (SIGKILL): restarting from step 120 (attempt 2 of 4)"."""
+        "rank 3 died on node 10.0.0.4 (SIGKILL): restarting from the checkpoint after step 120
+        (attempt 2 of 4)"."""
 
     def poll(self) -> None:
         """Called by the run's loop a few times a second while the run is queued or running.

@@ -85,7 +85,7 @@ def status_html(status: Status, now: float) -> str:
     """The line for a notebook: a small coloured tag for the phase, then the text."""
     tag, colour = _TAGS[status.phase]
     if status.phase is Phase.CHANGING and "restarting" not in (status.line or ""):
-        tag = "resizing"  # an elastic run changing size ("... 4 -> 2 GPUs at step 340")
+        tag = "resizing"  # an elastic run changing size ("... 4 -> 2 GPUs from the checkpoint after step 340")
     if status.phase.is_terminal and status.failed:
         tag, colour = "failed", "#c62828"
     style = ("display:inline-block;min-width:5.5em;padding:0 0.4em;margin-right:0.5em;border-radius:3px;"

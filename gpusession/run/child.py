@@ -108,7 +108,7 @@ def _call(launch: m.Launch, channel: Channel):
         group.install()  # the script's own init_process_group call then finds the group ready
         fn, args, kwargs = cloudpickle.loads(launch.call)
         group.join()
-        run = ctx_module._Run(_make_context(spec), channel, launch.checkpoint)
+        run = ctx_module._Run(_make_context(spec), channel, launch.checkpoint, launch.loader_epochs)
         ctx_module._current = run
         channel.send(m.Started(time.time(), socket.gethostname(), spec.address, os.getpid()))
         result = fn(*args, **kwargs)

@@ -1,7 +1,8 @@
 """What user code calls inside a worker: context, report, checkpoints, prepare_model/loader."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 from numbers import Number
 from typing import Any
 
@@ -39,9 +40,13 @@ class _Run:
     context: RunContext
     channel: Any  # run.child.Channel: the pipe to this rank's worker actor
     checkpoint_bytes: bytes | None = None  # pickled checkpoint to resume from
+    loader_epochs: tuple = ()  # that checkpoint's: per loader prepared at the start, the epoch to resume
     checkpoint_value: Any = None
     checkpoint_loaded: bool = False
     checkpoints_saved: int = 0
+    loaders_prepared: int = 0
+    loaders: list = field(default_factory=list)  # rank 0: weak refs to the loaders prepared before its first commit
+    watching: bool = False  # rank 0 called should_checkpoint() (the caller was told)
 
 
 _current: _Run | None = None
@@ -71,7 +76,9 @@ def report(metrics: dict | None = None, /, **values: Any) -> None:
 
 def save_checkpoint(state: Any) -> None:
     """Commit point: rank 0's object is kept by the caller (other ranks' calls do nothing).
-    Returns once the caller holds it, so a restart after this line resumes from it."""
+    Returns once the caller holds a copy on its own node, so a restart after this line resumes
+    from it, whichever worker or node is lost. The epochs of the loaders prepared before it (see
+    prepare_loader) are kept with it."""
     run = _run("gs.save_checkpoint")
     if run.context.rank != 0:
         return
@@ -80,10 +87,11 @@ def save_checkpoint(state: Any) -> None:
     from . import messages
 
     data = cloudpickle.dumps(state)
+    epochs = tuple(_resume_epoch(ref) for ref in run.loaders)
     run.checkpoints_saved += 1
     requested = run.channel.checkpoint_requested.is_set()
-    run.channel.send(messages.CheckpointSaved(run.checkpoints_saved), messages.Pickled(data))
-    run.channel.wait_ack()
+    run.channel.send(messages.CheckpointSaved(run.checkpoints_saved), messages.CheckpointData(data, epochs))
+    run.channel.wait_ack()  # the caller holds its own copy, on its node: no worker's loss can take it
     if requested:
         # The commit the caller asked for: it now stops this attempt (to resize or to stop the
         # run). Going on would only compute a step that the next attempt computes again.
@@ -106,7 +114,15 @@ def should_checkpoint() -> bool:
     """True once the run is about to stop or change size (a preemption, a revoke, a shrink of an
     elastic run, or free GPUs to grow back on): save a checkpoint now; the run then stops or
     resizes at that commit, losing no step."""
-    return _run("gs.should_checkpoint").channel.checkpoint_requested.is_set()
+    run = _run("gs.should_checkpoint")
+    if run.context.rank == 0 and not run.watching:
+        # A function that asks commits when told: a notice to stop then waits for that commit
+        # (until just before its deadline) even if the function never committed before.
+        from . import messages
+
+        run.watching = True
+        run.channel.send(messages.WatchesCheckpoints())
+    return run.channel.checkpoint_requested.is_set()
 
 
 def prepare_model(model, **ddp_options: Any):
@@ -134,47 +150,29 @@ def prepare_loader(loader, *, move_to_device: bool = True):
     """Rebuild a DataLoader with a DistributedSampler for the current world size.
 
     Shuffling follows the original loader; the sampler's epoch advances on every pass, so
-    each epoch is shuffled differently (as `sampler.set_epoch(epoch)` would do)."""
-    from torch.utils.data import DataLoader, RandomSampler
-    from torch.utils.data.distributed import DistributedSampler
+    each epoch is shuffled differently (as `sampler.set_epoch(epoch)` would do; an explicit
+    `loader.sampler.set_epoch(n)` before a pass wins). After a restart, a resize or `resume()`,
+    the loaders prepared before the function's first gs.save_checkpoint continue the epochs of
+    the attempt that made the checkpoint (matched in the order they are prepared): the pass that
+    was in progress at the commit if batches of it remained, else the next one. A pass resumed
+    mid-epoch starts again from its first batch, in the same order: skipping what the
+    checkpoint already covers is up to the function."""
+    from .loaders import distributed_loader
 
-    ctx = context()
-    shuffle = isinstance(loader.sampler, RandomSampler)
-    sampler = DistributedSampler(loader.dataset, num_replicas=ctx.world_size, rank=ctx.rank,
-                                 shuffle=shuffle, drop_last=loader.drop_last)
-    rebuilt = DataLoader(
-        loader.dataset, batch_size=loader.batch_size, sampler=sampler,
-        num_workers=loader.num_workers, collate_fn=loader.collate_fn,
-        pin_memory=loader.pin_memory, drop_last=loader.drop_last,
-        timeout=loader.timeout, worker_init_fn=loader.worker_init_fn,
-        persistent_workers=loader.persistent_workers if loader.num_workers else False,
-    )
-    return _EpochLoader(rebuilt, sampler, ctx.device if move_to_device else None)
-
-
-class _EpochLoader:
-    def __init__(self, loader, sampler, device) -> None:
-        self.loader, self.sampler, self.device, self.epoch = loader, sampler, device, 0
-        self.dataset, self.batch_size = loader.dataset, loader.batch_size
-
-    def __len__(self) -> int:
-        return len(self.loader)
-
-    def __iter__(self):
-        self.sampler.set_epoch(self.epoch)
-        self.epoch += 1
-        for batch in self.loader:
-            yield _to_device(batch, self.device) if self.device is not None else batch
+    run = _run("gs.prepare_loader")
+    ctx = run.context
+    index, run.loaders_prepared = run.loaders_prepared, run.loaders_prepared + 1
+    resumed = run.loader_epochs[index] if index < len(run.loader_epochs) else None
+    prepared = distributed_loader(loader, rank=ctx.rank, world_size=ctx.world_size,
+                                  device=ctx.device if move_to_device else None, epoch=resumed or 0)
+    if ctx.rank == 0 and run.checkpoints_saved == 0:
+        run.loaders.append(weakref.ref(prepared))
+    return prepared
 
 
-def _to_device(batch, device):
-    if hasattr(batch, "to"):
-        return batch.to(device)
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_to_device(b, device) for b in batch)
-    if isinstance(batch, dict):
-        return {k: _to_device(v, device) for k, v in batch.items()}
-    return batch
+def _resume_epoch(ref) -> int | None:
+    loader = ref()
+    return loader.resume_epoch() if loader is not None else None
 
 
 def _plain(value: Any) -> Any:

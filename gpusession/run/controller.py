@@ -25,6 +25,7 @@ from .heartbeat import silence_timeout
 from .policies import (Action, FailurePolicy, FaultKind, RunState, can_move, lost_capacity_decision, restart_line,
                        workers_after_host_loss)
 from . import resize
+from .commits import resume_point
 
 log = logging.getLogger("gpusession")
 PG_TIMEOUT_ENV = "GPUSESSION_PG_TIMEOUT_S"
@@ -80,7 +81,7 @@ def _unique(items) -> tuple[str, ...]:
 
 class RunController:
     def __init__(self, lease, fn: Callable, args: tuple, kwargs: dict, *, info: RunInfo,
-                 observer: Observer, checkpoint_ref=None) -> None:
+                 observer: Observer, checkpoint_ref=None, checkpoint_step=None) -> None:
         self.lease, self.info, self.observer = lease, info, observer
         self.options = lease.options
         self.policy = FailurePolicy(self.options.max_failures, self.options.retry_exceptions)
@@ -90,7 +91,7 @@ class RunController:
         self.state = RunState.STARTING
         self.failures = 0
         self._run_id: str | None = None  # the current attempt's, once its ranks are specified
-        _reset_run_fields(info, checkpoint_ref)
+        _reset_run_fields(info, checkpoint_ref, checkpoint_step)
         # A held lease resized between runs: this run's record begins with how it got its size.
         info.transitions, lease.lines_between_runs = list(lease.lines_between_runs), []
 
@@ -180,7 +181,7 @@ class RunController:
             self.info.gpus, self.info.workers = self.lease.gpus, self.lease.workers  # the status line's count
         else:
             self.lease.replace_lost_workers(follower.lost_ranks)
-        where = _resume_point(self.info)
+        where = resume_point(self.info)
         line = restart_line(failed.fault, resume_step=where, attempt=self.failures + 1,
                             max_attempts=self.options.max_failures + 1,
                             gpus=self.lease.gpus if shrink_to is not None else None)
@@ -194,7 +195,7 @@ class RunController:
     def _resize(self, notice: dict) -> None:
         """Continue at the size the broker asked for or offered, from the commit just made."""
         self._move(RunState.RESIZING, notice["kind"])
-        where = _resume_point(self.info)
+        where = resume_point(self.info)
         gpw = self.options.lease.gpus_per_worker
         sizes = resize.carry_out(self.lease, notice)
         self.lease.rearm()
@@ -233,13 +234,6 @@ def _close_phases(info: RunInfo, lease, started: float) -> None:
     info.setup_s = max(0.0, time.time() - begun - info.run_s)
 
 
-def _resume_point(info: RunInfo) -> str:
-    if info._checkpoint_ref is None:
-        return "the start (no checkpoint yet)"
-    steps = [r.get("step") for r in info.history if isinstance(r.get("step"), (int, float))]
-    return f"step {steps[-1]:g}" if steps else "the last checkpoint"
-
-
 def _terminal_state(exc: BaseException) -> RunState:
     from ..errors import LeaseRevoked, Preempted
 
@@ -258,7 +252,7 @@ def _loads(data: bytes | None) -> Any:
     return cloudpickle.loads(data)
 
 
-def _reset_run_fields(info: RunInfo, checkpoint_ref) -> None:
+def _reset_run_fields(info: RunInfo, checkpoint_ref, checkpoint_step=None) -> None:
     info.history = []
     info.setup_s = info.run_s = 0.0
     info.end_reason = None
@@ -266,10 +260,10 @@ def _reset_run_fields(info: RunInfo, checkpoint_ref) -> None:
     info.steps_lost = 0
     info.transitions = []
     info.rank_hosts = {}
-    info._checkpoint_ref = checkpoint_ref
+    info._checkpoint_ref, info._checkpoint_step = checkpoint_ref, checkpoint_step
 
 
 def run_function(lease, fn: Callable, args: tuple, kwargs: dict, *, info: RunInfo,
-                 observer: Observer, checkpoint_ref=None) -> Any:
+                 observer: Observer, checkpoint_ref=None, checkpoint_step=None) -> Any:
     return RunController(lease, fn, args, kwargs, info=info, observer=observer,
-                         checkpoint_ref=checkpoint_ref).run()
+                         checkpoint_ref=checkpoint_ref, checkpoint_step=checkpoint_step).run()

@@ -45,9 +45,10 @@ class DistributedFunction:
             )
         if not args and not kwargs and self._last_call is not None:
             args, kwargs = self._last_call
-        return self._run(args, kwargs, checkpoint_ref=self.last_run._checkpoint_ref)
+        last = self.last_run
+        return self._run(args, kwargs, checkpoint_ref=last._checkpoint_ref, checkpoint_step=last._checkpoint_step)
 
-    def _run(self, args: tuple, kwargs: dict, *, checkpoint_ref) -> Any:
+    def _run(self, args: tuple, kwargs: dict, *, checkpoint_ref, checkpoint_step=None) -> Any:
         info = RunInfo()
         self.last_run, self._last_call = info, (args, kwargs)
         observer = self.observer or default_observer(self.options.lease.workers)
@@ -55,7 +56,7 @@ class DistributedFunction:
         try:
             with Lease(self.options, observer=observer, info=info).acquire() as lease:
                 return run_function(lease, self.fn, args, kwargs, info=info, observer=observer,
-                                    checkpoint_ref=checkpoint_ref)
+                                    checkpoint_ref=checkpoint_ref, checkpoint_step=checkpoint_step)
         except BaseException as exc:
             error = exc
             raise

@@ -12,9 +12,9 @@ from typing import Any
 
 import ray
 
-from ..errors import Preempted, RunTimeout, WorkerFailed
+from ..errors import LeaseRevoked, Preempted, RunTimeout, WorkerFailed
 from ..events import Observer, RunInfo
-from . import messages as m
+from . import commits, messages as m
 from .heartbeat import BeatMonitor, Loss
 from .policies import Fault, FaultKind, is_collective_fault, ranks_text, signal_name
 from .resize import ResizeNeeded, deadline_to_act
@@ -45,6 +45,7 @@ class Follower:
         self.pending_losses: dict[int, Loss] = {}
         self.lost_nodes: dict[str, str] = {}  # Ray node id -> "host (ip, Ray node id)" of hosts lost
         self.world_size = len(ranks)
+        self.run_id = ranks[0][0].run_id if ranks else None
         self.deadline, self.timeout_s, self.attempt = deadline, timeout_s, attempt
         self.launched = launched
         self.payload_kind: dict[int, str] = {}
@@ -52,6 +53,7 @@ class Follower:
         self.started: set[int] = set()
         self.run_started: float | None = None
         self.checkpoints = 0
+        self.watched = False  # rank 0 called gs.should_checkpoint(): it commits when asked
         self.reported = False  # this attempt's first report marks where it resumed
         self.stop_at_checkpoint: tuple[float, dict] | None = None
         self.resize_at_checkpoint: tuple[float, dict] | None = None  # (act by, shrink or grow notice)
@@ -132,7 +134,7 @@ class Follower:
                 "or save checkpoints (gs.save_checkpoint) and resume from the last one."
             )
         if self.stop_at_checkpoint is not None and now >= self.stop_at_checkpoint[0]:
-            raise self._preempted(self.stop_at_checkpoint[1])
+            raise self._stopped(self.stop_at_checkpoint[1])
         if self.resize_at_checkpoint is not None and now >= self.resize_at_checkpoint[0]:
             notice = self.resize_at_checkpoint[1]
             if notice["kind"] == "shrink":  # no commit in time: resume from the last one, smaller
@@ -155,12 +157,13 @@ class Follower:
             return
         kind = self.payload_kind.pop(rank, None)
         if kind == "checkpoint":
-            self.info._checkpoint_ref = ref  # kept, not fetched: the caller owns it
-            self.checkpoints += 1
-            if self.stop_at_checkpoint is not None:
-                raise self._preempted(self.stop_at_checkpoint[1])
-            if self.resize_at_checkpoint is not None:
-                raise ResizeNeeded(self.resize_at_checkpoint[1])
+            try:
+                held = commits.hold(ref)
+            except ray.exceptions.RayError as exc:  # lost with rank 0's node before it reached us
+                del self.streams[stream]
+                self._lost(rank, exc)
+                return
+            self._commit(rank, held)
             return
         if kind == "result":
             self.results[rank] = ref
@@ -172,6 +175,19 @@ class Follower:
             self._lost(rank, exc)
             return
         self._on_message(rank, message)
+
+    def _commit(self, rank: int, held) -> None:
+        """Rank 0's commit is ours: it becomes the checkpoint, its save_checkpoint returns, and a
+        run told to stop or resize does so now."""
+        if not (self.attempt and not self.reported):  # else the history still ends with redone steps
+            self.info._checkpoint_step = commits.last_step(self.info.history)
+        self.info._checkpoint_ref = held
+        self.checkpoints += 1
+        self.rank_workers[rank].actor.checkpoint_kept.remote(self.run_id)
+        if self.stop_at_checkpoint is not None:
+            raise self._stopped(self.stop_at_checkpoint[1])
+        if self.resize_at_checkpoint is not None:
+            raise ResizeNeeded(self.resize_at_checkpoint[1])
 
     def _on_message(self, rank: int, message) -> None:
         if isinstance(message, m.Output):
@@ -187,6 +203,8 @@ class Follower:
             self._on_started(rank, message)
         elif isinstance(message, m.CheckpointSaved):
             self.payload_kind[rank] = "checkpoint"
+        elif isinstance(message, m.WatchesCheckpoints):
+            self.watched = True
         elif isinstance(message, m.Result):
             if message.has_value:
                 self.payload_kind[rank] = "result"
@@ -321,18 +339,20 @@ class Follower:
             self.lease.request_checkpoints(f"{notice['kind']} to {notice.get('to_gpus')} GPUs: {why}")
             self.resize_at_checkpoint = (deadline_to_act(notice, received=time.time()), notice)
             return
-        if notice.get("kind") == "preempt":
-            self.lease.request_checkpoints(f"preempted: {notice.get('reason') or ''}".strip())
-            if self.checkpoints:
-                # stop at the next commit point, or just before the broker takes the GPUs
+        if notice.get("kind") in ("preempt", "revoke") and notice.get("deadline"):  # graceful, then forced
+            why = "preempted" if notice["kind"] == "preempt" else "revoked"
+            self.lease.request_checkpoints(f"{why}: {notice.get('reason') or ''}".strip())
+            if self.checkpoints or self.watched or self.info._checkpoint_ref is not None:
+                # a function that commits: stop at its next commit, or just before the broker
+                # takes the GPUs; one that never does stops now, freeing them at once
                 self.stop_at_checkpoint = (notice["deadline"] - 1.0, notice)
                 return
-        raise notice_error(self.lease, notice, checkpointed=bool(self.checkpoints))
+        raise notice_error(self.lease, notice, checkpointed=self.info._checkpoint_ref is not None)
 
-    def _preempted(self, notice: dict) -> Preempted:
+    def _stopped(self, notice: dict) -> Preempted | LeaseRevoked:
         from ..cluster.lease import notice_error
 
-        return notice_error(self.lease, notice, checkpointed=True)
+        return notice_error(self.lease, notice, checkpointed=self.info._checkpoint_ref is not None)
 
 
 def _monitor(rank_workers: dict, silence_s: float) -> BeatMonitor | None:

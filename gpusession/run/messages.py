@@ -2,8 +2,8 @@
 
 The rank process (child.py) sends these over its pipe to its worker actor (worker.py), which
 relays them to the controller as items of a Ray streaming generator. Checkpoints and results
-travel as pickled bytes, so the actor never unpickles user objects and the caller keeps them in
-the object store without fetching them.
+travel as pickled bytes, so the actor never unpickles user objects; the caller keeps a
+checkpoint in its own object store without unpickling it either.
 """
 from __future__ import annotations
 
@@ -38,9 +38,27 @@ class Started:
 
 @dataclass(frozen=True)
 class CheckpointSaved:
-    """Rank 0 committed a checkpoint; the next stream item is its pickled bytes."""
+    """Rank 0 committed a checkpoint; the next stream item is its CheckpointData."""
 
     step: int  # how many checkpoints this attempt has committed, this one included
+
+
+@dataclass(frozen=True)
+class CheckpointData:
+    """A committed checkpoint, as the caller keeps it and the next attempt (or resume()) gets it.
+
+    `data` is the pickled state: bytes from the rank; the worker actor wraps them in a numpy
+    uint8 array (no copy), which Ray stores out of band, so the caller can map its copy and put
+    it in its own object store without unpickling the user's objects."""
+
+    data: Any
+    loader_epochs: tuple = ()  # per loader prepared at the attempt's start: the epoch to resume (None: 0)
+
+
+@dataclass(frozen=True)
+class WatchesCheckpoints:
+    """Rank 0 called gs.should_checkpoint(): it commits when asked, so a notice to stop waits
+    for that commit (until just before the deadline) even if it never committed before."""
 
 
 @dataclass(frozen=True)
@@ -92,11 +110,12 @@ class Launch:
     spec: Any  # worker.RankSpec
     call: bytes  # cloudpickle of (fn, args, kwargs)
     checkpoint: bytes | None  # pickled checkpoint to resume from
+    loader_epochs: tuple = ()  # CheckpointData.loader_epochs of that checkpoint
 
 
 @dataclass(frozen=True)
 class CheckpointAck:
-    """The actor handed the checkpoint bytes on: gs.save_checkpoint may return."""
+    """The caller holds its own copy of the checkpoint: gs.save_checkpoint may return."""
 
 
 @dataclass(frozen=True)

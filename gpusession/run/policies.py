@@ -137,8 +137,9 @@ def signal_name(number: int | None) -> str:
 def restart_line(fault: Fault, *, resume_step: str, attempt: int, max_attempts: int,
                  gpus: float | None = None) -> str:
     """The cell's line for a restart, e.g. "rank 3 died on node 10.0.0.4 (SIGKILL): restarting
-    from step 120 (attempt 2 of 4)"; `gpus`: an elastic run restarting smaller ("... from step
-    120 on 2 GPUs (attempt 2 of 4)")."""
+    from the checkpoint after step 120 (attempt 2 of 4)" (`resume_step`: "the checkpoint after
+    step 120"); `gpus`: an elastic run restarting smaller ("... after step 120 on 2 GPUs
+    (attempt 2 of 4)")."""
     on = f" on {gpus:g} GPUs" if gpus is not None else ""
     then = f"restarting from {resume_step}{on} (attempt {attempt} of {max_attempts})"
     if fault.kind is FaultKind.HOST_LOST:

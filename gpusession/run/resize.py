@@ -53,9 +53,10 @@ def deadline_to_act(notice: dict, *, received: float) -> float:
 
 
 def resize_line(notice: dict, *, old_gpus: float, new_gpus: float, full_gpus: float, at: str | None) -> str:
-    """PURE: the cell's line, e.g. "preempted by lease 12 (alice, high): 4 -> 2 GPUs at step 340"
-    or "4 GPUs again at step 610"; `at` None: a held lease resized between runs."""
-    when = f"at {at}" if at is not None else "between runs"
+    """PURE: the cell's line, e.g. "preempted by lease 12 (alice, high): 4 -> 2 GPUs from the
+    checkpoint after step 340" or "4 GPUs again from the checkpoint after step 610" (`at`: where
+    the run goes on, as in a restart's line); `at` None: a held lease resized between runs."""
+    when = f"from {at}" if at is not None else "between runs"
     if notice["kind"] == "shrink":
         by = notice.get("by") or {}
         who = f"lease {by.get('lease_id')} ({by.get('user')}, {by.get('priority')})" if by else "the broker"

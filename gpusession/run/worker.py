@@ -10,6 +10,7 @@ rank processes (a peer may still be waiting on its last answer when rank 0 exits
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import socket
 import threading
@@ -43,6 +44,7 @@ class Worker:
         self._child: int | None = None
         self._stopped_runs: collections.deque = collections.deque(maxlen=64)  # attempts told to stop
         self._conn = None
+        self._conn_run: str | None = None  # the attempt of the rank at the other end of _conn
         self._conn_lock = threading.Lock()
         self._beats = BeatServer(self.address)  # the controller's heartbeat (run/heartbeat.py)
         _sweep_stale_scratch()
@@ -84,19 +86,24 @@ class Worker:
         """Make gs.should_checkpoint() true (or false again) in the current rank process."""
         self._send(m.ShouldCheckpoint(reason, wanted))
 
+    def checkpoint_kept(self, run_id: str) -> None:
+        """The caller holds its copy of the checkpoint that the rank of attempt `run_id` just
+        committed: that rank's gs.save_checkpoint returns (a later attempt's rank hears nothing)."""
+        self._send(m.CheckpointAck(), run_id=run_id)
+
     def shutdown(self) -> None:
         self.stop()
         self.zygote.close()
 
     @ray.method(num_returns="streaming")
     def run(self, call: bytes, spec: RankSpec, checkpoint: list):
-        """Yields run messages; after CheckpointSaved or Result(has_value=True) the next item is
-        the Pickled bytes, so the caller keeps them in the object store without fetching them.
+        """Yields run messages; after CheckpointSaved the next item is its CheckpointData, after
+        Result(has_value=True) the Pickled value: the caller takes them without unpickling them.
         The last item is always RankExited."""
         with self._run_lock:
             if spec.run_id in self._stopped_runs:  # torn down before it could start
                 return
-            snapshot = ray.get(checkpoint[0]).data if checkpoint else None
+            snapshot = ray.get(checkpoint[0]) if checkpoint else None
             _sweep_stale_scratch()  # what lost ranks left on this node, even while this actor stays warm
             claim = scratch.Claim(scratch_dir(spec))
             try:
@@ -105,15 +112,16 @@ class Worker:
                 claim.release()
                 raise
             with self._conn_lock:
-                self._child, self._conn = pid, conn
+                self._child, self._conn, self._conn_run = pid, conn, spec.run_id
             finished = threading.Event()
             if spec.group_id:
                 threading.Thread(target=_stop_if_group_removed, args=(spec.group_id, spec.lease_id, pid, finished),
                                  name="gpusession-lease-watchdog", daemon=True).start()
             clean = False
             try:
-                conn.send(m.Launch(spec, call, snapshot))
-                for item in _relay(conn, self._send):
+                conn.send(m.Launch(spec, call, bytes(snapshot.data) if snapshot else None,
+                                   snapshot.loader_epochs if snapshot else ()))
+                for item in _relay(conn):
                     clean = clean or isinstance(item, (m.Result, m.RankError))
                     yield item
             finally:
@@ -153,9 +161,9 @@ class Worker:
             ray.get(ray.get_actor(self._host_name, namespace=NAMESPACE).ensure_zygote.remote())
         return Zygote.connect(self._zygote_path, ZYGOTE_START_TIMEOUT_S)
 
-    def _send(self, item) -> None:
+    def _send(self, item, run_id: str | None = None) -> None:
         with self._conn_lock:
-            if self._conn is not None:
+            if self._conn is not None and run_id in (None, self._conn_run):
                 try:
                     self._conn.send(item)
                 except OSError:  # the rank just exited
@@ -179,7 +187,7 @@ def _sweep_stale_scratch() -> None:
         pass
 
 
-def _relay(conn, send):
+def _relay(conn):
     """Items from the rank's pipe, consecutive output merged (chatty code costs a few stream
     items, not thousands), until the rank closes it."""
     held = None
@@ -201,15 +209,26 @@ def _relay(conn, send):
                 else:
                     held = nxt
             yield m.Output(tuple(chunks))
-        elif isinstance(item, (m.CheckpointSaved, m.Result)):
-            payload = conn.recv() if isinstance(item, m.CheckpointSaved) or item.has_value else None
+        elif isinstance(item, m.CheckpointSaved):
+            payload = conn.recv()
+            yield item
+            yield _out_of_band(payload)  # the rank waits for the caller's ack (checkpoint_kept)
+        elif isinstance(item, m.Result):
+            payload = conn.recv() if item.has_value else None
             yield item
             if payload is not None:
                 yield payload
-            if isinstance(item, m.CheckpointSaved):
-                send(m.CheckpointAck())
         else:
             yield item
+
+
+def _out_of_band(payload: m.CheckpointData) -> m.CheckpointData:
+    """The checkpoint's bytes as a numpy array over them (no copy): Ray stores an array out of
+    band, so the caller maps its copy and puts it in its own object store with one memcpy and
+    no unpickling."""
+    import numpy
+
+    return dataclasses.replace(payload, data=numpy.frombuffer(payload.data, dtype=numpy.uint8))
 
 
 def _stop_if_group_removed(group_id: str, lease_id: int, pid: int, finished: threading.Event) -> None:

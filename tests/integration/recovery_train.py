@@ -13,11 +13,13 @@ STEPS = 12
 
 
 def train(steps: int = STEPS, kill_rank: int | None = None, kill_at_step: int | None = None,
-          marker: str | None = None, step_s: float = 0.0, hold_at_step: int | None = None):
+          marker: str | None = None, step_s: float = 0.0, hold_at_step: int | None = None, ballast_mb: float = 0.0):
     """Returns rank 0's final weights. With kill_rank/kill_at_step/marker: that rank SIGKILLs its
     own process at that step, once (the marker file says it happened and when). With
     hold_at_step/marker: rank 0 writes its node id and the time to the marker at that step, once,
-    and every rank then waits there (for the test to take the node away)."""
+    and every rank then waits there (for the test to take the node away). ballast_mb: every
+    checkpoint also carries that many MB of bytes (a state too large for Ray to inline, kept in
+    an object store)."""
     import torch
 
     ctx = gs.context()
@@ -39,7 +41,8 @@ def train(steps: int = STEPS, kill_rank: int | None = None, kill_at_step: int | 
         loss.backward()
         opt.step()
         gs.report(step=step, loss=loss.item(), attempt=ctx.attempt, at=time.time())
-        gs.save_checkpoint({"step": step + 1, "model": gs.unwrap(model).state_dict(), "opt": opt.state_dict()})
+        gs.save_checkpoint({"step": step + 1, "model": gs.unwrap(model).state_dict(), "opt": opt.state_dict(),
+                            "ballast": bytes(int(ballast_mb * 2**20))})
         if step_s:
             time.sleep(step_s)
         if step == hold_at_step and marker is not None and not os.path.exists(marker):

@@ -104,8 +104,9 @@ def test_an_elastic_run_shrinks_for_a_higher_priority_run_and_grows_back_without
     assert all(torch.allclose(result["weights"][k], expected[k], atol=1e-5) for k in expected)
     assert info.resizes == 2 and info.restarts == 0 and info.steps_lost == 0
     shrink, grow = info.transitions
-    assert shrink.startswith(f"preempted by lease {high.lease_id} ({boss}, high): 4 -> 2 GPUs at step ")
-    assert grow.startswith("4 GPUs again at step ")
+    assert shrink.startswith(f"preempted by lease {high.lease_id} ({boss}, high): 4 -> 2 GPUs from the checkpoint "
+                             "after step ")
+    assert grow.startswith("4 GPUs again from the checkpoint after step ")
     assert free_gpus() == CLUSTER_GPUS
 
 

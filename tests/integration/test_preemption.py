@@ -2,6 +2,7 @@
 within the grace period (3 s in the test broker) plus 2 s."""
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -22,20 +23,33 @@ GRACE_S = 3.0  # preemption_grace_s of the session broker (tests/conftest.py)
 MARGIN_S = 2.0
 
 HOGS_ALL_GPUS_IN_A_RUN = """
+import json
 import gpusession as gs
 
 @gs.distributed(gpus=4, priority="low")
-def hog():
+def hog(until_step):
     import time
-    print("HOGGING", flush=True)
-    while True:
+    step = (gs.load_checkpoint() or {"step": 0})["step"]
+    while step < until_step:
         time.sleep(0.05)
+        asked = gs.should_checkpoint()
+        gs.report(step=step, asked=asked)
+        step += 1
+        if asked:  # it commits only when asked to: what should_checkpoint is for
+            gs.save_checkpoint({"step": step, "asked": asked})
+        if step == 3:
+            print("HOGGING", flush=True)
+    return step
 
 try:
-    hog()
+    hog(10**9)
 except gs.Preempted as exc:
     print("PREEMPTED", str(exc).splitlines()[0], flush=True)
     print("END_REASON", hog.last_run.end_reason, flush=True)
+    info = hog.last_run
+    print("STOPPED", json.dumps({"asked": [r["asked"] for r in info.history], "checkpoint": info.checkpoint}), flush=True)
+    resumed = hog.resume(info.checkpoint["step"] + 2)  # two more steps, once the GPUs are free again
+    print("RESUMED", json.dumps({"result": resumed, "steps": [r["step"] for r in hog.last_run.history]}), flush=True)
 """
 
 HOLDS_ALL_GPUS_AND_IGNORES_NOTICES = """
@@ -90,6 +104,8 @@ def _group_created_for(broker, admin, user: str) -> bool:
 
 
 def test_an_over_quota_run_is_preempted_by_a_within_quota_request_and_raises_preempted(cluster, driver, broker, admin, borrower):
+    """...at the commit its function makes when should_checkpoint() turns true (it never committed
+    before); resume() goes on from that commit."""
     hog = driver(HOGS_ALL_GPUS_IN_A_RUN, GPUSESSION_USER=borrower)
     hog.wait_for_line("[rank 0] HOGGING")
     victim = next(l for l in client.call(broker.leases, admin) if l["user"] == borrower)
@@ -101,6 +117,49 @@ def test_an_over_quota_run_is_preempted_by_a_within_quota_request_and_raises_pre
     assert hog.wait_for_line("PREEMPTED").startswith(f"PREEMPTED Lease {victim['lease_id']}")
     assert hog.wait_for_line("END_REASON") == "END_REASON preempted"
     assert _ended(broker, admin, victim["lease_id"])["end_reason"] == "preempted"
+    stopped = json.loads(hog.wait_for_line("STOPPED").split(" ", 1)[1])
+    asked, checkpoint = stopped["asked"], stopped["checkpoint"]
+    assert len(asked) > 3 and asked == [False] * (len(asked) - 1) + [True]  # false until the notice
+    assert checkpoint == {"step": len(asked), "asked": True}  # stopped at that commit: no step after it
+    resumed = json.loads(hog.wait_for_line("RESUMED").split(" ", 1)[1])
+    assert resumed == {"result": len(asked) + 2, "steps": [len(asked), len(asked) + 1]}
+
+
+def test_a_revoked_run_stops_at_the_commit_it_makes_when_asked_and_keeps_that_checkpoint(cluster, quiet, broker, admin):
+    """A revoke is graceful, then forced: like a preemption, should_checkpoint() turns true and the
+    run stops at its next commit, raising LeaseRevoked with last_run.checkpoint kept."""
+    @gs.distributed(gpus=2)
+    def until_revoked():
+        step = 0
+        while True:
+            time.sleep(0.05)
+            asked = gs.should_checkpoint()
+            gs.report(step=step, asked=asked)
+            step += 1
+            if asked:
+                gs.save_checkpoint({"step": step, "asked": asked})
+
+    revoked: dict = {}
+
+    def revoke_after_three_steps() -> None:
+        wait_for(lambda: until_revoked.last_run is not None and len(until_revoked.last_run.history) >= 3,
+                 timeout=60, message="three steps")
+        revoked["at"] = time.monotonic()
+        client.call(broker.revoke, until_revoked.last_run.lease_id, admin)
+
+    revoker = threading.Thread(target=revoke_after_three_steps)
+    revoker.start()
+    with pytest.raises(gs.LeaseRevoked, match="revoked by admin.*stopped at its last checkpoint"):
+        until_revoked()
+    stopped_after = time.monotonic() - revoked["at"]
+    revoker.join()
+
+    info = until_revoked.last_run
+    asked = [r["asked"] for r in info.history]
+    assert asked == [False] * (len(asked) - 1) + [True]
+    assert info.checkpoint == {"step": len(asked), "asked": True}
+    assert stopped_after < GRACE_S  # at the commit, not when the broker forces the end
+    assert info.end_reason == "revoked"
 
 
 def test_a_victim_that_ignores_its_notice_loses_its_gpus_when_the_grace_period_ends(cluster, driver, broker, admin, borrower):

@@ -32,7 +32,7 @@ def test_a_rank_killed_mid_run_restarts_from_its_checkpoint_and_ends_with_uninte
     assert [r["attempt"] for r in info.history] == [0] * 6 + [1] * 6
     line = info.transitions[0]
     assert line.startswith("rank 1 died on ") and "(SIGKILL)" in line
-    assert "restarting from step 5 (attempt 2 of 4)" in line
+    assert "restarting from the checkpoint after step 5 (attempt 2 of 4)" in line
     killed_at = float(open(marker).read())
     first_step_after = info.history[6]["at"]
     assert first_step_after - killed_at < DETECT_AND_STEP_MARGIN_S

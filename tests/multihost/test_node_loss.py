@@ -143,7 +143,7 @@ def test_an_elastic_run_goes_on_with_the_host_that_remains_when_one_goes_silent(
     victim, ranks = known["victim"], known["victim_ranks"]
     node_id = known["markers"][ranks[0]]["node_id"]
     assert line.startswith(f"host {victim.name} ({victim.ip}, Ray node {node_id[:12]}) was lost (silent for "), line
-    assert f"with ranks {ranks[0]}, {ranks[1]}: restarting from step " in line
+    assert f"with ranks {ranks[0]}, {ranks[1]}: restarting from the checkpoint after step " in line
     assert line.endswith(" on 2 GPUs (attempt 2 of 4)"), line
     info = result["run_info"]
     assert info["restarts"] == 1 and info["end_reason"] == "finished" and info["released"] and info["gpus"] == 2

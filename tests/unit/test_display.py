@@ -87,12 +87,12 @@ def test_a_loss_falling_by_orders_of_magnitude_is_drawn_on_a_log_axis():
 
 def test_restarts_and_resizes_stay_listed_under_the_status_line_with_their_time():
     at = time.mktime((2024, 5, 1, 12, 3, 4, 0, 0, -1))  # local time 12:03:04
-    changes = [timed("rank 1 died on n1 (10.0.0.4) (SIGKILL): restarting from step 3 (attempt 2 of 4)", at),
-               timed("preempted by lease 12 (alice, high): 4 -> 2 GPUs at step 340", at + 60)]
+    changes = [timed("rank 1 died on n1 (10.0.0.4) (SIGKILL): restarting from the checkpoint after step 3 (attempt 2 of 4)", at),
+               timed("preempted by lease 12 (alice, high): 4 -> 2 GPUs from the checkpoint after step 340", at + 60)]
     assert with_changes_text("running on 2 GPUs · step 7 · 3 s", changes).splitlines() == [
         "running on 2 GPUs · step 7 · 3 s",
-        "  12:03:04 rank 1 died on n1 (10.0.0.4) (SIGKILL): restarting from step 3 (attempt 2 of 4)",
-        "  12:04:04 preempted by lease 12 (alice, high): 4 -> 2 GPUs at step 340"]
+        "  12:03:04 rank 1 died on n1 (10.0.0.4) (SIGKILL): restarting from the checkpoint after step 3 (attempt 2 of 4)",
+        "  12:04:04 preempted by lease 12 (alice, high): 4 -> 2 GPUs from the checkpoint after step 340"]
     assert with_changes_text("running on 2 GPUs", []) == "running on 2 GPUs"  # a run that never changed course
     markup = changes_html(changes + ["<b>"])
     assert "12:04:04 preempted by lease 12" in markup and "&lt;b&gt;" in markup and "<b>" not in markup

@@ -173,10 +173,11 @@ def test_the_run_never_shrinks_below_min_gpus_nor_grows_past_gpus():
 
 
 def test_the_cell_says_who_preempted_the_run_and_when_it_is_whole_again():
-    assert resize.resize_line(SHRINK, old_gpus=4, new_gpus=2, full_gpus=4, at="step 340") == \
-        "preempted by lease 12 (alice, high): 4 -> 2 GPUs at step 340"
-    assert resize.resize_line({"kind": "grow"}, old_gpus=2, new_gpus=4, full_gpus=4, at="step 610") == \
-        "4 GPUs again at step 610"
+    after = "the checkpoint after step 340"  # as in a restart's line: where the run goes on
+    assert resize.resize_line(SHRINK, old_gpus=4, new_gpus=2, full_gpus=4, at=after) == \
+        "preempted by lease 12 (alice, high): 4 -> 2 GPUs from the checkpoint after step 340"
+    assert resize.resize_line({"kind": "grow"}, old_gpus=2, new_gpus=4, full_gpus=4, at="the checkpoint after step 610") == \
+        "4 GPUs again from the checkpoint after step 610"
     assert resize.resize_line(SHRINK, old_gpus=4, new_gpus=2, full_gpus=4, at=None) == \
         "preempted by lease 12 (alice, high): 4 -> 2 GPUs between runs"  # a held lease with no run going
 

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import pytest
 
+from gpusession.events import RunInfo
 from gpusession.options import validate_run_options
+from gpusession.run.commits import last_step, resume_point
 from gpusession.run.policies import (Action, Fault, FailurePolicy, FaultKind, RunState, can_move, is_collective_fault,
                                      lost_capacity_decision, restart_line, workers_after_host_loss)
 
@@ -62,18 +64,29 @@ def test_terminal_states_are_final_and_a_run_restarts_only_through_restarting():
 
 
 def test_the_restart_line_names_the_rank_the_host_the_cause_and_the_attempt():
-    line = restart_line(fault(FaultKind.PROCESS_DIED), resume_step="step 120", attempt=2, max_attempts=4)
-    assert line == "rank 1 died on node-b (10.0.0.4) (SIGKILL): restarting from step 120 (attempt 2 of 4)"
+    line = restart_line(fault(FaultKind.PROCESS_DIED), resume_step="the checkpoint after step 120", attempt=2,
+                        max_attempts=4)
+    assert line == ("rank 1 died on node-b (10.0.0.4) (SIGKILL): restarting from the checkpoint after step 120 "
+                    "(attempt 2 of 4)")
+
+
+def test_a_restart_names_the_checkpoint_by_the_step_reported_last_before_it_or_says_there_is_none():
+    assert resume_point(RunInfo()) == "the start (no checkpoint yet)"
+    assert resume_point(RunInfo(_checkpoint_ref=object())) == "the last checkpoint"  # nothing reported a step
+    assert resume_point(RunInfo(_checkpoint_ref=object(), _checkpoint_step=5)) == "the checkpoint after step 5"
+    assert last_step([{"step": 4}, {"step": 5, "loss": 0.1}, {"loss": 0.2}, {"step": True}]) == 5
+    assert last_step([{"loss": 0.2}]) is None
 
 
 def test_a_lost_host_restart_line_names_the_host_and_every_rank_it_held():
     lost = Fault(FaultKind.HOST_LOST, rank=2, host="host2 (10.0.0.12, Ray node 3f2a1b0c9d8e)",
                  detail="silent for 5.0 s", ranks=(3, 2))
-    assert restart_line(lost, resume_step="step 7", attempt=2, max_attempts=4) == (
+    after = "the checkpoint after step 7"
+    assert restart_line(lost, resume_step=after, attempt=2, max_attempts=4) == (
         "host host2 (10.0.0.12, Ray node 3f2a1b0c9d8e) was lost (silent for 5.0 s) with ranks 2, 3: "
-        "restarting from step 7 (attempt 2 of 4)")
-    assert restart_line(lost, resume_step="step 7", attempt=2, max_attempts=4, gpus=2).endswith(
-        "restarting from step 7 on 2 GPUs (attempt 2 of 4)")  # an elastic run going on smaller
+        "restarting from the checkpoint after step 7 (attempt 2 of 4)")
+    assert restart_line(lost, resume_step=after, attempt=2, max_attempts=4, gpus=2).endswith(
+        "restarting from the checkpoint after step 7 on 2 GPUs (attempt 2 of 4)")  # an elastic run going on smaller
 
 
 def test_an_elastic_run_goes_on_with_the_workers_a_lost_host_left_never_below_its_minimum():

@@ -54,7 +54,7 @@ def a_restarted_run_on_two_hosts() -> RunInfo:
                    restarts=1, resizes=1, steps_lost=3, end_reason="finished", released=True,
                    rank_hosts={0: "host1 (10.0.0.11)", 1: "host1 (10.0.0.11)", 2: "host2 (10.0.0.12)",
                                3: "host2 (10.0.0.12)"},
-                   transitions=["rank 3 died on host2 (10.0.0.12) (SIGKILL): restarting from step 120 "
+                   transitions=["rank 3 died on host2 (10.0.0.12) (SIGKILL): restarting from the checkpoint after step 120 "
                                 "(attempt 2 of 4)", "4 GPUs again at step 610"])
 
 
@@ -74,7 +74,7 @@ def test_the_display_says_where_the_ranks_ran_and_lists_each_restart_and_resize(
     assert "ranks 0-1 on host1" not in lines[0]  # said once, on its own line
     assert lines[1] == "ran on: ranks 0-1 on host1 (10.0.0.11), 2-3 on host2 (10.0.0.12)"
     assert lines[2:5] == ["restarts and resizes:",
-                          "  rank 3 died on host2 (10.0.0.12) (SIGKILL): restarting from step 120 (attempt 2 of 4)",
+                          "  rank 3 died on host2 (10.0.0.12) (SIGKILL): restarting from the checkpoint after step 120 (attempt 2 of 4)",
                           "  4 GPUs again at step 610"]
     markup = a_restarted_run_on_two_hosts()._repr_html_()
     assert "ran on: ranks 0-1 on host1 (10.0.0.11)" in markup and "4 GPUs again at step 610" in markup

@@ -19,7 +19,7 @@ def lines_of_a_whole_run() -> list[str]:
     starting = queued.moved(Phase.STARTING, 130.0, nodes=1)
     running = starting.moved(Phase.RUNNING, 134.0, step=12)
     changing = running.moved(Phase.CHANGING, 140.0, line="rank 1 died on node 10.0.0.4 (SIGKILL): "
-                                                         "restarting from step 12 (attempt 2 of 4)")
+                                                         "restarting from the checkpoint after step 12 (attempt 2 of 4)")
     info = RunInfo(gpus=2, queued_s=30, setup_s=4, run_s=9, gpu_seconds=26, released=True)
     done = changing.moved(Phase.DONE, 150.0, line=receipt_text(info, None))
     return [status_text(asking, 100.9), status_text(queued, 112.2), status_text(starting, 133.1),
@@ -32,7 +32,7 @@ def test_every_phase_has_its_own_words_and_its_seconds():
         "waiting for 2 GPUs · position 2 in the queue · waiting for capacity: 4 of 4 GPUs in use · 12 s",
         "starting 2 workers on 1 node (3 s)",
         "running on 2 GPUs · step 12 · 7 s",
-        "rank 1 died on node 10.0.0.4 (SIGKILL): restarting from step 12 (attempt 2 of 4) (5 s)",
+        "rank 1 died on node 10.0.0.4 (SIGKILL): restarting from the checkpoint after step 12 (attempt 2 of 4) (5 s)",
         "done · 2 GPUs · queued 30.0 s · setup 4.0 s · run 9.0 s · 26.0 GPU·s · released",
     ]
 
@@ -66,7 +66,7 @@ def test_a_terminal_keeps_each_restart_line_in_its_log_and_the_receipt_counts_it
     err = io.StringIO()
     console = ConsoleObserver(2, stdout=io.StringIO(), stderr=err)
     info = RunInfo(gpus=2, workers=2, released=True)
-    restart = "rank 1 died on n1 (10.0.0.4) (SIGKILL): restarting from step 3 (attempt 2 of 4)"
+    restart = "rank 1 died on n1 (10.0.0.4) (SIGKILL): restarting from the checkpoint after step 3 (attempt 2 of 4)"
     console.granted(info)
     console.running(info)
     info.restarts, info.steps_lost = 1, 2
@@ -89,9 +89,9 @@ def test_the_html_line_escapes_the_controllers_words_and_tags_the_phase():
 
 def test_a_resize_is_tagged_resizing_and_a_restart_restarting():
     resizing = status_html(Status(Phase.CHANGING, 0.0, line="preempted by lease 12 (alice, high): 4 -> 2 GPUs "
-                                                             "at step 340"), 1.0)
+                                                             "from the checkpoint after step 340"), 1.0)
     restarting = status_html(Status(Phase.CHANGING, 0.0, line="rank 1 died on n (SIGKILL): restarting from "
-                                                               "step 5 (attempt 2 of 4)"), 1.0)
+                                                               "the checkpoint after step 5 (attempt 2 of 4)"), 1.0)
     assert ">resizing<" in resizing and ">restarting<" in restarting
 
 
