@@ -24,6 +24,10 @@ FAILURE_GRACE_S = 1.0  # after a rank's communication error, how long to wait fo
 DRAIN_S = 0.3  # after a failure, how long to keep taking what the other ranks already sent
 LOSS_GATHER_S = 0.15  # after a first lost heartbeat, how long the host's other ranks have to report theirs
 NODE_ANSWER_TIMEOUT_S = 0.3  # is the host of a lost worker still there? (its raylet's port)
+# A worker lost while its host still answers is judged after this: the processes of a host that
+# dies do not all go at once (seen under load: a worker gone, its raylet still answering), so the
+# host is asked again before the loss is called one worker's.
+HOST_SETTLE_S = 0.5
 class AttemptFailed(Exception):
     """An attempt ended because a rank failed; `error` is what the user sees if it is not retried."""
 
@@ -60,6 +64,7 @@ class Follower:
         self.failures: list[tuple[int, Fault, WorkerFailed]] = []  # (0 root cause .. 2 collateral)
         self.failing_since: float | None = None
         self.lost_ranks: set[int] = set()  # ranks whose worker actor died
+        self.suspects: dict[str, tuple[float, list[Loss]]] = {}  # node -> (since, losses) while its host answers
         self.exited: set[int] = set()  # ranks whose process ended after its result or error
 
     def follow(self) -> dict[int, Any]:
@@ -82,9 +87,11 @@ class Follower:
                 else:
                     self._advance(item)
             self._check_heartbeats()
+            self._settle_suspects()
             self._check_failures()
             self._check_clocks()
             self.observer.poll()
+        self._settle_suspects(wait=True)
         self._check_failures()
         return {rank: ray.get(ref).data if ref is not None else None for rank, ref in self.results.items()}
 
@@ -97,7 +104,7 @@ class Follower:
         """End the attempt on the root cause: a rank's own error or death at once; a
         communication error (often the echo of a peer's failure) only after the peers had a
         moment to report."""
-        if not self.failures:
+        if not self.failures or self.suspects:  # a suspect is judged first: it may be the root cause
             return
         best = min(self.failures, key=lambda f: f[0])
         waited = time.monotonic() - self.failing_since
@@ -293,11 +300,23 @@ class Follower:
         for node_id, node_losses in by_node.items():
             self._blame(node_id, node_losses)
 
-    def _blame(self, node_id: str, losses: list[Loss]) -> None:
+    def _settle_suspects(self, *, wait: bool = False) -> None:
+        """Judge the workers lost while their host answered, once HOST_SETTLE_S has passed (wait:
+        the attempt is over, so wait for that now)."""
+        for node_id, (since, losses) in list(self.suspects.items()):
+            left = since + HOST_SETTLE_S - time.monotonic()
+            if left > 0 and not wait:
+                continue
+            time.sleep(max(0.0, left))
+            del self.suspects[node_id]
+            self._blame(node_id, losses, settled=True)
+
+    def _blame(self, node_id: str, losses: list[Loss], *, settled: bool = False) -> None:
         from ..cluster.raycluster import node_answers
 
         how = losses[0].how
         if node_id and not node_answers(node_id, NODE_ANSWER_TIMEOUT_S):
+            self.suspects.pop(node_id, None)
             ranks = tuple(sorted(r for r, n in self.rank_node_ids.items() if n == node_id))
             host = self._host_name(ranks[0], node_id)
             self.lost_ranks.update(ranks)
@@ -309,7 +328,12 @@ class Follower:
                 rank=ranks[0], node=self._where(ranks[0], ""), remote_type="HostLost", remote_message=how,
             ), collateral=False)
             return
-        for loss in losses:  # the host answers: only these workers went (an actor killed)
+        if node_id and not settled:  # the host answers, for now: ask it again in a moment
+            since, earlier = self.suspects.get(node_id, (time.monotonic(), []))
+            self.suspects[node_id] = (since, earlier + losses)
+            self.lost_ranks.update(loss.key for loss in losses)
+            return
+        for loss in losses:  # the host still answers: only these workers went (an actor killed)
             rank = loss.key
             self.lost_ranks.add(rank)
             where = self._where(rank, self._worker_host(rank))

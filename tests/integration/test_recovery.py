@@ -39,6 +39,37 @@ def test_a_rank_killed_mid_run_restarts_from_its_checkpoint_and_ends_with_uninte
     assert free_gpus() == CLUSTER_GPUS
 
 
+def test_a_killed_worker_actor_on_a_host_that_answers_is_one_workers_loss_and_the_run_restarts(
+        cluster, quiet, tmp_path):
+    """The worker actor that relays rank 1 is killed (its host lives on): judged a lost worker, not
+    a lost host, after the host has been asked again, and the run goes on from its checkpoint."""
+    import threading
+
+    import ray
+
+    marker = str(tmp_path / "held")
+    killed: list[float] = []
+    with gs.lease(gpus=2) as lease:
+        def kill_rank_1s_worker() -> None:
+            deadline = time.monotonic() + 120
+            while not os.path.exists(marker) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            killed.append(time.time())
+            ray.kill(lease._workers[1].actor)
+
+        killer = threading.Thread(target=kill_rank_1s_worker, daemon=True)
+        killer.start()
+        lease.run(train, hold_at_step=5, marker=marker)
+        killer.join()
+    info = lease.info
+    assert info.restarts == 1 and info.end_reason == "finished" and info.steps_lost == 0
+    assert [r["step"] for r in info.history] == list(range(12))
+    line = info.transitions[0]
+    assert line.startswith("rank 1 was lost on ") and "restarting from the checkpoint after step 5" in line, line
+    assert info.history[6]["at"] - killed[0] < DETECT_AND_STEP_MARGIN_S
+    assert free_gpus() == CLUSTER_GPUS
+
+
 def test_an_exception_in_user_code_fails_fast_without_a_retry(cluster, quiet):
     @gs.distributed(gpus=2)  # max_failures=3, but a bug is not a fault
     def bug():
