@@ -1,6 +1,7 @@
 """One snapshot of what Ray really has: nodes, free GPUs, our placement groups, dead jobs."""
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Iterable
@@ -37,6 +38,12 @@ class Snapshot:
     dead_jobs: dict[str, float] = field(default_factory=dict)  # job id -> when it ended
     raw_unmanaged: dict[str, float] = field(default_factory=dict)  # this reading, before smoothing
     lost: dict[str, str] = field(default_factory=dict)  # node id -> address: Ray lists it, it does not answer
+    addresses: dict[str, str] = field(default_factory=dict)  # node id -> address, of every GPU node
+
+    def with_lost(self, node_ids: Iterable[str]) -> "Snapshot":
+        """This reading, with these nodes lost as well (a run reported them lost since it was taken)."""
+        more = {n: self.addresses.get(n, "") for n in node_ids if n not in self.lost}
+        return dataclasses.replace(self, lost={**self.lost, **more}) if more else self
 
     def nodes_for(self, active: Iterable[ActiveLease]) -> list[NodeCapacity]:
         """PURE: the nodes as a decision must see them, given the leases active now. A lost node
@@ -82,7 +89,8 @@ def take(ledger_id: str, previous: Snapshot | None = None) -> Snapshot:
         raw[info.node_id] = max(0.0, used - ours.get(info.node_id, 0.0))
         unmanaged = min(raw[info.node_id], before.get(info.node_id, raw[info.node_id]))
         nodes.append(NodeCapacity(info.node_id, info.gpus, round(unmanaged, 6)))
-    return Snapshot(nodes, logical and bool(nodes), groups, _dead_jobs(), raw, lost)
+    return Snapshot(nodes, logical and bool(nodes), groups, _dead_jobs(), raw, lost,
+                    {info.node_id: info.address for info in infos})
 
 
 def _our_groups(ledger_id: str) -> dict[int, GroupState]:
