@@ -337,6 +337,10 @@ class BrokerService(AdminMethods, ResizeMethods, RelocateMethods):
         view = views.lease_view(row, waiting=self.books.waiting.get(row["id"]),
                                 version=self.books.version(row["id"]), now=now)
         view["pg_name"] = rayview.pg_name(self.ledger_id, row["id"])
+        if row["state"] in (LeaseState.GRANTED.value, LeaseState.PLACED.value):
+            # Ray places a group on a host it still lists after the host died (until it declares
+            # it dead, ~15-60 s): the caller keeps its bundles off the hosts the broker knows lost.
+            view["avoid_nodes"] = sorted(self.snapshot.lost)
         return view
 
     def _schedule(self) -> None:

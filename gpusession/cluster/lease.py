@@ -76,7 +76,8 @@ class Lease:
         self.logical_gpus = False
         self.granted_at: float | None = None
         self.has_run = False  # a run began: the next one's setup starts when it is called, not at the grant
-        self._lost_nodes: set[str] = set()  # hosts lost during a run: never waited on again
+        self._lost_nodes: set[str] = set()  # hosts lost during a run: never used or waited on again
+        self._avoided: set[str] = set()  # hosts the broker said were lost when it last placed GPUs for us
         self._pg = None
         self._pg_name: str | None = None
         self.size = options.lease.workers  # workers held now: an elastic lease shrinks and grows
@@ -260,6 +261,7 @@ class Lease:
 
     def _place_group(self, broker, view: dict) -> None:
         self._pg_name = view["pg_name"]
+        self.avoid_nodes(view.get("avoid_nodes"))
         self._create_group()
         client.call(broker.placed, self.lease_id, self.node_workers(), gpu_ids=self.gpu_ids(),
                     auth=client.lease_auth(self.identity))
@@ -295,13 +297,19 @@ class Lease:
         self.info.logical_gpus = self.logical_gpus
         self.info.nodes = sorted({slot.address for slot in self.slots})
 
+    def avoid_nodes(self, nodes) -> None:
+        """The hosts the broker knows lost as it grants GPUs (or offers more): the next group of
+        this lease is placed on none of them."""
+        self._avoided = set(nodes or ())
+
     def _bundle_nodes(self, on: list[str] | None) -> list[dict] | None:
         if on is not None:
             return [{raycluster.NODE_ID_LABEL: node} for node in on]
-        if self._lost_nodes:
-            # After a host was lost, never on it: Ray still lists it as alive for seconds to a
-            # minute, and a bundle placed there would wait until Ray gives up on the host.
-            return [{raycluster.NODE_ID_LABEL: f"!in({','.join(sorted(self._lost_nodes))})"}] * self.size
+        avoid = self._lost_nodes | self._avoided
+        if avoid:
+            # Never on a lost host: Ray still lists it as alive for seconds to a minute, may place
+            # a bundle there, and that bundle's worker would wait until Ray gives up on the host.
+            return [{raycluster.NODE_ID_LABEL: f"!in({','.join(sorted(avoid))})"}] * self.size
         return None
 
     def _assign(self, nodes: list[str], keep: list[WorkerHandle]) -> list[WorkerHandle]:
