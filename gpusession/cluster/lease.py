@@ -186,6 +186,7 @@ class Lease:
 
         silence_timeout()  # a bad GPUSESSION_HOST_SILENCE_S fails here, before anything is leased
         self.observer.requesting(self.gpus, self.workers)  # the status line shows before Ray connects
+        asked = time.time()  # the receipt's queue: connecting and a first call's broker start count too
         raycluster.ensure_connected()
         broker = client.broker()
         _nothing.remote()  # the first probe of a process would otherwise wait for a worker start
@@ -197,7 +198,7 @@ class Lease:
         try:
             view = self._wait_in_queue(broker, view, requested)
             self.granted_at = self._sized_at = time.time()
-            self.info.queued_s = self.granted_at - requested
+            self.info.queued_s = self.granted_at - asked
             self.info.gpus, self.info.workers = self.gpus, self.workers
             self.info.over_quota = bool(view.get("over_quota"))
             self._place(broker, view)
