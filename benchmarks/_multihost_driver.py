@@ -2,7 +2,8 @@
 
     python _multihost_driver.py calls REPEATS FITS
     python _multihost_driver.py node-loss MARKER_FILE
-    python _multihost_driver.py node-loss-raytrain MARKER_FILE
+    python _multihost_driver.py node-loss-raytrain MARKER_FILE [WORKERS]
+    python _multihost_driver.py move MARKER_FILE
 
 Prints one line `RESULT {json}` with absolute times (time.time(): every simulated host shares
 the machine's clock, so the benchmark can subtract the moment it killed a host).
@@ -140,9 +141,63 @@ def _watch_capacity(result: dict, seconds: float) -> None:
     result["samples"] = samples
 
 
-def ray_train_node_loss(marker: str) -> dict:
-    """The same loop under TorchTrainer (4 workers SPREAD, FailureConfig(max_failures=1)): when
-    does the driver hear of the lost host, as an error or as the restart's first step?"""
+def checkpointed_steps(marker: str, steps_after: int = 20):
+    """Checkpoints every step; rank 0 names its host once running. The first attempt goes on
+    until a host is lost under it; the next makes steps_after more steps. Reports when each
+    step was made, and in which attempt."""
+    import socket
+
+    import torch
+    import torch.distributed as dist
+
+    ctx = gs.context()
+    step = (gs.load_checkpoint() or {"step": 0})["step"]
+    end = None if ctx.attempt == 0 else step + steps_after
+    while end is None or step < end:
+        dist.all_reduce(torch.ones(1))
+        gs.report(step=step, attempt=ctx.attempt, at=time.time())
+        step += 1
+        gs.save_checkpoint({"step": step})
+        if step == 20 and ctx.attempt == 0 and ctx.rank == 0:
+            with open(marker, "w") as f:
+                f.write(json.dumps({"host": socket.gethostname(), "time": time.time()}))
+        time.sleep(0.02)
+    return step
+
+
+class Transitions(events.Observer):
+    """Each restart line with the time it was told (the cell would show it then)."""
+
+    def __init__(self) -> None:
+        self.lines: list[tuple[float, str]] = []
+
+    def transition(self, info, line: str) -> None:
+        self.lines.append((time.time(), line))
+
+
+def move(marker: str) -> dict:
+    """A 2-rank spread run (one rank per host) that loses the host without rank 0: when is the
+    restart told, and when is the next step made (on the host that remains)?"""
+    transitions = Transitions()
+    events.set_observer_factory(lambda world_size: transitions)
+    call = gs.distributed(gpus=2, placement="spread", timeout="600s")(checkpointed_steps)
+    result: dict = {}
+    try:
+        result["value"] = call(marker)
+    except BaseException as exc:
+        result["error_time"] = time.time()
+        result["error_type"] = type(exc).__name__
+        result["error"] = str(exc)[:3000]
+    info = call.last_run
+    result["transitions"] = transitions.lines
+    result["next_step"] = next((r["at"] for r in info.history if r.get("attempt", 0) > 0), None)
+    result["run_info"] = {k: getattr(info, k) for k in ("gpu_seconds", "setup_s", "run_s", "restarts", "nodes")}
+    return result
+
+
+def ray_train_node_loss(marker: str, workers: int = 4) -> dict:
+    """The same loop under TorchTrainer (workers SPREAD, FailureConfig(max_failures=1)): when
+    does the driver hear of the lost host, as an error or as the restarted run's first step?"""
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -156,18 +211,19 @@ def ray_train_node_loss(marker: str) -> dict:
         import torch
         import torch.distributed as dist
 
-        context = ray.train.get_context()
-        for step in range(1_000_000):
+        rank0 = ray.train.get_context().get_world_rank() == 0
+        restarted = os.path.exists(marker)  # the first run wrote it: this is the restart
+        for step in range(20 if restarted else 1_000_000):
             dist.all_reduce(torch.ones(1))
-            if step == 20 and context.get_world_rank() == 0:
-                path = marker if not os.path.exists(marker) else marker + ".restarted"
+            path = marker + ".restarted" if restarted and step == 0 else marker if step == 20 else None
+            if rank0 and path:
                 with open(path, "w") as f:
                     f.write(json.dumps({"host": socket.gethostname(), "time": time.time()}))
             time.sleep(0.02)
 
     trainer = TorchTrainer(
         loop, torch_config=TorchConfig(backend="gloo"),
-        scaling_config=ScalingConfig(num_workers=4, use_gpu=True, placement_strategy="SPREAD",
+        scaling_config=ScalingConfig(num_workers=workers, use_gpu=True, placement_strategy="SPREAD",
                                      resources_per_worker={"GPU": 1, "CPU": 0}),
         run_config=RunConfig(storage_path=storage, failure_config=FailureConfig(max_failures=1)),
     )
@@ -187,7 +243,9 @@ def main() -> None:
     if mode == "calls":
         out = {"gpusession": gpusession_calls(int(sys.argv[2])), "ray_train": ray_train_fits(int(sys.argv[3]))}
     elif mode == "node-loss-raytrain":
-        out = ray_train_node_loss(sys.argv[2])
+        out = ray_train_node_loss(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 4)
+    elif mode == "move":
+        out = move(sys.argv[2])
     else:
         out = node_loss(sys.argv[2])
     print("RESULT " + json.dumps(out, default=str), flush=True)

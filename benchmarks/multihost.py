@@ -1,26 +1,34 @@
-"""A 4-rank run spread over 2 hosts: @gs.distributed vs Ray Train's TorchTrainer, side by side
-on one simulated cluster (tests/multihost: a head and 2 hosts x 2 logical GPUs, each host a
-network namespace with its own address and hostname). Needs root.
+"""gpusession vs Ray Train on one simulated cluster (tests/multihost: a head and 2 hosts x 2
+logical GPUs, each host a network namespace with its own address and hostname), side by side.
+Needs root.
 
-    sudo .venv/bin/python benchmarks/multihost.py [--repeats 5] [--fits 2]
+    sudo .venv/bin/python benchmarks/multihost.py                # everything, ratios last
+    sudo .venv/bin/python benchmarks/multihost.py --calls [--repeats 5] [--fits 2]
     sudo .venv/bin/python benchmarks/multihost.py --node-loss kill|cut [--tries 1]
+    sudo .venv/bin/python benchmarks/multihost.py --move [--tries 1]
 
-Both sides run the same function (all-reduce one tensor over 4 gloo ranks, one per logical GPU,
-placement spread) from a driver on the head. "first" is the first call of a new driver process
-on a running cluster (the broker already exists); "repeat" the calls after it.
+calls: a 4-rank run spread over both hosts (all-reduce one tensor over 4 gloo ranks, one per
+logical GPU), @gs.distributed vs TorchTrainer, from a driver on the head. "first" is the first
+call of a new driver process on a running cluster (the broker already exists); "repeat" the
+calls after it.
 
---node-loss measures what a user sees when the host that does not hold rank 0 dies mid-run
-(kill: every process on it SIGKILLed) or goes silent (cut: its link down): for gpusession, time
-to the error, which rank and host the error names, when Ray and the broker show the survivors'
-GPUs free, and what a 4-GPU request made right after the error gets; then the same loss under
-Ray Train's TorchTrainer (FailureConfig(max_failures=1)): time until its driver hears of it, as
-an error or as the restarted run's first steps. The last line is the ratio of the two times.
+node loss (kill, cut): what a user sees when the host that does not hold rank 0 of a 4-rank
+run dies mid-run (kill: every process on it SIGKILLed) or goes silent (cut: its link down): for
+gpusession, time to the error, which rank and host the error names, when Ray and the broker
+show the survivors' GPUs free, and what a 4-GPU request made right after the error gets; then
+the same loss under TorchTrainer (FailureConfig(max_failures=1)): time until its driver hears
+of it, as an error or as the restarted run's first step.
+
+move: a 2-rank run (one rank per host, checkpoint every step) whose host without rank 0 is
+killed: time from the kill to the next step, made on the host that remains (gpusession moves
+the lost rank to its free GPU at once; Ray Train restarts there once Ray declares the host dead).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -41,7 +49,7 @@ def driver_result(cluster: SimCluster, *args: str, timeout: float) -> dict:
     return json.loads(results[-1][len("RESULT "):])
 
 
-def calls(cluster: SimCluster, repeats: int, fits: int) -> None:
+def calls(cluster: SimCluster, repeats: int, fits: int) -> list[str]:
     out = driver_result(cluster, "calls", str(repeats), str(fits), timeout=900)
     gs, rt = out["gpusession"], out["ray_train"]
     print(f"@gs.distributed(gpus=4, placement='spread'): first {gs['first_s']:.2f} s, repeat median "
@@ -51,13 +59,15 @@ def calls(cluster: SimCluster, repeats: int, fits: int) -> None:
     rt_repeat = rt["repeat_median_s"]
     print(f"TorchTrainer.fit(), 4 workers SPREAD: first {rt['first_s']:.2f} s"
           + (f", repeat median {rt_repeat:.2f} s over {len(rt['repeat_s'])}" if rt_repeat else ""))
-    ratios = f"ratio gpusession/ray_train: first {gs['first_s'] / rt['first_s']:.3f}"
+    ratios = [f"4-rank spread call, first: {gs['first_s'] / rt['first_s']:.3f}"]
     if rt_repeat:
-        ratios += f", repeat {gs['repeat_median_s'] / rt_repeat:.4f}"
-    print(ratios)
+        ratios.append(f"4-rank spread call, repeat: {gs['repeat_median_s'] / rt_repeat:.4f}")
+    for line in ratios:
+        print(f"ratio gpusession/ray_train, {line}", flush=True)
+    return ratios
 
 
-def node_loss(cluster: SimCluster, how: str, tries: int) -> None:
+def node_loss(cluster: SimCluster, how: str, tries: int) -> list[str]:
     ours, theirs = [], []
     for attempt in range(1, tries + 1):
         ours.append(gpusession_node_loss(cluster, how, attempt))
@@ -67,7 +77,45 @@ def node_loss(cluster: SimCluster, how: str, tries: int) -> None:
     print(f"host lost ({how}) -> error or restart: gpusession {gs_s:.2f} s, Ray Train FailureConfig "
           + (f"{rt_s:.2f} s" if rt_reacted else f"no error and no restart within {rt_s:.0f} s")
           + f" (median of {tries})")
-    print(f"ratio gpusession/ray_train: {'' if rt_reacted else '<= '}{gs_s / rt_s:.3f}")
+    ratio = f"host lost ({how}) -> error or restart: {'' if rt_reacted else '<= '}{gs_s / rt_s:.3f}"
+    print(f"ratio gpusession/ray_train, {ratio}", flush=True)
+    return [ratio]
+
+
+def move(cluster: SimCluster, tries: int) -> list[str]:
+    ours, theirs = [], []
+    for attempt in range(1, tries + 1):
+        ours.append(gpusession_move(cluster, attempt))
+        theirs.append(ray_train_node_loss(cluster, "kill", attempt, workers=2))
+    gs_s = sorted(ours)[len(ours) // 2]
+    rt_s, rt_reacted = sorted(theirs)[len(theirs) // 2]
+    print(f"2-rank run, host without rank 0 killed -> next step on the host that remains: gpusession "
+          f"{gs_s:.2f} s, Ray Train FailureConfig "
+          + (f"{rt_s:.2f} s" if rt_reacted else f"no error and no restart within {rt_s:.0f} s")
+          + f" (median of {tries})", flush=True)
+    ratio = f"host killed -> next step of a 2-rank run: {'' if rt_reacted else '<= '}{gs_s / rt_s:.3f}"
+    print(f"ratio gpusession/ray_train, {ratio}", flush=True)
+    return [ratio]
+
+
+def gpusession_move(cluster: SimCluster, attempt: int) -> float:
+    marker = cluster.base / f"moving-{attempt}"
+    proc = cluster.python(cluster.head, DRIVER, "move", str(marker))
+    _wait_marker(proc, marker)
+    victim, lost_at = lose(cluster, "kill", json.loads(marker.read_text())["host"])
+    out = _finish(proc, timeout=600)
+    lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise SystemExit(f"driver failed (exit status {proc.returncode}); output:\n{out[-5000:]}")
+    r = json.loads(lines[-1][len("RESULT "):])
+    cluster.restart_host(victim)
+    if r.get("next_step") is None:
+        raise SystemExit(f"the run did not go on after the host was lost: {r.get('error_type')}: {r.get('error')}")
+    told = r["transitions"][0][0] - lost_at if r["transitions"] else float("nan")
+    print(f"--- gpusession, host {victim.name} ({victim.ip}) killed under a 2-rank run: restart told after "
+          f"{told:.2f} s, next step after {r['next_step'] - lost_at:.2f} s; {r['run_info']}; "
+          f"line: {r['transitions'][0][1] if r['transitions'] else None!r}", flush=True)
+    return r["next_step"] - lost_at
 
 
 def lose(cluster: SimCluster, how: str, rank0_host: str):
@@ -77,10 +125,11 @@ def lose(cluster: SimCluster, how: str, rank0_host: str):
     return victim, lost_at
 
 
-def ray_train_node_loss(cluster: SimCluster, how: str, attempt: int, watch_s: float = 180.0) -> tuple[float, bool]:
+def ray_train_node_loss(cluster: SimCluster, how: str, attempt: int, watch_s: float = 180.0,
+                        workers: int = 4) -> tuple[float, bool]:
     """(seconds from the loss until the driver heard of it, whether it did within watch_s)"""
-    marker = cluster.base / f"raytrain-running-{attempt}"
-    proc = cluster.python(cluster.head, DRIVER, "node-loss-raytrain", str(marker))
+    marker = cluster.base / f"raytrain-running-{how}-{workers}-{attempt}"  # per loss: an old one would start it at once
+    proc = cluster.python(cluster.head, DRIVER, "node-loss-raytrain", str(marker), str(workers))
     output: list[str] = []  # read as it comes: Ray Train is chatty, and a full pipe would stall it
     reader = threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True)
     reader.start()
@@ -92,7 +141,7 @@ def ray_train_node_loss(cluster: SimCluster, how: str, attempt: int, watch_s: fl
         time.sleep(0.05)
     heard = time.time()
     if restarted.exists():
-        what = "restarted (its first steps done)"
+        what = "restarted (its first step done)"
         heard = json.loads(restarted.read_text())["time"]
     elif proc.poll() is not None:
         reader.join(10)
@@ -103,10 +152,19 @@ def ray_train_node_loss(cluster: SimCluster, how: str, attempt: int, watch_s: fl
     else:
         what = f"nothing within {watch_s:.0f} s"
     kill_session(proc)
-    print(f"--- Ray Train, host {victim.name} ({victim.ip}) lost by {how}: {what} after {heard - lost_at:.1f} s",
-          flush=True)
+    print(f"--- Ray Train, {workers} workers, host {victim.name} ({victim.ip}) lost by {how}: {what} after "
+          f"{heard - lost_at:.1f} s", flush=True)
     cluster.restart_host(victim)
     return heard - lost_at, not what.startswith("nothing")
+
+
+def _finish(proc, timeout: float) -> str:
+    """The driver's output once it ended; if it has not within timeout, stop it and say what it printed."""
+    try:
+        return proc.communicate(timeout=timeout)[0]
+    except subprocess.TimeoutExpired:
+        kill_session(proc)
+        raise SystemExit(f"the driver did not end within {timeout:.0f} s; it printed:\n{proc.communicate()[0][-5000:]}")
 
 
 def _wait_marker(proc, marker: Path) -> None:
@@ -118,7 +176,7 @@ def _wait_marker(proc, marker: Path) -> None:
 
 
 def gpusession_node_loss(cluster: SimCluster, how: str, attempt: int) -> float:
-    marker = cluster.base / f"running-{attempt}"
+    marker = cluster.base / f"running-{how}-{attempt}"  # per loss: an old one would start it at once
     proc = cluster.python(cluster.head, DRIVER, "node-loss", str(marker))
     deadline = time.monotonic() + 300
     while not marker.exists() or not marker.read_text():
@@ -130,7 +188,7 @@ def gpusession_node_loss(cluster: SimCluster, how: str, attempt: int) -> float:
     survivor = cluster.host(rank0_host)
     lost_at = time.time()
     cluster.kill_host(victim) if how == "kill" else cluster.cut_link(victim)
-    out, _ = proc.communicate(timeout=600)
+    out = _finish(proc, timeout=600)
     lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"driver failed (exit status {proc.returncode}); output:\n{out[-5000:]}")
@@ -169,22 +227,31 @@ def report(r: dict, how: str, lost_at: float, victim, survivor) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", action="store_true", help="only the 4-rank calls")
     parser.add_argument("--repeats", type=int, default=5, help="repeat @gs.distributed calls to time")
     parser.add_argument("--fits", type=int, default=2, help="TorchTrainer.fit() calls to time (first + repeats)")
-    parser.add_argument("--node-loss", choices=("kill", "cut"), help="measure a host lost mid-run instead")
-    parser.add_argument("--tries", type=int, default=1, help="node-loss tries (the host comes back between)")
+    parser.add_argument("--node-loss", choices=("kill", "cut"), help="only a host lost under a 4-rank run")
+    parser.add_argument("--move", action="store_true", help="only a 2-rank run moving off a killed host")
+    parser.add_argument("--tries", type=int, default=1, help="tries of each loss (the host comes back between)")
     args = parser.parse_args()
     reason = can_run()
     if reason:
         raise SystemExit(f"cannot simulate hosts: {reason}")
+    everything = not (args.calls or args.node_loss or args.move)
     started = time.monotonic()
     with SimCluster(hosts=2, gpus_per_host=2, extra_env={"GPUSESSION_PG_TIMEOUT_S": "120"}) as cluster:
         print(f"simulated cluster up in {time.monotonic() - started:.0f} s: head {cluster.head.ip}, "
               + ", ".join(f"{h.name} {h.ip}" for h in cluster.workers), flush=True)
-        if args.node_loss:
-            node_loss(cluster, args.node_loss, args.tries)
-        else:
-            calls(cluster, args.repeats, args.fits)
+        ratios = []
+        if everything or args.calls:
+            ratios += calls(cluster, args.repeats, args.fits)
+        for how in ("kill", "cut") if everything else [args.node_loss] if args.node_loss else []:
+            ratios += node_loss(cluster, how, args.tries)
+        if everything or args.move:
+            ratios += move(cluster, args.tries)
+    print(f"ratios gpusession/ray_train (lower is better; all took {time.monotonic() - started:.0f} s):")
+    for line in ratios:
+        print(f"  {line}")
 
 
 if __name__ == "__main__":

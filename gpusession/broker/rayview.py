@@ -1,7 +1,9 @@
 """One snapshot of what Ray really has: nodes, free GPUs, our placement groups, dead jobs."""
 from __future__ import annotations
 
+import dataclasses
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Iterable
 
@@ -37,6 +39,13 @@ class Snapshot:
     dead_jobs: dict[str, float] = field(default_factory=dict)  # job id -> when it ended
     raw_unmanaged: dict[str, float] = field(default_factory=dict)  # this reading, before smoothing
     lost: dict[str, str] = field(default_factory=dict)  # node id -> address: Ray lists it, it does not answer
+    addresses: dict[str, str] = field(default_factory=dict)  # node id -> address, of every GPU node
+    first_seen: dict[str, float] = field(default_factory=dict)  # node id -> the first reading that listed it
+
+    def with_lost(self, node_ids: Iterable[str]) -> "Snapshot":
+        """This reading, with these nodes lost as well (a run reported them lost since it was taken)."""
+        more = {n: self.addresses.get(n, "") for n in node_ids if n not in self.lost}
+        return dataclasses.replace(self, lost={**self.lost, **more}) if more else self
 
     def nodes_for(self, active: Iterable[ActiveLease]) -> list[NodeCapacity]:
         """PURE: the nodes as a decision must see them, given the leases active now. A lost node
@@ -70,7 +79,10 @@ def take(ledger_id: str, previous: Snapshot | None = None) -> Snapshot:
                 ours[node_id] = ours.get(node_id, 0.0) + gpus
     before = previous.raw_unmanaged if previous else {}
     infos = [info for info in alive_nodes() if info.gpus > 0]
+    now = time.time()
+    first_seen = {i.node_id: (previous.first_seen if previous else {}).get(i.node_id, now) for i in infos}
     silent = liveness.unreachable({i.node_id: (i.address, i.raylet_port) for i in infos}, timeout_s=PROBE_TIMEOUT_S)
+    silent |= replaced(infos, first_seen)
     nodes, logical, raw, lost = [], True, {}, {}
     for info in infos:
         logical = logical and info.logical
@@ -82,7 +94,21 @@ def take(ledger_id: str, previous: Snapshot | None = None) -> Snapshot:
         raw[info.node_id] = max(0.0, used - ours.get(info.node_id, 0.0))
         unmanaged = min(raw[info.node_id], before.get(info.node_id, raw[info.node_id]))
         nodes.append(NodeCapacity(info.node_id, info.gpus, round(unmanaged, 6)))
-    return Snapshot(nodes, logical and bool(nodes), groups, _dead_jobs(), raw, lost)
+    return Snapshot(nodes, logical and bool(nodes), groups, _dead_jobs(), raw, lost,
+                    {info.node_id: info.address for info in infos}, first_seen)
+
+
+def replaced(infos, first_seen: dict[str, float]) -> set[str]:
+    """PURE: nodes whose raylet address and port a node listed later has now. A host whose Ray
+    was started again on the same ports answers the probe for its old node too, which Ray lists
+    as alive until it declares it dead; only one raylet can hold the port: the newer node's."""
+    newest: dict[tuple[str, int], float] = {}
+    for info in infos:
+        if info.raylet_port:
+            key = (info.address, info.raylet_port)
+            newest[key] = max(newest.get(key, 0.0), first_seen[info.node_id])
+    return {info.node_id for info in infos
+            if info.raylet_port and first_seen[info.node_id] < newest[(info.address, info.raylet_port)]}
 
 
 def _our_groups(ledger_id: str) -> dict[int, GroupState]:

@@ -179,6 +179,16 @@ def node_workers(value: Any, *, workers: int) -> dict[str, int]:
     return out
 
 
+def node_ids(value: Any, field: str, *, most: int) -> list[str]:
+    """A list of 1 to `most` distinct Ray node ids (hex strings)."""
+    allowed = f"a list of 1 to {most} distinct Ray node ids"
+    if not isinstance(value, (list, tuple)) or not 1 <= len(value) <= most or len(set(map(repr, value))) != len(value):
+        raise _refuse(field, allowed, value)
+    for node in value:
+        text(node, field, _ID_NODE, allowed)
+    return [str(node) for node in value]
+
+
 _ID_NODE = re.compile(r"^[0-9a-fA-F]{1,128}$")
 
 

@@ -33,6 +33,7 @@ from .door import door
 from .journal import Journal
 from .ledger import Ledger
 from .request import PROTOCOL, LeaseRequest
+from .relocate_api import RelocateMethods
 from .resize_api import ResizeMethods
 from .states import LeaseState
 from .timings import Timings
@@ -42,7 +43,7 @@ TICK_S = 0.5
 SWITCH_INTERVAL_S = 0.0005
 
 
-class BrokerService(AdminMethods, ResizeMethods):
+class BrokerService(AdminMethods, ResizeMethods, RelocateMethods):
     async def __init__(self, config: dict | None = None) -> None:
         # The ledger's writer and readers are threads: let one that has waited for the GIL get it
         # within 0.5 ms (Python's default is 5 ms), or every reply waits that long for its commit.
@@ -70,6 +71,7 @@ class BrokerService(AdminMethods, ResizeMethods):
         self.snapshot = await asyncio.to_thread(rayview.take, self.ledger_id)
         self.last_seen = {lease_id: now for lease_id in self.books.rows}  # callers get time to come back
         self.vanished: dict[int, float] = {}
+        self.reported_lost: dict[str, float] = {}  # node id -> when a run reported it lost (relocate)
         self.workers: dict[int, list] = {}
         self.wakers: dict[int, asyncio.Event] = {}
         self.meter = Timings()
@@ -335,6 +337,10 @@ class BrokerService(AdminMethods, ResizeMethods):
         view = views.lease_view(row, waiting=self.books.waiting.get(row["id"]),
                                 version=self.books.version(row["id"]), now=now)
         view["pg_name"] = rayview.pg_name(self.ledger_id, row["id"])
+        if row["state"] in (LeaseState.GRANTED.value, LeaseState.PLACED.value):
+            # Ray places a group on a host it still lists after the host died (until it declares
+            # it dead, ~15-60 s): the caller keeps its bundles off the hosts the broker knows lost.
+            view["avoid_nodes"] = sorted(self.snapshot.lost)
         return view
 
     def _schedule(self) -> None:
@@ -361,8 +367,9 @@ class BrokerService(AdminMethods, ResizeMethods):
                 log.exception("Reconciliation failed; retrying in %.1f s", TICK_S)
 
     async def _tick(self) -> None:
-        before = self.snapshot
-        self.snapshot = await asyncio.to_thread(rayview.take, self.ledger_id, self.snapshot)
+        before, began = self.snapshot, time.time()
+        reading = await asyncio.to_thread(rayview.take, self.ledger_id, self.snapshot)
+        self.snapshot = self._keep_reported_lost(reading, began)
         _log_node_changes(before, self.snapshot)
         if self.books.usage_stale(time.time()):
             await self._refresh_usage()

@@ -76,7 +76,8 @@ class Lease:
         self.logical_gpus = False
         self.granted_at: float | None = None
         self.has_run = False  # a run began: the next one's setup starts when it is called, not at the grant
-        self._lost_nodes: set[str] = set()  # hosts lost during a run: never waited on again
+        self._lost_nodes: set[str] = set()  # hosts lost during a run: never used or waited on again
+        self._avoided: set[str] = set()  # hosts the broker said were lost when it last placed GPUs for us
         self._pg = None
         self._pg_name: str | None = None
         self.size = options.lease.workers  # workers held now: an elastic lease shrinks and grows
@@ -185,6 +186,7 @@ class Lease:
 
         silence_timeout()  # a bad GPUSESSION_HOST_SILENCE_S fails here, before anything is leased
         self.observer.requesting(self.gpus, self.workers)  # the status line shows before Ray connects
+        asked = time.time()  # the receipt's queue: connecting and a first call's broker start count too
         raycluster.ensure_connected()
         broker = client.broker()
         _nothing.remote()  # the first probe of a process would otherwise wait for a worker start
@@ -196,7 +198,7 @@ class Lease:
         try:
             view = self._wait_in_queue(broker, view, requested)
             self.granted_at = self._sized_at = time.time()
-            self.info.queued_s = self.granted_at - requested
+            self.info.queued_s = self.granted_at - asked
             self.info.gpus, self.info.workers = self.gpus, self.workers
             self.info.over_quota = bool(view.get("over_quota"))
             self._place(broker, view)
@@ -260,24 +262,23 @@ class Lease:
 
     def _place_group(self, broker, view: dict) -> None:
         self._pg_name = view["pg_name"]
+        self.avoid_nodes(view.get("avoid_nodes"))
         self._create_group()
         client.call(broker.placed, self.lease_id, self.node_workers(), gpu_ids=self.gpu_ids(),
                     auth=client.lease_auth(self.identity))
         self._watch = broker.watch.remote(self.lease_id, auth=client.lease_auth(self.identity))
 
-    def _create_group(self, keep: list[WorkerHandle] = ()) -> None:
-        """A placement group of `self.size` bundles under the lease's name; its workers (those in
-        `keep` first, on their nodes, in order) and slots."""
+    def _create_group(self, keep: list[WorkerHandle] = (), on: list[str] | None = None) -> None:
+        """A placement group of `self.size` bundles under the lease's name (`on`: bundle i on node
+        on[i], where the broker holds GPUs for it); its workers (those in `keep` first, on their
+        nodes, in order) and slots."""
         lease = self.options.lease
         started = time.monotonic()
-        # After a host was lost, never on it: Ray still lists it as alive for seconds to a minute,
-        # and a bundle placed there would wait until Ray gives up on the host.
-        avoid = [{raycluster.NODE_ID_LABEL: f"!in({','.join(sorted(self._lost_nodes))})"}] * self.size
         self._pg = placement_group(
             [{"GPU": lease.gpus_per_worker}] * self.size,
             strategy=lease.placement.ray_strategy,
             name=self._pg_name,
-            bundle_label_selector=avoid if self._lost_nodes else None,
+            bundle_label_selector=self._bundle_nodes(on),
         )
         try:
             ray.get(self._pg.ready(), timeout=PLACE_TIMEOUT_S)
@@ -296,6 +297,21 @@ class Lease:
         self.logical_gpus = all(slot.node_id in logical_nodes for slot in self.slots)
         self.info.logical_gpus = self.logical_gpus
         self.info.nodes = sorted({slot.address for slot in self.slots})
+
+    def avoid_nodes(self, nodes) -> None:
+        """The hosts the broker knows lost as it grants GPUs (or offers more): the next group of
+        this lease is placed on none of them."""
+        self._avoided = set(nodes or ())
+
+    def _bundle_nodes(self, on: list[str] | None) -> list[dict] | None:
+        if on is not None:
+            return [{raycluster.NODE_ID_LABEL: node} for node in on]
+        avoid = self._lost_nodes | self._avoided
+        if avoid:
+            # Never on a lost host: Ray still lists it as alive for seconds to a minute, may place
+            # a bundle there, and that bundle's worker would wait until Ray gives up on the host.
+            return [{raycluster.NODE_ID_LABEL: f"!in({','.join(sorted(avoid))})"}] * self.size
+        return None
 
     def _assign(self, nodes: list[str], keep: list[WorkerHandle]) -> list[WorkerHandle]:
         """One worker per bundle node: a kept one on that node if any (rank 0's stays rank 0's,
@@ -424,13 +440,37 @@ class Lease:
         """Per node, the GPU ids of each worker there (the broker checks them against the grant)."""
         return {node: [list(s.gpu_ids) for s in self.slots if s.node_id == node] for node in self.node_workers()}
 
+    def move_off_lost_hosts(self) -> str | None:
+        """After a host was lost under a run that restarts at its size: the broker moves the lost
+        hosts' workers to GPUs free now on other hosts, and holds them for this lease (or says
+        why it cannot: returned, nothing changed); the group is re-made exactly there, with the
+        surviving workers kept warm, and the broker told its GPU ids. Never waits for Ray to
+        declare the host dead."""
+        lost = sorted({slot.node_id for slot in self.slots} & self._lost_nodes)
+        auth = client.lease_auth(self.identity)
+        answer = client.call(client.broker().relocate, self.lease_id, lost, auth=auth)
+        if not answer["moved"]:
+            return answer["why"]
+        placed = answer["node_workers"]
+        order = list(dict.fromkeys(slot.node_id for slot in self.slots if slot.node_id in placed))
+        order += sorted(node for node in placed if node not in order)  # rank 0's host stays first
+        keep, self._workers, self._workers_ready = self._workers, [], False
+        remove_placement_group(self._pg)  # its GPUs stay this lease's in the broker's books
+        self._create_group(keep, on=[node for node in order for _ in range(placed[node])])
+        client.call(client.broker().relocated, self.lease_id, self.node_workers(), gpu_ids=self.gpu_ids(), auth=auth)
+        return None
+
     def replace_lost_workers(self, lost_ranks: set[int]) -> None:
-        """After a worker actor died (killed, or its node lost): find where the group's bundles
-        are now (Ray moves a lost node's bundles when it can) and give each a live worker."""
+        """After a worker actor died while its host answers: find where the group's bundles are
+        now and give each a live worker; the broker is told if Ray moved a bundle meanwhile."""
         if not lost_ranks:
             return
         alive = pool().alive(self._workers)
+        before = (self.node_workers(), self.gpu_ids())
         self.slots = self._probe_slots(self._pg)
+        if (self.node_workers(), self.gpu_ids()) != before:
+            client.call(client.broker().resize, self.lease_id, self.size, self.node_workers(),
+                        gpu_ids=self.gpu_ids(), auth=client.lease_auth(self.identity))
         spare: dict[str, list[WorkerHandle]] = collections.defaultdict(list)
         for handle in alive:
             spare[handle.node_id].append(handle)

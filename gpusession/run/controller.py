@@ -17,12 +17,13 @@ from typing import Any, Callable
 
 import ray
 
+from ..errors import GPUSessionError
 from ..events import Observer, RunInfo
 from ..shipping import pickle_call
 from .spec import RankSpec
 from .follower import AttemptFailed, Follower
 from .heartbeat import silence_timeout
-from .policies import (Action, FailurePolicy, FaultKind, RunState, can_move, lost_capacity_decision, restart_line,
+from .policies import (Action, FailureDecision, FailurePolicy, FaultKind, RunState, can_move, restart_line,
                        workers_after_host_loss)
 from . import resize
 from .commits import resume_point
@@ -163,11 +164,8 @@ class RunController:
                                               self.options.lease.min_workers)
             if workers < self.lease.size:  # elastic: go on with the survivors
                 shrink_to = workers
-            else:
-                short = lost_capacity_decision(self.lease.gpus, _gpus_outside(self._follower.lost_nodes))
-                if short is not None:
-                    failed.error.args = (f"{failed.error.args[0]} It was not restarted: {short.why}.",)
-                    decision = short
+            else:  # at its size: on GPUs free now on other hosts, or not at all
+                decision = self._move_off_lost_hosts(failed) or decision
         if decision.action is Action.RAISE:
             if self.failures:
                 failed.error.args = (failed.error.args[0] + f" The run had restarted {self.failures} "
@@ -179,7 +177,7 @@ class RunController:
         if shrink_to is not None:
             resize.shrink_after_host_loss(self.lease, shrink_to)
             self.info.gpus, self.info.workers = self.lease.gpus, self.lease.workers  # the status line's count
-        else:
+        elif failed.fault.kind is not FaultKind.HOST_LOST:
             self.lease.replace_lost_workers(follower.lost_ranks)
         where = resume_point(self.info)
         line = restart_line(failed.fault, resume_step=where, attempt=self.failures + 1,
@@ -191,6 +189,18 @@ class RunController:
         log.info("Lease %s: %s", self.lease.lease_id, line)
         self.observer.transition(self.info, line)
         self._move(RunState.STARTING, f"attempt {attempt + 1}")
+
+    def _move_off_lost_hosts(self, failed: AttemptFailed) -> FailureDecision | None:
+        """The broker moves the lost hosts' workers to free GPUs elsewhere and the lease re-makes
+        its group there (None: done); or the run cannot restart, and the error says why."""
+        try:
+            why = self.lease.move_off_lost_hosts()
+        except (GPUSessionError, ray.exceptions.RayError) as exc:  # e.g. Ray did not place the group
+            why = f"moving to the hosts that remain failed ({type(exc).__name__}: {exc})"
+        if why is None:
+            return None
+        failed.error.args = (f"{failed.error.args[0]} It was not restarted: {why}.",)
+        return FailureDecision(Action.RAISE, why)
 
     def _resize(self, notice: dict) -> None:
         """Continue at the size the broker asked for or offered, from the commit just made."""
@@ -216,12 +226,6 @@ class RunController:
         log.debug("Run of lease %s: %s -> %s (%s)", self.lease.lease_id, self.state.value, target.value, why)
         self.state = target
         self.info.state = target.value
-
-
-def _gpus_outside(lost_nodes) -> float:
-    from ..cluster.raycluster import nodes
-
-    return sum(node.gpus for node in nodes() if node.node_id not in lost_nodes)
 
 
 def _close_phases(info: RunInfo, lease, started: float) -> None:

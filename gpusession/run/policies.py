@@ -158,20 +158,11 @@ def ranks_text(ranks) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(str(r) for r in ranks)
 
 
-def lost_capacity_decision(needed_gpus: float, remaining_gpus: float) -> FailureDecision | None:
-    """After a host was lost: a restart needs the lease's GPUs on the hosts that remain (an
-    elastic run may need fewer: the caller passes what it needs). None: enough to try."""
-    if remaining_gpus + 1e-9 >= needed_gpus:
-        return None
-    return FailureDecision(Action.RAISE, f"the hosts that remain have {remaining_gpus:g} GPUs in all, "
-                                         f"fewer than the {needed_gpus:g} the run needs")
-
-
 def workers_after_host_loss(size: int, lost: int, minimum: int | None) -> int:
     """PURE: the workers a run restarts with after a lost host took `lost` of its `size`: an
     elastic run (`minimum` below size) goes on with those that survived, if at least `minimum`
     (their GPUs are the lease's already: nothing to wait for); otherwise the full size, for which
-    Ray must first move the lost host's share of the group."""
+    the broker must find the lost host's share free on other hosts (broker/relocation.py)."""
     survivors = size - lost
     if minimum is not None and minimum < size and lost > 0 and survivors >= minimum:
         return survivors

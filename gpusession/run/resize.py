@@ -76,7 +76,8 @@ def carry_out(lease, notice: dict) -> tuple[int, int] | None:
     broker, auth, old = client.broker(), client.lease_auth(lease.identity), lease.size
     if notice["kind"] == "grow":
         try:  # first take the offer: from then on the broker holds those GPUs for this lease
-            client.call(broker.resize, lease.lease_id, decision.workers, None, auth=auth)
+            taken = client.call(broker.resize, lease.lease_id, decision.workers, None, auth=auth)
+            lease.avoid_nodes(taken.get("avoid_nodes"))
         except GPUSessionError as exc:  # it lapsed, or a shrink notice replaced it
             log.info("Lease %s: the offer to grow was gone (%s)", lease.lease_id, exc)
             return None

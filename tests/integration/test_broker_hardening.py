@@ -33,6 +33,8 @@ attempts = {
     "watch": lambda: client.call(broker.watch, lease_id, auth=auth, timeout=5),
     "placed": lambda: client.call(broker.placed, lease_id, node_workers, auth=auth),
     "release": lambda: client.call(broker.release, lease_id, "finished", auth=auth),
+    "relocate": lambda: client.call(broker.relocate, lease_id, list(node_workers), auth=auth),
+    "relocated": lambda: client.call(broker.relocated, lease_id, node_workers, gpu_ids={}, auth=auth),
     "release with a time": lambda: client.call(broker.release, lease_id, "finished", 0.0),
     "release with no credentials": lambda: client.call(broker.release, lease_id, "finished", auth={}),
 }
@@ -144,6 +146,46 @@ def test_a_lease_may_give_workers_back_unasked_but_never_below_min_gpus_nor_grow
     finally:
         elastic.release()
         fixed.release()
+
+
+def test_a_lease_moves_off_a_lost_host_only_where_the_broker_puts_it_and_a_refusal_changes_nothing(
+        cluster, quiet, broker, admin):
+    """relocate (a run lost a host: move its workers to free GPUs elsewhere) and relocated (the
+    re-made group is there, on these GPU ids). One node here: no move can be made, every check can."""
+    held, other = gs.lease(gpus=2), gs.lease(gpus=1)
+    try:
+        before = _everything(broker, admin)
+        (node, ids), = next(v for v in before if v["lease_id"] == held.lease_id)["gpu_ids"].items()
+        taken = next(v for v in before if v["lease_id"] == other.lease_id)["gpu_ids"][node][0][0]
+        auth = client.lease_auth()
+        for lost, match in (([], "lost_nodes"), (node, "lost_nodes"), ([node, node], "lost_nodes"),
+                            ([7], "lost_nodes"), (["ab" * 28], "where lease .* has no workers")):
+            with pytest.raises(InvalidRequest, match=match):
+                client.call(broker.relocate, held.lease_id, lost, auth=auth)
+        answer = client.call(broker.relocate, held.lease_id, [node], auth=auth)  # its only node lost
+        assert answer["moved"] is False
+        assert answer["why"] == "the hosts that remain have 0 GPUs in all, fewer than the 2 the run needs"
+        for node_workers, gpu_ids, match in (
+                ({node: 1}, {node: [ids[0]]}, "node_workers"),  # fewer workers than the lease has
+                ({"ab" * 28: 2}, {"ab" * 28: ids}, "not where lease"),  # not where the broker moved it
+                ({node: 2}, {node: [ids[0], ids[0]]}, "more than once"),  # both workers on one GPU
+                ({node: 2}, {node: [[taken], ids[1]]}, f"lease {other.lease_id} holds it"),
+                ({node: 2}, {node: [["0", "1"], ids[1]]}, "gpu_ids")):  # 2 ids for a 1-GPU worker
+            with pytest.raises(InvalidRequest, match=match) as refused:
+                client.call(broker.relocated, held.lease_id, node_workers, gpu_ids=gpu_ids, auth=auth)
+            assert "Nothing was changed" in str(refused.value)
+        assert _everything(broker, admin) == before
+        assert client.call(broker.cluster)["gpus_lost"] == 0  # a move refused marks no node lost
+        view = client.call(broker.relocated, held.lease_id, {node: 2}, gpu_ids={node: ids}, auth=auth)
+        assert view["node_workers"] == {node: 2} and view["gpu_ids"] == {node: ids}
+        client.call(broker.revoke, other.lease_id, admin)
+        noticed = _everything(broker, admin)
+        with pytest.raises(InvalidRequest, match="under a revoke notice: it cannot move"):
+            client.call(broker.relocate, other.lease_id, [node], auth=auth)
+        assert _everything(broker, admin) == noticed
+    finally:
+        other.release()
+        held.release()
 
 
 def test_the_owner_cannot_report_gpu_ids_that_are_not_its_grant(cluster, quiet, broker, admin):

@@ -1,16 +1,17 @@
-"""A user's script on the head of the simulated cluster (RAY_ADDRESS is set): a 4-rank run spread
-over both hosts that goes on until a host is lost under it (the test kills it or cuts its link).
-Run 0 asks for 4 GPUs and cannot go on without the lost host; run 1 is elastic (min_gpus=2) and
-goes on with the 2 ranks of the host that remains, from its last checkpoint.
+"""A user's script on the head of the simulated cluster (RAY_ADDRESS is set): runs spread over
+both hosts that go on until a host is lost under them (the test kills it or cuts its link).
+Run 0 asks for 4 GPUs and cannot go on without the lost host; run 1 asks for 2 (one rank per
+host) and restarts at once on the other GPU of the host that remains, from its last checkpoint;
+run 2 is elastic (4 GPUs, min_gpus=2) and goes on with the 2 ranks of the host that remains.
 
     python node_loss_script.py MARKER_PREFIX RUNS
 
 Run i (0, 1, ...): every rank writes MARKER_PREFIX-<i>-rank<r> (its host, its scratch
 directory) once the run is in its stride; when the run ends the script prints
 `RESULT {json}`: the error the caller saw and when (time.time(): every simulated host shares
-the machine's clock), what Ray showed free right after, the receipt. Then it waits for the file
-MARKER_PREFIX-<i>.go (the test brings the lost host back) before run i + 1. One driver for every
-scenario: its warm workers on the surviving host serve the next run.
+the machine's clock), what Ray showed free right after, the receipt, the ledger's row. Then it
+waits for the file MARKER_PREFIX-<i>.go (the test brings the lost host back) before run i + 1.
+One driver for every scenario: its warm workers on the surviving host serve the next run.
 
 After run 0 (the host's processes killed), while the host is still down, it also tries what a
 user would next (capacity_while_lost): a 4-GPU call, which must wait ungranted, and a 2-GPU call,
@@ -47,9 +48,10 @@ def steps_until_lost(marker_prefix: str):
         time.sleep(0.05)
 
 
-def elastic_steps(marker_prefix: str, steps_after: int = 10):
+def checkpointed_steps(marker_prefix: str, steps_after: int = 10):
     """Checkpoints every step. The first attempt goes on until a host is lost under it (rank
-    markers as steps_until_lost); a later one makes steps_after more steps and says what it was."""
+    markers as steps_until_lost); a later one makes steps_after more steps and says what it was.
+    Each step's report says when it was made, and in which attempt."""
     import socket
 
     import torch
@@ -62,7 +64,7 @@ def elastic_steps(marker_prefix: str, steps_after: int = 10):
     while end is None or step < end:
         total = torch.ones(1)
         dist.all_reduce(total)
-        gs.report(step=step, world_size=ctx.world_size, total=total.item())
+        gs.report(step=step, world_size=ctx.world_size, total=total.item(), attempt=ctx.attempt, at=time.time())
         step += 1
         gs.save_checkpoint({"step": step})
         if step == 10 and ctx.attempt == 0:
@@ -93,14 +95,19 @@ def main() -> None:
             while not os.path.exists(f"{prefix}-{i - 1}.go"):
                 time.sleep(0.1)
         transitions.lines = []
-        one_run(f"{prefix}-{i}", transitions, elastic=(i == 1))
+        one_run(f"{prefix}-{i}", transitions, kind=RUNS[i])
         if i == 0 and runs > 1:
             capacity_while_lost()
 
 
-def one_run(prefix: str, transitions: Transitions, *, elastic: bool) -> None:
-    if elastic:  # a lost host leaves it on the 2 GPUs of the host that remains
-        call = gs.distributed(gpus=4, min_gpus=2, placement="spread", timeout="240s")(elastic_steps)
+RUNS = ("fails", "moves", "elastic")
+
+
+def one_run(prefix: str, transitions: Transitions, *, kind: str) -> None:
+    if kind == "elastic":  # a lost host leaves it on the 2 GPUs of the host that remains
+        call = gs.distributed(gpus=4, min_gpus=2, placement="spread", timeout="240s")(checkpointed_steps)
+    elif kind == "moves":  # one rank per host: the lost host's rank moves to the other's free GPU
+        call = gs.distributed(gpus=2, placement="spread", timeout="240s")(checkpointed_steps)
     else:
         call = gs.distributed(gpus=4, placement="spread", timeout="240s")(steps_until_lost)
     result: dict = {}
@@ -112,17 +119,33 @@ def one_run(prefix: str, transitions: Transitions, *, elastic: bool) -> None:
         result["error_type"] = type(exc).__name__
         result["error"] = str(exc)
         result["rank"] = getattr(exc, "rank", None)
+    result["wall_s"] = time.time() - started  # the call, as the user waited for it
     free = raycluster.available_gpus_by_node()
     result["free_after"] = {}  # per address: a host started again may briefly show its old node too
     for node in raycluster.nodes():
         result["free_after"][node.address] = max(result["free_after"].get(node.address, 0.0),
                                                  free.get(node.node_id, 0.0))
     info = call.last_run
-    result["wall_s"] = time.time() - started
     result["run_info"] = {k: getattr(info, k) for k in ("queued_s", "setup_s", "run_s", "gpu_seconds", "end_reason",
                                                        "released", "restarts", "transitions", "gpus", "history")}
     result["transitions"] = transitions.lines
+    result["ledger"] = ledger_row(info.lease_id)
     print("RESULT " + json.dumps(result), flush=True)
+
+
+def ledger_row(lease_id: int) -> dict:
+    """The broker's record of the lease: where it was last, on which GPU ids, what it was billed."""
+    import sqlite3
+
+    from gpusession.broker import client
+
+    columns = ("node_workers", "gpu_ids", "gpu_seconds", "granted_at", "released_at")
+    row = sqlite3.connect(client.ledger_path_here()).execute(
+        f"select {', '.join(columns)} from leases where id = ?", (lease_id,)).fetchone()
+    out = dict(zip(columns, row))
+    for key in ("node_workers", "gpu_ids"):
+        out[key] = json.loads(out[key]) if out[key] else None
+    return out
 
 
 def capacity_while_lost() -> None:

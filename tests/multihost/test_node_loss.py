@@ -1,10 +1,12 @@
-"""A host lost under a running 4-rank run (2 ranks on each of 2 hosts): gpusession notices it
-by its own heartbeat, names the host and its ranks (never a survivor), frees the survivors'
-GPUs (or, for an elastic run, goes on with them), and leaves no scratch directory behind, on the
-survivor at once and on the lost host when it starts again. While the host is down the broker's capacity has left with it: a 4-GPU
-call waits, ungranted and unbilled, a 2-GPU call runs on the survivor, and the 4-GPU call runs
-once the host is back. Bounds are measured from the moment the test kills the host or cuts its
-link, with margins for a loaded 2-core machine."""
+"""A host lost under a running run spread over 2 hosts: gpusession notices it by its own
+heartbeat, names the host and its ranks (never a survivor), and, with max_failures left,
+restarts at once where GPUs are free (a 2-rank run moves its lost rank to the other host), goes
+on smaller (an elastic run), or fails at once when the hosts that remain could never hold it (a
+4-rank run), freeing the survivors' GPUs; no scratch directory is left behind, on the survivor
+at once and on the lost host when it starts again. While the host is down the broker's capacity
+has left with it: a 4-GPU call waits, ungranted and unbilled, a 2-GPU call runs on the survivor,
+and the 4-GPU call runs once the host is back. Bounds are measured from the moment the test
+kills the host or cuts its link, with margins for a loaded 2-core machine."""
 from __future__ import annotations
 
 import json
@@ -23,32 +25,38 @@ pytestmark = pytest.mark.timeout(900)
 DEAD_HOST_S = 2.0  # a host whose processes die: noticed within 2 s ...
 SILENT_HOST_S = 10.0  # ... one that goes silent within 10 s (5 s by default, GPUSESSION_HOST_SILENCE_S)
 FREE_S = 1.0  # the survivors' GPUs free within 1 s of noticing
+NEXT_STEP_S = 5.0  # a run moved off a dead host makes its next step within 5 s of the loss
 MARGIN_S = 4.0  # a loaded 2-core machine: process starts, GCS calls and the release take longer
 RAY_DEAD_AFTER_S = 12.0  # Ray's own verdict on a killed host comes after its health checks fail
+PHASES_SLACK_S = 2.0  # the call's time outside its receipt's phases: connecting, and the release's bounded waits
+# Under each run, in order: how the host without rank 0 is lost, and how many ranks the run has.
+RUNS = (("kill", 4), ("kill", 2), ("cut", 4))
 
 
 @pytest.fixture(scope="module")
 def losses(sim_cluster, tmp_path_factory):
-    """One driver on the head, two runs of 4 ranks spread over both hosts: under the first the
-    host without rank 0 is killed; it is started again; under the second the host without rank 0
-    has its link cut. Returns [(the driver's RESULT, what the test knows)] for each."""
+    """One driver on the head, three runs spread over both hosts (node_loss_script.py): under
+    the first (4 ranks) the host without rank 0 is killed, and started again once the driver has
+    tried the capacity that remains; under the second (2 ranks, one per host) it is killed and
+    started again; under the third (4 ranks, elastic) its link is cut. Returns [(the driver's
+    RESULT, what the test knows)] for each."""
     cluster = sim_cluster
     cluster.set_resolution("own")
     prefix = str(cluster.base / f"{tmp_path_factory.mktemp('nodeloss').name}-marker")
-    proc = cluster.python(cluster.head, str(HERE / "node_loss_script.py"), prefix, "2")
+    proc = cluster.python(cluster.head, str(HERE / "node_loss_script.py"), prefix, str(len(RUNS)))
     out: queue.Queue = queue.Queue()  # read as it comes: a full pipe would stall the driver
     threading.Thread(target=lambda: [out.put(line) for line in proc.stdout] + [out.put("")], daemon=True).start()
     results, lost = [], []
     try:
-        for i, lose in enumerate((cluster.kill_host, cluster.cut_link)):
-            markers = _wait_markers(proc, f"{prefix}-{i}", 4, timeout=240)
+        for i, (how, ranks) in enumerate(RUNS):
+            markers = _wait_markers(proc, out, f"{prefix}-{i}", ranks, timeout=240)
             by_host: dict[str, list[int]] = {}
             for rank, marker in markers.items():
                 by_host.setdefault(marker["host"], []).append(rank)
             survivor = cluster.host(markers[0]["host"])
             victim = next(h for h in cluster.workers if h is not survivor)
             lost_at = time.time()
-            lose(victim)
+            cluster.kill_host(victim) if how == "kill" else cluster.cut_link(victim)
             lost.append(victim)
             result = _next_result(proc, out, timeout=180)
             known = {"victim": victim, "survivor": survivor, "lost_at": lost_at, "markers": markers,
@@ -65,7 +73,10 @@ def losses(sim_cluster, tmp_path_factory):
                     orphan = host.tmp / "gpusession-scratch" / "session_gone" / "lease-999" / "attempt-0"
                     orphan.mkdir(parents=True, exist_ok=True)
                     (orphan / ".lock").touch()
-                Path(f"{prefix}-{i}.go").touch()
+            elif i + 1 < len(RUNS):
+                cluster.restart_host(victim)
+                lost.remove(victim)
+            Path(f"{prefix}-{i}.go").touch()
             results.append((result, known))
         proc.wait(timeout=60)
     finally:
@@ -91,16 +102,24 @@ def _next_result(proc, out: queue.Queue, timeout: float, prefix: str = "RESULT "
     pytest.fail(f"no {prefix.strip()} line within {timeout:.0f} s:\n" + "".join(seen[-60:]))
 
 
-def _wait_markers(proc, prefix: str, count: int, timeout: float) -> dict[int, dict]:
+def _wait_markers(proc, out: queue.Queue, prefix: str, count: int, timeout: float) -> dict[int, dict]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = {r: Path(f"{prefix}-rank{r}") for r in range(count)}
         if all(p.exists() and p.stat().st_size for p in found.values()):
             return {r: json.loads(p.read_text()) for r, p in found.items()}
         if proc.poll() is not None:
-            pytest.fail(f"the driver ended (exit status {proc.returncode}) before every rank was running")
+            pytest.fail(f"the driver ended (exit status {proc.returncode}) before every rank was running; its "
+                        "output since the last result:\n" + "".join(_drain(out)[-60:]))
         time.sleep(0.1)
     pytest.fail(f"the ranks were not all running within {timeout:.0f} s")
+
+
+def _drain(out: queue.Queue) -> list[str]:
+    lines = []
+    while not out.empty():
+        lines.append(out.get_nowait())
+    return lines
 
 
 def assert_blames_the_lost_host(result: dict, known: dict) -> None:
@@ -133,8 +152,52 @@ def test_a_host_whose_processes_die_is_named_within_2_s_and_the_survivors_gpus_a
     assert known["survivor_scratch"] == []  # the survivor's ranks were stopped and cleaned up
 
 
-def test_an_elastic_run_goes_on_with_the_host_that_remains_when_one_goes_silent(losses):
+def test_a_run_failed_by_a_lost_host_bills_only_until_its_gpus_were_released_and_its_receipt_adds_up(losses):
+    result, known = losses[0]
+    ledger = result["ledger"]
+    assert ledger["released_at"] <= result["error_time"]  # released before the error reached the caller
+    assert ledger["released_at"] - known["lost_at"] < DEAD_HOST_S + FREE_S + MARGIN_S
+    assert ledger["gpu_seconds"] == pytest.approx(4 * (ledger["released_at"] - ledger["granted_at"]))
+    assert_receipt_adds_up(result, gpus=4)
+
+
+def test_a_run_that_loses_a_host_restarts_at_once_on_the_free_gpu_of_the_host_that_remains(losses):
     result, known = losses[1]
+    assert "error_type" not in result, result.get("error")
+    value = result["value"]  # the restarted attempt's own account
+    assert value["world_size"] == 2 and value["attempt"] == 1 and value["step"] == value["resumed_at"] + 10
+    (told_at, line), = result["transitions"]
+    assert told_at - known["lost_at"] < DEAD_HOST_S + FREE_S + MARGIN_S  # the move made: not Ray's ~15 s
+    victim, (rank,) = known["victim"], known["victim_ranks"]
+    assert line.startswith(f"host {victim.name} ({victim.ip}, Ray node {known['markers'][rank]['node_id'][:12]}) "
+                           f"was lost ("), line
+    assert f"with rank {rank}: restarting from step " in line and line.endswith(" (attempt 2 of 4)"), line
+    info = result["run_info"]
+    assert info["restarts"] == 1 and info["end_reason"] == "finished" and info["released"] and info["gpus"] == 2
+    steps = [report["step"] for report in info["history"]]
+    assert steps == list(range(len(steps)))  # resumed from its last commit: no step lost, none repeated
+    assert all(report["world_size"] == report["total"] == 2 for report in info["history"])
+    moved = [report["at"] for report in info["history"] if report["attempt"] == 1]
+    assert moved and moved[0] - known["lost_at"] < NEXT_STEP_S + MARGIN_S
+    survivor = known["markers"][0]["node_id"]  # rank 0's host: both ranks there now, in the broker's books too
+    ledger = result["ledger"]
+    assert ledger["node_workers"] == {survivor: 2}
+    assert list(ledger["gpu_ids"]) == [survivor] and len({ids[0] for ids in ledger["gpu_ids"][survivor]}) == 2
+    # 2 GPUs billed throughout: the lost host's share ended where the new one began
+    assert ledger["gpu_seconds"] == pytest.approx(2 * (ledger["released_at"] - ledger["granted_at"]))
+    assert_receipt_adds_up(result, gpus=2)
+
+
+def assert_receipt_adds_up(result: dict, *, gpus: int) -> None:
+    """The receipt's phases are the call's time, and it bills no more than its GPUs while held."""
+    info = result["run_info"]
+    phases = info["queued_s"] + info["setup_s"] + info["run_s"]
+    assert 0 <= result["wall_s"] - phases < PHASES_SLACK_S, (result["wall_s"], info)
+    assert gpus * info["run_s"] <= info["gpu_seconds"] <= gpus * (result["wall_s"] - info["queued_s"]), info
+
+
+def test_an_elastic_run_goes_on_with_the_host_that_remains_when_one_goes_silent(losses):
+    result, known = losses[2]
     assert "error_type" not in result, result.get("error")
     value = result["value"]  # the restarted attempt's own account
     assert value["world_size"] == 2 and value["attempt"] == 1 and value["step"] == value["resumed_at"] + 10
@@ -157,7 +220,7 @@ def test_an_elastic_run_goes_on_with_the_host_that_remains_when_one_goes_silent(
 
 
 def test_workers_sweep_what_lost_ranks_left(losses):
-    known = losses[1][1]
+    known = losses[2][1]
     # Every directory no live rank held when this run's workers started was swept: the orphans,
     # and what the ranks of the host killed in the first run left (its directories were still
     # there when it started again).

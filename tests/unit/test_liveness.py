@@ -50,3 +50,20 @@ def test_an_unplaced_grant_blames_outside_use_only_when_ray_shows_it():
     assert "something outside gpusession is using 2 GPUs" in messages.not_placed(4, 30, outside)
     neither = messages.not_placed(4, 30, {"nodes": [], "gpus_unmanaged": 0.0})
     assert "something outside" not in neither and "no node was lost" in neither
+
+
+def test_a_node_whose_host_started_ray_again_on_the_same_ports_is_lost_though_the_port_answers():
+    from gpusession.broker.rayview import Snapshot, replaced
+    from gpusession.broker.model import NodeCapacity
+    from gpusession.cluster.raycluster import NodeInfo
+
+    old, new, other = (NodeInfo("old", "10.0.0.12", 2.0, False, True, 52369),
+                       NodeInfo("new", "10.0.0.12", 2.0, False, True, 52369),
+                       NodeInfo("other", "10.0.0.11", 2.0, False, True, 52369))
+    assert replaced([old, new, other], {"old": 1.0, "new": 5.0, "other": 1.0}) == {"old"}
+    assert replaced([old, other], {"old": 1.0, "other": 1.0}) == set()
+    assert replaced([old, new], {"old": 1.0, "new": 1.0}) == set()  # seen together first: no telling which
+    # a node reported lost lends nothing there, whatever a reading said
+    snapshot = Snapshot([NodeCapacity("old", 2.0), NodeCapacity("other", 2.0)], True, addresses={"old": "10.0.0.12"})
+    assert snapshot.with_lost(["old"]).lost == {"old": "10.0.0.12"}
+    assert snapshot.with_lost(["old"]).nodes_for([]) == [NodeCapacity("old", 2.0, 2.0), NodeCapacity("other", 2.0)]

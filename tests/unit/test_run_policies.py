@@ -7,7 +7,7 @@ from gpusession.events import RunInfo
 from gpusession.options import validate_run_options
 from gpusession.run.commits import last_step, resume_point
 from gpusession.run.policies import (Action, Fault, FailurePolicy, FaultKind, RunState, can_move, is_collective_fault,
-                                     lost_capacity_decision, restart_line, workers_after_host_loss)
+                                     restart_line, workers_after_host_loss)
 
 
 def fault(kind: FaultKind, names: tuple[str, ...] = ()) -> Fault:
@@ -92,16 +92,9 @@ def test_a_lost_host_restart_line_names_the_host_and_every_rank_it_held():
 def test_an_elastic_run_goes_on_with_the_workers_a_lost_host_left_never_below_its_minimum():
     assert workers_after_host_loss(4, 2, minimum=2) == 2
     assert workers_after_host_loss(4, 1, minimum=2) == 3
-    assert workers_after_host_loss(4, 3, minimum=2) == 4  # too few left: the full size (Ray must move them)
+    assert workers_after_host_loss(4, 3, minimum=2) == 4  # too few left: the full size, moved elsewhere
     assert workers_after_host_loss(4, 2, minimum=None) == 4  # not elastic
     assert workers_after_host_loss(4, 0, minimum=2) == 4
-
-
-def test_after_a_lost_host_a_restart_needs_the_runs_gpus_on_the_hosts_that_remain():
-    assert lost_capacity_decision(needed_gpus=2, remaining_gpus=2) is None
-    decision = lost_capacity_decision(needed_gpus=4, remaining_gpus=2)
-    assert decision.action is Action.RAISE
-    assert decision.why == "the hosts that remain have 2 GPUs in all, fewer than the 4 the run needs"
 
 
 @pytest.mark.parametrize("ours, asked, step", [
