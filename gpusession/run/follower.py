@@ -27,7 +27,9 @@ NODE_ANSWER_TIMEOUT_S = 0.3  # is the host of a lost worker still there? (its ra
 # A worker lost while its host still answers is judged after this: the processes of a host that
 # dies do not all go at once (seen under load: a worker gone, its raylet still answering), so the
 # host is asked again before the loss is called one worker's.
-HOST_SETTLE_S = 0.5
+HOST_SETTLE_S = 1.0
+
+
 class AttemptFailed(Exception):
     """An attempt ended because a rank failed; `error` is what the user sees if it is not retried."""
 

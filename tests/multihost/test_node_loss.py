@@ -13,12 +13,13 @@ import json
 import queue
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import pytest
 
 from .conftest import HERE
-from .simcluster import kill_session
+from .simcluster import SimClusterError, kill_session
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -81,8 +82,11 @@ def losses(sim_cluster, tmp_path_factory):
         proc.wait(timeout=60)
     finally:
         kill_session(proc)
-        for host in lost:  # leave the cluster whole for whatever runs next
-            cluster.restart_host(host)
+        for host in lost:  # leave the cluster whole for whatever runs next, if it comes back
+            try:
+                cluster.restart_host(host)
+            except SimClusterError as exc:  # what the scenarios assert was taken before: warn, not fail
+                warnings.warn(f"the simulated host {host.name} did not come back after the scenarios: {exc}")
     return results
 
 
@@ -147,8 +151,9 @@ def test_a_host_whose_processes_die_is_named_within_2_s_and_the_survivors_gpus_a
     result, known = losses[0]
     assert result["error_time"] - known["lost_at"] < DEAD_HOST_S + FREE_S + MARGIN_S
     assert_blames_the_lost_host(result, known)
-    # told by the heartbeat's closed connection, or by Ray's report of the dead worker if that came first
-    assert "was lost (its processes stopped" in result["error"] or "was lost (ActorDiedError" in result["error"]
+    # told by the heartbeat's closed connection, or by Ray's report of the worker, whichever came first
+    reasons = ("its processes stopped", "ActorDiedError", "ActorUnavailableError")
+    assert any(f"was lost ({reason}" in result["error"] for reason in reasons), result["error"]
     assert known["survivor_scratch"] == []  # the survivor's ranks were stopped and cleaned up
 
 
@@ -171,7 +176,8 @@ def test_a_run_that_loses_a_host_restarts_at_once_on_the_free_gpu_of_the_host_th
     victim, (rank,) = known["victim"], known["victim_ranks"]
     assert line.startswith(f"host {victim.name} ({victim.ip}, Ray node {known['markers'][rank]['node_id'][:12]}) "
                            f"was lost ("), line
-    assert f"with rank {rank}: restarting from step " in line and line.endswith(" (attempt 2 of 4)"), line
+    assert f"with rank {rank}: restarting from the checkpoint after step " in line, line
+    assert line.endswith(" (attempt 2 of 4)"), line
     info = result["run_info"]
     assert info["restarts"] == 1 and info["end_reason"] == "finished" and info["released"] and info["gpus"] == 2
     steps = [report["step"] for report in info["history"]]
