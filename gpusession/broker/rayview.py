@@ -154,6 +154,31 @@ def remove_group(pg_id: str) -> None:
         pass
 
 
+def joined(before: Snapshot, after: Snapshot) -> list[str]:
+    """PURE: GPU nodes that answer in this reading and did not in the last: new ones (a host
+    started again comes back as a new node) and lost ones back."""
+    return [node_id for node_id in after.first_seen
+            if node_id not in after.lost and (node_id not in before.first_seen or node_id in before.lost)]
+
+
+@ray.remote(num_cpus=0, max_retries=0)
+def _sweep_scratch() -> int:
+    from ..run import scratch
+    from ..run.spec import scratch_root
+
+    return len(scratch.remove_stale(scratch_root()))
+
+
+def sweep_scratch_on(node_ids: Iterable[str]) -> None:
+    """On each of these nodes, remove the scratch directories no live rank holds: a host that
+    starts again sweeps what the ranks it lost left, whether or not work lands there. Fire and
+    forget: a zero-CPU task pinned to the node (a node that leaves meanwhile just fails it)."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    for node_id in node_ids:
+        _sweep_scratch.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
+
+
 def kill_actors(handles) -> None:
     for handle in handles:
         try:

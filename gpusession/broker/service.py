@@ -371,6 +371,9 @@ class BrokerService(AdminMethods, ResizeMethods, RelocateMethods):
         reading = await asyncio.to_thread(rayview.take, self.ledger_id, self.snapshot)
         self.snapshot = self._keep_reported_lost(reading, began)
         _log_node_changes(before, self.snapshot)
+        joined = rayview.joined(before, self.snapshot)
+        if joined:
+            await asyncio.to_thread(rayview.sweep_scratch_on, joined)
         if self.books.usage_stale(time.time()):
             await self._refresh_usage()
         now = time.time()  # no await from here on: the actions apply to the books as they are

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 
 import ray
@@ -112,6 +113,9 @@ def one_run(prefix: str, transitions: Transitions, *, kind: str) -> None:
         call = gs.distributed(gpus=4, placement="spread", timeout="240s")(steps_until_lost)
     result: dict = {}
     started = time.time()
+    watching = threading.Event()
+    if kind == "elastic":  # when the broker's capacity first counts the silent host's GPUs lost
+        threading.Thread(target=watch_capacity, args=(result, watching), daemon=True).start()
     try:
         result["value"] = call(prefix)
     except BaseException as exc:
@@ -119,6 +123,7 @@ def one_run(prefix: str, transitions: Transitions, *, kind: str) -> None:
         result["error_type"] = type(exc).__name__
         result["error"] = str(exc)
         result["rank"] = getattr(exc, "rank", None)
+    watching.set()
     result["wall_s"] = time.time() - started  # the call, as the user waited for it
     free = raycluster.available_gpus_by_node()
     result["free_after"] = {}  # per address: a host started again may briefly show its old node too
@@ -131,6 +136,17 @@ def one_run(prefix: str, transitions: Transitions, *, kind: str) -> None:
     result["transitions"] = transitions.lines
     result["ledger"] = ledger_row(info.lease_id)
     print("RESULT " + json.dumps(result), flush=True)
+
+
+def watch_capacity(result: dict, done: threading.Event) -> None:
+    from gpusession.broker import client
+
+    broker = client.broker()
+    while not done.is_set():
+        if client.call(broker.cluster)["gpus_lost"] >= 2.0:
+            result["lost_in_capacity_at"] = time.time()
+            return
+        time.sleep(0.05)
 
 
 def ledger_row(lease_id: int) -> dict:

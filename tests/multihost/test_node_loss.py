@@ -29,7 +29,9 @@ FREE_S = 1.0  # the survivors' GPUs free within 1 s of noticing
 NEXT_STEP_S = 5.0  # a run moved off a dead host makes its next step within 5 s of the loss
 MARGIN_S = 4.0  # a loaded 2-core machine: process starts, GCS calls and the release take longer
 RAY_DEAD_AFTER_S = 12.0  # Ray's own verdict on a killed host comes after its health checks fail
-PHASES_SLACK_S = 2.0  # the call's time outside its receipt's phases: connecting, and the release's bounded waits
+PHASES_SLACK_S = 2.0
+BROKER_SEES_SILENT_S = 1.5  # the broker probes every node twice a second, each probe bounded by 1 s
+SWEPT_WITHIN_S = 10.0  # a host started again: the broker's next reading, then a Ray worker starts there  # the call's time outside its receipt's phases: connecting, and the release's bounded waits
 # Under each run, in order: how the host without rank 0 is lost, and how many ranks the run has.
 RUNS = (("kill", 4), ("kill", 2), ("cut", 4))
 
@@ -80,6 +82,19 @@ def losses(sim_cluster, tmp_path_factory):
             Path(f"{prefix}-{i}.go").touch()
             results.append((result, known))
         proc.wait(timeout=60)
+        # The host cut last comes back with no work sent to it: what its ranks left (they ran on,
+        # silent, until the host was restarted) must go all the same.
+        known = results[-1][1]
+        known["left_by_cut"] = scratch_dirs(known["victim"])
+        try:
+            cluster.restart_host(known["victim"])
+            lost.remove(known["victim"])
+            back = time.monotonic()
+            while scratch_dirs(known["victim"]) and time.monotonic() - back < SWEPT_WITHIN_S + MARGIN_S:
+                time.sleep(0.2)
+            known["left_after_restart"] = scratch_dirs(known["victim"])
+        except SimClusterError as exc:
+            known["restart_failed"] = str(exc)
     finally:
         kill_session(proc)
         for host in lost:  # leave the cluster whole for whatever runs next, if it comes back
@@ -223,6 +238,18 @@ def test_an_elastic_run_goes_on_with_the_host_that_remains_when_one_goes_silent(
     assert all(report["total"] == report["world_size"] for report in info["history"])
     assert result["free_after"][known["survivor"].ip] == 2.0
     assert known["survivor_scratch"] == []
+
+
+def test_a_silent_host_leaves_the_brokers_capacity_within_a_second_and_a_half(losses):
+    result, known = losses[2]
+    assert result["lost_in_capacity_at"] - known["lost_at"] < BROKER_SEES_SILENT_S + MARGIN_S
+
+
+def test_a_host_started_again_sweeps_what_its_lost_ranks_left_with_no_work_sent_to_it(losses):
+    known = losses[2][1]
+    assert "restart_failed" not in known, known.get("restart_failed")
+    assert known["left_by_cut"]  # the silent host's ranks held their scratch directories until it restarted
+    assert known["left_after_restart"] == []  # the broker swept them when the host joined again
 
 
 def test_workers_sweep_what_lost_ranks_left(losses):

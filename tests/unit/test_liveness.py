@@ -67,3 +67,15 @@ def test_a_node_whose_host_started_ray_again_on_the_same_ports_is_lost_though_th
     snapshot = Snapshot([NodeCapacity("old", 2.0), NodeCapacity("other", 2.0)], True, addresses={"old": "10.0.0.12"})
     assert snapshot.with_lost(["old"]).lost == {"old": "10.0.0.12"}
     assert snapshot.with_lost(["old"]).nodes_for([]) == [NodeCapacity("old", 2.0, 2.0), NodeCapacity("other", 2.0)]
+
+
+def test_the_nodes_whose_scratch_the_broker_sweeps_are_those_that_joined_or_came_back():
+    from gpusession.broker.rayview import Snapshot, joined
+
+    def reading(seen: list[str], lost: tuple[str, ...] = ()) -> Snapshot:
+        return Snapshot([], True, lost={n: "10.0.0.9" for n in lost}, first_seen={n: 1.0 for n in seen})
+
+    assert joined(reading(["a"]), reading(["a", "b"])) == ["b"]  # a host started again: a new node
+    assert joined(reading(["a"]), reading(["a", "b"], lost=("b",))) == []  # not while it does not answer
+    assert joined(reading(["a", "b"], lost=("b",)), reading(["a", "b"])) == ["b"]  # its link back
+    assert joined(reading(["a", "b"]), reading(["a", "b"])) == []  # nothing new: nothing to sweep
