@@ -156,6 +156,7 @@ class Lease:
             ready, _ = ray.wait([self._watch], timeout=IDLE_WATCH_S)
             if not ready or not self._running.acquire(timeout=IDLE_WATCH_S):
                 continue  # nothing yet, or a run is going: its follower takes the notice
+            failed = False
             try:
                 if self._released:
                     return
@@ -163,12 +164,15 @@ class Lease:
                 if not notice or notice.get("kind") not in ("shrink", "grow"):
                     return  # taken back (revoked, ended): the next run or release tells the user
                 resize_between_runs(self, notice)
-            except Exception as exc:  # noqa: BLE001 - the next run meets the same state and reports it
-                log.warning("Lease %s: could not resize between runs (%s); the next run will try again.",
-                            self.lease_id, exc)
-                return
+            except Exception as exc:  # noqa: BLE001 - a passing failure (the broker restarting, Ray busy)
+                # Keep watching: a shrink missed now would cost the whole lease at the broker's deadline.
+                log.warning("Lease %s: could not resize between runs (%s); trying again in %.0f s.",
+                            self.lease_id, exc, IDLE_WATCH_S)
+                failed = True
             finally:
                 self._running.release()
+            if failed:
+                time.sleep(IDLE_WATCH_S)  # not holding the run lock: a run may start meanwhile
 
     def __enter__(self) -> "Lease":
         return self
