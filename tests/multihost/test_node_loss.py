@@ -183,11 +183,7 @@ def test_a_run_failed_by_a_lost_host_bills_only_until_its_gpus_were_released_and
 
 def test_a_run_that_loses_a_host_restarts_at_once_on_the_free_gpu_of_the_host_that_remains(losses):
     result, known = losses[1]
-    assert "error_type" not in result, result.get("error")
-    value = result["value"]  # the restarted attempt's own account
-    assert value["world_size"] == 2 and value["attempt"] == 1 and value["step"] == value["resumed_at"] + 10
-    (told_at, line), = result["transitions"]
-    assert told_at - known["lost_at"] < DEAD_HOST_S + FREE_S + MARGIN_S  # the move made: not Ray's ~15 s
+    line = went_on_after_the_loss(result, known, within_s=DEAD_HOST_S + FREE_S + MARGIN_S)  # not Ray's ~15 s
     victim, (rank,) = known["victim"], known["victim_ranks"]
     assert line.startswith(f"host {victim.name} ({victim.ip}, Ray node {known['markers'][rank]['node_id'][:12]}) "
                            f"was lost ("), line
@@ -209,6 +205,18 @@ def test_a_run_that_loses_a_host_restarts_at_once_on_the_free_gpu_of_the_host_th
     assert_receipt_adds_up(result, gpus=2)
 
 
+def went_on_after_the_loss(result: dict, known: dict, *, within_s: float) -> str:
+    """The run finished with 2 ranks on the host that remained, its restarted attempt making 10
+    steps from its last commit, and told its one restart line within `within_s` of the loss:
+    returns the line."""
+    assert "error_type" not in result, result.get("error")
+    value = result["value"]  # the restarted attempt's own account
+    assert value["world_size"] == 2 and value["attempt"] == 1 and value["step"] == value["resumed_at"] + 10
+    (told_at, line), = result["transitions"]
+    assert told_at - known["lost_at"] < within_s
+    return line
+
+
 def assert_receipt_adds_up(result: dict, *, gpus: int) -> None:
     """The receipt's phases are the call's time, and it bills no more than its GPUs while held."""
     info = result["run_info"]
@@ -219,11 +227,7 @@ def assert_receipt_adds_up(result: dict, *, gpus: int) -> None:
 
 def test_an_elastic_run_goes_on_with_the_host_that_remains_when_one_goes_silent(losses):
     result, known = losses[2]
-    assert "error_type" not in result, result.get("error")
-    value = result["value"]  # the restarted attempt's own account
-    assert value["world_size"] == 2 and value["attempt"] == 1 and value["step"] == value["resumed_at"] + 10
-    (told_at, line), = result["transitions"]
-    assert told_at - known["lost_at"] < SILENT_HOST_S + FREE_S + MARGIN_S
+    line = went_on_after_the_loss(result, known, within_s=SILENT_HOST_S + FREE_S + MARGIN_S)
     victim, ranks = known["victim"], known["victim_ranks"]
     node_id = known["markers"][ranks[0]]["node_id"]
     assert line.startswith(f"host {victim.name} ({victim.ip}, Ray node {node_id[:12]}) was lost (silent for "), line
