@@ -6,10 +6,13 @@ never runs a stale copy of a module the user has since edited.
 """
 from __future__ import annotations
 
+import io
 import os
 import sys
 import sysconfig
 import threading
+import types
+from collections import ChainMap
 from contextlib import contextmanager
 from functools import lru_cache
 from importlib import metadata
@@ -81,10 +84,38 @@ def _registered(module) -> bool:
     return module.__name__ in cloudpickle.list_registry_pickle_by_value()
 
 
+_CLOUDPICKLE_CODE_REDUCE = cloudpickle.Pickler.dispatch_table[types.CodeType]
+_NO_FILE = "<dynamic-code>"  # what cloudpickle >= 3.1.3 writes in place of a code object's file
+
+
+def _code_reduce_keeping_file(code: types.CodeType):
+    """cloudpickle's reduction of a code object, with the object's own file name kept.
+
+    cloudpickle 3.1.3 replaces the file name by "<dynamic-code>" so that payloads are
+    deterministic; a worker's traceback then cannot show the user's source lines (a file beside
+    the notebook, a cell's linecache entry), which is what a user reads first when a rank fails."""
+    constructor, args = _CLOUDPICKLE_CODE_REDUCE(code)
+    names = (code.co_name, getattr(code, "co_qualname", code.co_name))
+    args = tuple(code.co_filename if isinstance(a, str) and a == _NO_FILE and a not in names else a
+                 for a in args)
+    return constructor, args
+
+
+class _Pickler(cloudpickle.Pickler):
+    dispatch_table = ChainMap({types.CodeType: _code_reduce_keeping_file}, cloudpickle.Pickler.dispatch_table)
+
+
+def cloudpickle_dumps(obj: Any) -> bytes:
+    """cloudpickle.dumps, with code objects keeping their file names (see _code_reduce_keeping_file)."""
+    with io.BytesIO() as buffer:
+        _Pickler(buffer, protocol=cloudpickle.DEFAULT_PROTOCOL).dump(obj)
+        return buffer.getvalue()
+
+
 def dumps(obj: Any) -> bytes:
     """cloudpickle, with the caller's own modules pickled by value (see the module docstring)."""
     with pickled_by_value(local_modules()):
-        return cloudpickle.dumps(obj)
+        return cloudpickle_dumps(obj)
 
 
 def pickle_call(fn: Any, args: tuple, kwargs: dict) -> bytes:

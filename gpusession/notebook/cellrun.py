@@ -19,7 +19,7 @@ from typing import Any
 import cloudpickle
 
 from .cellcode import split_last_expression
-from ..shipping import pickled_by_value
+from ..shipping import cloudpickle_dumps, pickled_by_value
 
 
 @dataclass(frozen=True)
@@ -56,11 +56,11 @@ def pack(values: dict[str, Any], *, by_value: tuple = ()) -> Packed:
     plain = {name: _module_to_ref(value) for name, value in values.items()}
     with pickled_by_value(by_value):
         try:
-            return Packed(cloudpickle.dumps(plain))
+            return Packed(cloudpickle_dumps(plain))
         except Exception:
             skipped = [(name, why) for name, value in plain.items() if (why := _unpicklable(value))]
             kept = {name: value for name, value in plain.items() if name not in dict(skipped)}
-            return Packed(cloudpickle.dumps(kept), skipped)
+            return Packed(cloudpickle_dumps(kept), skipped)
 
 
 def unpack(packed: Packed) -> dict[str, Any]:
@@ -79,7 +79,7 @@ def _ref_to_module(value: Any) -> Any:
 
 def _unpicklable(value: Any) -> str | None:
     try:
-        cloudpickle.dumps(value)
+        cloudpickle_dumps(value)
     except Exception as exc:
         return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}".rstrip(": ")
     return None

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import traceback
 import types
 
 import cloudpickle
@@ -76,3 +77,24 @@ def test_a_virtualenv_inside_the_project_directory_is_a_library_not_user_code(tm
     assert not is_user_file(torch.__file__, project)
     (tmp_path / "mine.py").write_text("")
     assert is_user_file(str(tmp_path / "mine.py"), (str(tmp_path) + os.sep,))
+
+
+def test_a_shipped_function_keeps_its_file_so_a_workers_traceback_shows_the_source_line(tmp_path, monkeypatch):
+    # cloudpickle 3.1.3 writes "<dynamic-code>" for every code object's file; a rank's traceback
+    # then names no file and shows no line of the user's code.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    source = tmp_path / "train_helpers.py"
+    source.write_text("def outer():\n    def inner():\n        raise ValueError('bad batch 17')\n    inner()\n")
+    import train_helpers
+
+    try:
+        payload = dumps(train_helpers.outer)  # by value: the module is beside the caller
+    finally:
+        sys.modules.pop("train_helpers", None)
+    try:
+        cloudpickle.loads(payload)()
+    except ValueError as exc:
+        text = "".join(traceback.format_exception(exc))
+    assert f'File "{source}", line 3, in inner' in text
+    assert "raise ValueError('bad batch 17')" in text
