@@ -319,7 +319,24 @@ class SimCluster:
         return (f"diagnosis: head's gcs_server pids {gcs or 'none'} (fatal lines in its log: {fatal[-3:]}); "
                 f"{host.name} -> {self.address}: "
                 f"{(probe.stdout or probe.stderr).strip().splitlines()[-1:] or ['no answer']}; "
-                f"bridge ports: {ports!r}; neighbours: {neighbours!r}")
+                f"bridge ports: {ports!r}; neighbours: {neighbours!r}{self.head_report()}")
+
+    def head_report(self) -> str:
+        """What the head runs now and, if its `ray start --block` ended (it kills the rest of the
+        head when one of its processes exits unexpectedly), the end of its log: which process
+        ended first, with what exit code, and that process's own last lines."""
+        running = sorted({_comm(pid) for pid in namespace_pids(self.head.netns)} - {""})
+        report = f"\nthe head runs: {running}"
+        proc = self.head.proc
+        if proc is not None and proc.poll() is not None:
+            report += (f"\nthe head's `ray start` ended (exit status {proc.returncode}); its log ends:\n"
+                       f"{_tail(self.head.log_path.read_text(errors='replace'), 80)}")
+        for name in ("ray_process_exit.log", "gcs_server.err", "monitor.err", "raylet.err"):
+            for path in self.head.tmp.glob(f"ray/session_2*/logs/{name}"):
+                text = path.read_text(errors="replace").strip()
+                if text:
+                    report += f"\n{path.name} on the head ends:\n{_tail(text, 30)}"
+        return report
 
     # ---- faults --------------------------------------------------------------------------
     def kill_host(self, host: SimHost) -> int:
