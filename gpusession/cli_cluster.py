@@ -71,11 +71,16 @@ def _stop(args: argparse.Namespace) -> int:
     from .cluster import localhead
     from .cluster.raycluster import local_head_file
 
-    head = localhead.stop()
-    if head is None:
+    stopped = localhead.stop()
+    if stopped is None:
         print(f"No local Ray head is recorded in {local_head_file()}; nothing to stop.")
         return 0
-    print(f"Stopped the local Ray head at {head.address} (pid {head.pid}).")
+    head, was_running = stopped
+    if was_running:
+        print(f"Stopped the local Ray head at {head.address} (pid {head.pid}).")
+    else:
+        print(f"The local Ray head recorded at {head.address} (pid {head.pid}) was no longer running; "
+              f"removed its record.")
     return 0
 
 

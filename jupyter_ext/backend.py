@@ -156,8 +156,8 @@ class Backend:
             self.link.stop()
         if self.head is not None:
             self.log.info("Stopping the local Ray head at %s (pid %d)", self.head.address, self.head.pid)
-            if localhead.stop(pid=self.head.pid) is None:
-                localhead.terminate(self.head.pid, timeout_s=30)
+            if localhead.stop(pid=self.head.pid) is None:  # no longer recorded: still ours to stop
+                localhead.end(self.head, timeout_s=30)
             self.head = None
 
     def _bring_up(self) -> None:

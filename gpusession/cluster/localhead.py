@@ -46,6 +46,11 @@ class LocalHead:
     started_at: float
     log_path: str
     auth_mode: str = "token"  # Ray's RAY_AUTH_MODE; clients of an explicit address must set it too
+    # The process's start time as the OS tells it (psutil): a recorded pid is this head only while
+    # the process holding it started then. The OS gives a dead process's pid to a new one once its
+    # counter wraps (pid_max is often 32768); a SIGTERM to that one could stop a stranger's
+    # `ray start --block`. None in records of older versions.
+    process_started: float | None = None
 
     def client_env(self) -> dict[str, str]:
         """What a process needs in its environment to join this head (Ray's token mode included)."""
@@ -93,7 +98,8 @@ def start(*, gpus: int | None = None, timeout_s: float = 120.0,
     with open(log_path, "w") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env, cwd=str(home), start_new_session=True)  # Ctrl-C in a terminal is not for it
-    head = LocalHead(address, proc.pid, count, not real, time.time(), str(log_path), auth_mode)
+    head = LocalHead(address, proc.pid, count, not real, time.time(), str(log_path), auth_mode,
+                     _process_started(proc.pid))
     local_head_file().write_text(json.dumps(asdict(head)))  # at once: `cluster stop` finds it even if we die
     if spawned is not None:
         spawned(head)
@@ -105,19 +111,28 @@ def start(*, gpus: int | None = None, timeout_s: float = 120.0,
     return head, True
 
 
-def stop(*, pid: int | None = None, timeout_s: float = 30.0) -> LocalHead | None:
-    """Stop the recorded head (SIGTERM to its supervisor, SIGKILL to what is left after timeout_s);
-    with `pid`, only if the recorded head is that process."""
+def stop(*, pid: int | None = None, timeout_s: float = 30.0) -> tuple[LocalHead, bool] | None:
+    """Stop the recorded head (SIGTERM to its supervisor, SIGKILL to what is left after timeout_s)
+    and forget it; with `pid`, only if the recorded head is that process. Returns the record and
+    whether its head was still running, or None if no head is recorded."""
     try:
         head = LocalHead(**json.loads(local_head_file().read_text()))
     except (OSError, ValueError, TypeError):
         return None
     if pid is not None and head.pid != pid:
         return None
-    if _is_head_process(head):
-        terminate(head.pid, timeout_s=timeout_s)
+    was_running = end(head, timeout_s=timeout_s)
     local_head_file().unlink(missing_ok=True)
-    return head
+    return head, was_running
+
+
+def end(head: LocalHead, *, timeout_s: float) -> bool:
+    """Stop `head` if its process is still running and is that head (never whatever took its
+    pid since); False if it was not running."""
+    if not _is_head_process(head):
+        return False
+    terminate(head.pid, timeout_s=timeout_s)
+    return True
 
 
 def terminate(pid: int, *, timeout_s: float) -> None:
@@ -148,9 +163,17 @@ def _ensure_ray_token(env: dict) -> None:
 def _is_head_process(head: LocalHead) -> bool:
     try:
         proc = psutil.Process(head.pid)
-        return "--block" in proc.cmdline() and proc.status() != psutil.STATUS_ZOMBIE
+        return ("--block" in proc.cmdline() and proc.status() != psutil.STATUS_ZOMBIE
+                and (head.process_started is None or abs(proc.create_time() - head.process_started) < 0.01))
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
+
+
+def _process_started(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:  # it already exited: the head's wait reports that
+        return None
 
 
 def _free_port() -> int:

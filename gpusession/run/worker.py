@@ -41,7 +41,7 @@ class Worker:
         self.cluster = ray.get_runtime_context().get_session_name()  # keys this cluster's scratch
         self._store = None  # the rendezvous store rank 0's actor serves for the current attempt
         self._run_lock = threading.Lock()  # one rank at a time
-        self._child: int | None = None
+        self._child: tuple[Zygote, int, str] | None = None  # the rank now: its warm parent, pid, attempt
         self._stopped_runs: collections.deque = collections.deque(maxlen=64)  # attempts told to stop
         self._conn = None
         self._conn_run: str | None = None  # the attempt of the rank at the other end of _conn
@@ -78,9 +78,10 @@ class Worker:
         now; a rank of that attempt whose launch is still queued behind this call never starts."""
         if run_id is not None:
             self._stopped_runs.append(run_id)
-        pid = self._child
-        if pid is not None:
-            Zygote.kill(pid)
+        child = self._child
+        if child is not None and run_id in (None, child[2]):  # never a later attempt's rank
+            zygote, pid, _ = child
+            zygote.kill(pid)
 
     def request_checkpoint(self, reason: str, wanted: bool = True) -> None:
         """Make gs.should_checkpoint() true (or false again) in the current rank process."""
@@ -111,30 +112,38 @@ class Worker:
             except BaseException:
                 claim.release()
                 raise
+            zygote = self.zygote  # the warm parent that forked it: the one that may kill it
             with self._conn_lock:
-                self._child, self._conn, self._conn_run = pid, conn, spec.run_id
+                self._child, self._conn, self._conn_run = (zygote, pid, spec.run_id), conn, spec.run_id
             finished = threading.Event()
             if spec.group_id:
-                threading.Thread(target=_stop_if_group_removed, args=(spec.group_id, spec.lease_id, pid, finished),
+                threading.Thread(target=_stop_if_group_removed,
+                                 args=(spec.group_id, spec.lease_id, zygote, pid, finished),
                                  name="gpusession-lease-watchdog", daemon=True).start()
             clean = False
             try:
-                conn.send(m.Launch(spec, call, bytes(snapshot.data) if snapshot else None,
-                                   snapshot.loader_epochs if snapshot else ()))
-                for item in _relay(conn):
-                    clean = clean or isinstance(item, (m.Result, m.RankError))
-                    yield item
+                try:
+                    conn.send(m.Launch(spec, call, bytes(snapshot.data) if snapshot else None,
+                                       snapshot.loader_epochs if snapshot else ()))
+                    for item in _relay(conn):
+                        clean = clean or isinstance(item, (m.Result, m.RankError))
+                        yield item
+                finally:
+                    finished.set()
+                    with self._conn_lock:
+                        self._conn = None
+                    conn.close()
+                status = zygote.exit_status(pid, EXIT_STATUS_WAIT_S)
+                if status is None:  # still running without its pipe: make sure it is gone
+                    zygote.kill(pid)
+                    status = zygote.exit_status(pid, EXIT_STATUS_WAIT_S) or (None, None)
+            except BaseException:  # the relay broke (a rank gone mid-message) or was closed
+                zygote.kill(pid)
+                zygote.exit_status(pid, EXIT_STATUS_WAIT_S)
+                raise
             finally:
-                finished.set()
-                with self._conn_lock:
-                    self._conn = None
-                conn.close()
-            status = self.zygote.exit_status(pid, EXIT_STATUS_WAIT_S)
-            if status is None:  # still running without its pipe: make sure it is gone
-                Zygote.kill(pid)
-                status = self.zygote.exit_status(pid, EXIT_STATUS_WAIT_S) or (None, None)
-            self._child = None
-            claim.release()  # the last rank of the attempt on this node removes the directory
+                self._child = None  # on every path: a stop() after this must not reach for the pid
+                claim.release()  # the last rank of the attempt on this node removes the directory
             yield m.RankExited(spec.rank, socket.gethostname(), status[0], status[1], clean, time.time())
 
     def _fork(self):
@@ -231,7 +240,8 @@ def _out_of_band(payload: m.CheckpointData) -> m.CheckpointData:
     return dataclasses.replace(payload, data=numpy.frombuffer(payload.data, dtype=numpy.uint8))
 
 
-def _stop_if_group_removed(group_id: str, lease_id: int, pid: int, finished: threading.Event) -> None:
+def _stop_if_group_removed(group_id: str, lease_id: int, zygote: Zygote, pid: int,
+                           finished: threading.Event) -> None:
     """The lease's GPUs are held by its placement group, not by this process: if the broker
     takes them back by force (the caller ignored a revoke or preemption, or cannot be reached),
     stop computing on GPUs now lent to others."""
@@ -245,5 +255,5 @@ def _stop_if_group_removed(group_id: str, lease_id: int, pid: int, finished: thr
             continue
         if state == "REMOVED" and not finished.is_set():
             os.write(2, f"gpusession: lease {lease_id} was taken back; stopping its rank process.\n".encode())
-            Zygote.kill(pid)
+            zygote.kill(pid)
             return

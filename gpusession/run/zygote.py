@@ -13,6 +13,10 @@ any number of worker actors of the node connecting to that Unix socket (in a dir
 user can enter). On every connection:
   actor -> zygote: one byte b"F" with one file descriptor attached (SCM_RIGHTS): fork a child
                    that talks to the actor on that descriptor;
+                   b"K" and a pid (8 bytes, big-endian): kill that child's process group, if it
+                   is a child this connection asked for that has not been reaped yet. Only the
+                   parent can kill by pid safely: once a child is reaped, its pid may be given to
+                   any new process (pid_max is often 32768), and a late kill would hit that one;
   zygote -> actor: JSON lines: {"hello": pid}, {"forked": pid}, {"exited": pid, "code", "signal"}.
 A connection that closes (its actor died) takes the children it asked for with it. The zygote
 ends, killing every child, as soon as its owner's control socket closes (the owner died)."""
@@ -31,6 +35,8 @@ import time
 from multiprocessing.connection import Connection
 
 PATH_ENV = "GPUSESSION_ZYGOTE_SYS_PATH"
+FORK, KILL = b"F", b"K"
+PID_BYTES = 8
 REAP_EVERY_S = 0.05
 # What every rank needs, imported once here. Not Ray: a rank is not a Ray worker (see spec.py).
 PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "cloudpickle", "psutil", "gpusession.run.child",
@@ -106,6 +112,13 @@ def _serve_request(sock, owner, listener, asked: dict, children: dict) -> bool:
         return False
     if not data:
         return False
+    if data == KILL:
+        pid = _read_pid(sock)
+        if pid is None:
+            return False
+        if pid in asked.get(sock, ()):  # unreaped (reaped ones leave `asked`): the pid is still its own
+            _kill_group(pid)
+        return True
     if not fds:
         return True
     others = [s for s in asked if s is not None] + ([listener] if listener is not None else [])
@@ -114,6 +127,14 @@ def _serve_request(sock, owner, listener, asked: dict, children: dict) -> bool:
     children[pid] = sock
     asked[sock].add(pid)
     return _send(sock, {"forked": pid})
+
+
+def _read_pid(sock: socket.socket) -> int | None:
+    try:
+        raw = sock.recv(PID_BYTES, socket.MSG_WAITALL)
+    except OSError:
+        return None
+    return int.from_bytes(raw, "big") if len(raw) == PID_BYTES else None
 
 
 def _drop(sock: socket.socket, asked: dict, children: dict) -> None:
@@ -250,7 +271,7 @@ class Zygote:
             if not self.alive():
                 raise RuntimeError("The warm parent of rank processes is gone.")
             try:
-                socket.send_fds(self._control, [b"F"], [theirs.fileno()])
+                socket.send_fds(self._control, [FORK], [theirs.fileno()])
             except OSError:
                 self._closed = True  # it died; our reader may not have seen the EOF yet
                 raise RuntimeError("The warm parent of rank processes is gone.") from None
@@ -273,9 +294,14 @@ class Zygote:
                 self._exited.wait(left)
             return self._exits.pop(pid)
 
-    @staticmethod
-    def kill(pid: int) -> None:
-        _kill_group(pid)
+    def kill(self, pid: int) -> None:
+        """Kill the rank `pid` that this connection forked, and every process it started, unless
+        it has already ended: the warm parent, its parent, does it (see the protocol above)."""
+        with self._lock:
+            try:
+                self._control.sendall(KILL + pid.to_bytes(PID_BYTES, "big"))
+            except OSError:  # the warm parent is gone, and its children with it (PR_SET_PDEATHSIG)
+                pass
 
     def close(self) -> None:
         self._closed = True

@@ -2,6 +2,8 @@
 kernels and scripts on this machine find it, and stopped without touching any other cluster."""
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -11,6 +13,8 @@ import pytest
 
 from gpusession.cluster import localhead
 from gpusession.cli import main as gpusession
+
+from ..conftest import wait_for
 
 
 @pytest.mark.parametrize("command", [[], ["start"], ["stop"], ["status"]])
@@ -51,3 +55,25 @@ def test_start_records_a_head_that_scripts_join_and_stop_ends_it(tmp_path, monke
     assert "Stopped the local Ray head" in capsys.readouterr().out
     assert not psutil.pid_exists(head.pid) and localhead.status() is None
     assert not (tmp_path / "local-head.json").exists()
+
+
+def test_stop_never_signals_a_process_that_got_the_recorded_heads_pid(tmp_path, monkeypatch, capsys):
+    """The recorded head died and the OS gave its pid to another `--block` process (pids are
+    reused once the counter wraps): `cluster stop` forgets the record and leaves that process be."""
+    monkeypatch.setenv("GPUSESSION_HOME", str(tmp_path))
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "--block"],
+                                start_new_session=True)
+    try:
+        wait_for(lambda: "--block" in psutil.Process(stranger.pid).cmdline(), timeout=10, message="the stranger running")
+        started = psutil.Process(stranger.pid).create_time()
+        record = localhead.LocalHead("127.0.0.1:1", stranger.pid, 2, True, started - 600, str(tmp_path / "log"),
+                                     process_started=started - 600)  # the head that had this pid before
+        (tmp_path / "local-head.json").write_text(json.dumps(dataclasses.asdict(record)))
+        assert localhead.status() is None
+        assert gpusession(["cluster", "stop"]) == 0
+        assert "was no longer running; removed its record" in capsys.readouterr().out
+        assert not (tmp_path / "local-head.json").exists()
+        assert stranger.poll() is None  # alive, never signalled
+    finally:
+        stranger.kill()
+        stranger.wait()

@@ -3,6 +3,7 @@ shared by every multi-host scenario of the session; skipped where namespaces can
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,17 @@ def sim_cluster():
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def whole_cluster(sim_cluster):
+    """Each module starts with the head up: if a scenario of an earlier module left it down (that
+    module's test failed with why), the cluster is made again rather than failing this one too."""
+    if not sim_cluster.gcs_running():
+        warnings.warn(f"the simulated cluster's head was down; making the cluster again.{sim_cluster.head_report()}")
+        sim_cluster.stop()
+        sim_cluster.start()
+    yield sim_cluster
 
 
 def run_driver(cluster: SimCluster, script: str, *args: str, timeout: float = 300) -> dict:

@@ -130,6 +130,7 @@ class SimCluster:
             shutil.rmtree(f"/etc/netns/{host.netns}", ignore_errors=True)
         _run(["ip", "link", "del", self.bridge], check=False)
         shutil.rmtree(self.base, ignore_errors=True)
+        self.added.clear()
 
     def __enter__(self) -> "SimCluster":
         return self.start()
@@ -246,16 +247,25 @@ class SimCluster:
         """Start the host's Ray node and wait until it is up. On a loaded machine a raylet can
         give up on its own agents (it waits ~15 s for them, not configurable): then the host's
         processes are killed and the node is started again, up to `attempts` times."""
+        first_failure = ""
         for attempt in range(1, attempts + 1):
             self._launch_node(host)
             try:
                 self._wait_ready([host])
                 _set_group_nice(host.proc.pid, 0)  # back to normal once the node is up
                 return
-            except SimClusterError:
+            except SimClusterError as exc:
                 kill_namespace(host.netns)
-                if attempt == attempts:
+                first_failure = first_failure or str(exc)
+                joins_this_head = host is not self.head and not host.own_head
+                if attempt == attempts or (joins_this_head and not self.gcs_running()):  # nothing to join
+                    if attempt > 1:
+                        raise SimClusterError(f"{exc}\n(attempt {attempt} of {attempts}; the first attempt "
+                                              f"failed with:)\n{first_failure}") from exc
                     raise
+
+    def gcs_running(self) -> bool:
+        return any(_comm(pid) == "gcs_server" for pid in namespace_pids(self.head.netns))
 
     def _launch_node(self, host: SimHost) -> None:
         ray = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--disable-usage-stats",
@@ -314,7 +324,7 @@ class SimCluster:
         ports = _run(["ip", "-br", "link", "show", "master", self.bridge], check=False).stdout.strip()
         neighbours = {h.name: _run(["ip", "-n", h.netns, "neigh", "show"], check=False).stdout.strip()
                       for h in (host, self.head)}
-        fatal = [line.rstrip() for path in self.head.tmp.glob("ray/session_*/logs/gcs_server.out")
+        fatal = [line.rstrip() for path in self.head.tmp.glob("ray/session_2*/logs/gcs_server.out")
                  for line in path.read_text(errors="replace").splitlines() if " C " in line or " F " in line]
         return (f"diagnosis: head's gcs_server pids {gcs or 'none'} (fatal lines in its log: {fatal[-3:]}); "
                 f"{host.name} -> {self.address}: "
@@ -336,7 +346,7 @@ class SimCluster:
                 text = path.read_text(errors="replace").strip()
                 if text:
                     report += f"\n{path.name} on the head ends:\n{_tail(text, 30)}"
-        return report
+        return report + _raylet_errors(self.head)
 
     # ---- faults --------------------------------------------------------------------------
     def kill_host(self, host: SimHost) -> int:
@@ -485,10 +495,10 @@ def _has_raylet(netns: str) -> bool:
 def _raylet_errors(host: SimHost) -> str:
     """The raylet's fatal lines: why a node did not come up is often only there."""
     lines = []
-    for path in host.tmp.glob("ray/session_*/logs/raylet.out"):
+    for path in host.tmp.glob("ray/session_2*/logs/raylet.out"):  # not session_latest, the same again
         lines += [line.rstrip() for line in path.read_text(errors="replace").splitlines()
                   if " C " in line or " E " in line]
-    return ("\nraylet errors:\n" + "\n".join(lines[-5:])) if lines else ""
+    return (f"\n{host.name}'s raylet errors:\n" + "\n".join(lines[-5:])) if lines else ""
 
 
 def _tail(text: str, lines: int = 20) -> str:
