@@ -16,6 +16,7 @@ import socket
 import threading
 import time
 from datetime import timedelta
+from typing import NamedTuple
 
 import ray
 
@@ -30,6 +31,12 @@ EXIT_STATUS_WAIT_S = 2.0
 WATCHDOG_POLL_S = 1.0
 
 
+class _RankProcess(NamedTuple):
+    zygote: Zygote  # its warm parent: the only one that may kill it by pid
+    pid: int
+    run_id: str  # its attempt
+
+
 class Worker:
     def __init__(self, zygote_path: str | None = None, host_name: str | None = None) -> None:
         # The node host's warm parent (nodehost.py) when started by it, else one of our own (a
@@ -41,7 +48,7 @@ class Worker:
         self.cluster = ray.get_runtime_context().get_session_name()  # keys this cluster's scratch
         self._store = None  # the rendezvous store rank 0's actor serves for the current attempt
         self._run_lock = threading.Lock()  # one rank at a time
-        self._child: tuple[Zygote, int, str] | None = None  # the rank now: its warm parent, pid, attempt
+        self._child: _RankProcess | None = None  # the rank process now running, if any
         self._stopped_runs: collections.deque = collections.deque(maxlen=64)  # attempts told to stop
         self._conn = None
         self._conn_run: str | None = None  # the attempt of the rank at the other end of _conn
@@ -79,9 +86,8 @@ class Worker:
         if run_id is not None:
             self._stopped_runs.append(run_id)
         child = self._child
-        if child is not None and run_id in (None, child[2]):  # never a later attempt's rank
-            zygote, pid, _ = child
-            zygote.kill(pid)
+        if child is not None and run_id in (None, child.run_id):  # never a later attempt's rank
+            child.zygote.kill(child.pid)
 
     def request_checkpoint(self, reason: str, wanted: bool = True) -> None:
         """Make gs.should_checkpoint() true (or false again) in the current rank process."""
@@ -114,7 +120,7 @@ class Worker:
                 raise
             zygote = self.zygote  # the warm parent that forked it: the one that may kill it
             with self._conn_lock:
-                self._child, self._conn, self._conn_run = (zygote, pid, spec.run_id), conn, spec.run_id
+                self._child, self._conn, self._conn_run = _RankProcess(zygote, pid, spec.run_id), conn, spec.run_id
             finished = threading.Event()
             if spec.group_id:
                 threading.Thread(target=_stop_if_group_removed,

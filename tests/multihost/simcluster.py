@@ -265,7 +265,10 @@ class SimCluster:
                     raise
 
     def gcs_running(self) -> bool:
-        return any(_comm(pid) == "gcs_server" for pid in namespace_pids(self.head.netns))
+        return bool(self._gcs_pids())
+
+    def _gcs_pids(self) -> list[int]:
+        return [pid for pid in namespace_pids(self.head.netns) if _comm(pid) == "gcs_server"]
 
     def _launch_node(self, host: SimHost) -> None:
         ray = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--disable-usage-stats",
@@ -317,7 +320,7 @@ class SimCluster:
     def diagnose(self, host: SimHost) -> str:
         """Why a host's node may not reach the head: the head's GCS process, a TCP connect from
         the host to it, the bridge ports' states."""
-        gcs = [pid for pid in namespace_pids(self.head.netns) if _comm(pid) == "gcs_server"]
+        gcs = self._gcs_pids()
         probe = _run(["ip", "netns", "exec", host.netns, sys.executable, "-c",
                       "import socket,sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3); "
                       "print('connects')", self.head.ip, str(RAY_PORT)], check=False)
