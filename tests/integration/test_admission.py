@@ -31,17 +31,20 @@ def test_two_callers_wanting_3_of_4_gpus_run_one_after_the_other_without_deadloc
     results: dict[str, int] = {}
     first = threading.Thread(target=lambda: results.__setitem__("first", hold_until(str(gate))))
     first.start()
-    wait_for(lambda: any(l["state"] == "placed" for l in _open_leases(broker, admin)), timeout=60,
-             message="the first 3-GPU lease placed")
     second = threading.Thread(target=lambda: results.__setitem__("second", hold_until("")))
-    second.start()
-    queued = wait_for(lambda: [l for l in _open_leases(broker, admin) if l["state"] == "queued"], timeout=30,
-                      message="the second request queued")
-    assert queued[0]["position"] == 1 and "capacity" in queued[0]["reason"]
-    assert free_gpus() == CLUSTER_GPUS - 3  # the queued request holds nothing
-    gate.touch()
-    first.join(60)
-    second.join(60)
+    try:
+        wait_for(lambda: any(l["state"] == "placed" for l in _open_leases(broker, admin)), timeout=60,
+                 message="the first 3-GPU lease placed")
+        second.start()
+        queued = wait_for(lambda: [l for l in _open_leases(broker, admin) if l["state"] == "queued"], timeout=30,
+                          message="the second request queued")
+        assert queued[0]["position"] == 1 and "capacity" in queued[0]["reason"]
+        assert free_gpus() == CLUSTER_GPUS - 3  # the queued request holds nothing
+    finally:  # on every path: a caller left waiting on the gate would hold 3 GPUs for later tests
+        gate.touch()
+        first.join(60)
+        if second.ident is not None:
+            second.join(60)
     assert set(results) == {"first", "second"} and results["first"] != results["second"]
 
 

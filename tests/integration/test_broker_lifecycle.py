@@ -31,20 +31,22 @@ def _row(broker, admin, lease_id: int) -> dict:
 
 def test_a_restarted_broker_keeps_live_leases_and_closes_one_whose_caller_died_meanwhile(cluster, quiet, driver, broker, admin):
     mine = gs.lease(gpus=1)
-    other = driver(HOLDS_ONE_GPU)
-    theirs = int(other.wait_for_line("HOLDING").split()[-1])
-    pid = client.call(broker.info)["pid"]
-    ray.kill(broker, no_restart=False)  # crash: Ray restarts it from the same ledger...
-    died_at = time.time()
-    other.kill()  # ...while another user's kernel dies
-    wait_for(lambda: client.call(broker.info)["pid"] != pid, timeout=60, message="the broker restarted")
-    wait_for(lambda: _row(broker, admin, theirs)["state"] == "ended", timeout=10,
-             message="the dead caller's lease closed after the restart")
-    closed = _row(broker, admin, theirs)
-    assert closed["end_reason"] == "caller gone"
-    assert abs(closed["released_at"] - died_at) < 2.0  # its real end (the job's), not the restart time
-    assert _row(broker, admin, mine.lease_id)["state"] == "placed"  # a live lease survives the restart
-    mine.release()
+    try:
+        other = driver(HOLDS_ONE_GPU)
+        theirs = int(other.wait_for_line("HOLDING").split()[-1])
+        pid = client.call(broker.info)["pid"]
+        ray.kill(broker, no_restart=False)  # crash: Ray restarts it from the same ledger...
+        died_at = time.time()
+        other.kill()  # ...while another user's kernel dies
+        wait_for(lambda: client.call(broker.info)["pid"] != pid, timeout=60, message="the broker restarted")
+        wait_for(lambda: _row(broker, admin, theirs)["state"] == "ended", timeout=10,
+                 message="the dead caller's lease closed after the restart")
+        closed = _row(broker, admin, theirs)
+        assert closed["end_reason"] == "caller gone"
+        assert abs(closed["released_at"] - died_at) < 2.0  # its real end (the job's), not the restart time
+        assert _row(broker, admin, mine.lease_id)["state"] == "placed"  # a live lease survives the restart
+    finally:  # on every path: a lease left placed would starve every later test
+        mine.release()
     assert free_gpus() == CLUSTER_GPUS
 
 
@@ -119,14 +121,16 @@ def test_a_run_in_flight_survives_its_broker_being_replaced_by_another_client(cl
     result: dict = {}
     caller = threading.Thread(target=lambda: result.setdefault("lease", waits_for_gate(str(gate))))
     caller.start()
-    wait_for(lambda: any(l["state"] == "placed" for l in client.call(broker.leases, admin)), timeout=60,
-             message="the run placed")
-    # Another (newer) client replaces the broker; this process still holds the old handle.
-    ray.kill(broker, no_restart=True)
-    client._wait_until_gone()
-    replacement = client._create(BrokerConfig(db_path=str(cluster.db_path)))
-    gate.touch()
-    caller.join(120)
+    try:
+        wait_for(lambda: any(l["state"] == "placed" for l in client.call(broker.leases, admin)), timeout=60,
+                 message="the run placed")
+        # Another (newer) client replaces the broker; this process still holds the old handle.
+        ray.kill(broker, no_restart=True)
+        client._wait_until_gone()
+        replacement = client._create(BrokerConfig(db_path=str(cluster.db_path)))
+    finally:  # on every path: a run left waiting on the gate would hold 2 GPUs for later tests
+        gate.touch()
+        caller.join(120)
     assert "lease" in result  # the run finished normally, no ActorDiedError
     assert _row(replacement, admin, result["lease"])["end_reason"] == "finished"
     assert gs.distributed(gpus=1)(lambda: "still works")() == "still works"

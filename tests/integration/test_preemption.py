@@ -194,12 +194,14 @@ def test_a_higher_priority_request_preempts_a_lower_priority_lease(cluster, brok
     boss = f"boss-{uuid.uuid4().hex[:6]}"
     client.call(broker.set_quota, boss, {"max_priority": "high"}, admin)
     low = Lease(validate_run_options(gpus=4, priority="low"), identity=Identity("low-prio")).acquire()
+    high = None
     try:
         asked = time.monotonic()
         high = Lease(validate_run_options(gpus=2, priority="high"), identity=Identity(boss)).acquire()
         assert time.monotonic() - asked < GRACE_S + MARGIN_S
         assert low.notice()["kind"] == "preempt" and "lower priority" in low.notice()["reason"]
-        high.release()
-    finally:
+    finally:  # both, on every path: a lease left placed would starve every later test
+        if high is not None:
+            high.release()
         low.release()
         client.call(broker.reset_quota, boss, admin)

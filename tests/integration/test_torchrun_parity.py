@@ -17,7 +17,8 @@ import gpusession as gs
 from . import ddp_train
 
 HERE = Path(__file__).parent
-SCRIPT_TIMEOUT_S = 1.0  # the script's own init_process_group(timeout=...); gpusession's is 1800 s
+SCRIPT_TIMEOUT_S = 3.0  # the script's own init_process_group(timeout=...); gpusession's is 1800 s. It also bounds
+# the rendezvous and the first collectives: 1 s could end those when a rank is descheduled here
 TIMEOUT_MARGIN_S = 15.0  # gloo's timer on a loaded machine; far below gpusession's own timeout
 
 

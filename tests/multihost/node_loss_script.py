@@ -96,15 +96,15 @@ def main() -> None:
             while not os.path.exists(f"{prefix}-{i - 1}.go"):
                 time.sleep(0.1)
         transitions.lines = []
-        one_run(f"{prefix}-{i}", transitions, kind=RUNS[i])
+        result = one_run(f"{prefix}-{i}", transitions, kind=RUNS[i])
         if i == 0 and runs > 1:
-            capacity_while_lost()
+            capacity_while_lost(result.get("lost_in_capacity_at"))
 
 
 RUNS = ("fails", "moves", "elastic")
 
 
-def one_run(prefix: str, transitions: Transitions, *, kind: str) -> None:
+def one_run(prefix: str, transitions: Transitions, *, kind: str) -> dict:
     if kind == "elastic":  # a lost host leaves it on the 2 GPUs of the host that remains
         call = gs.distributed(gpus=4, min_gpus=2, placement="spread", timeout="240s")(checkpointed_steps)
     elif kind == "moves":  # one rank per host: the lost host's rank moves to the other's free GPU
@@ -114,7 +114,7 @@ def one_run(prefix: str, transitions: Transitions, *, kind: str) -> None:
     result: dict = {}
     started = time.time()
     watching = threading.Event()
-    if kind == "elastic":  # when the broker's capacity first counts the silent host's GPUs lost
+    if kind in ("elastic", "fails"):  # when the broker's capacity first counts the lost host's GPUs lost
         threading.Thread(target=watch_capacity, args=(result, watching), daemon=True).start()
     try:
         result["value"] = call(prefix)
@@ -136,6 +136,7 @@ def one_run(prefix: str, transitions: Transitions, *, kind: str) -> None:
     result["transitions"] = transitions.lines
     result["ledger"] = ledger_row(info.lease_id)
     print("RESULT " + json.dumps(result), flush=True)
+    return result
 
 
 def watch_capacity(result: dict, done: threading.Event) -> None:
@@ -164,9 +165,10 @@ def ledger_row(lease_id: int) -> dict:
     return out
 
 
-def capacity_while_lost() -> None:
+def capacity_while_lost(first_counted_at: float | None) -> None:
     """The broker's view right after the loss; a 4-GPU call that cannot be placed until the host
-    is back (it must wait, ungranted and unbilled) and a 2-GPU call meanwhile."""
+    is back (it must wait, ungranted and unbilled) and a 2-GPU call meanwhile. `first_counted_at`:
+    when the run's watcher saw the broker count the lost GPUs, if it did before the run ended."""
     import sqlite3
     import threading
 
@@ -178,7 +180,9 @@ def capacity_while_lost() -> None:
     deadline = time.monotonic() + 30
     while (view := client.call(broker.cluster))["gpus_lost"] != 2.0 and time.monotonic() < deadline:
         time.sleep(0.02)
-    report["lost_seen_at"] = time.time()
+    # The broker's moment, not this poll's: this starts only once the failed run has returned,
+    # which the run's own bound allows to take longer.
+    report["lost_seen_at"] = first_counted_at or time.time()
     report["view_when_lost"] = {k: view[k] for k in ("gpus_total", "gpus_free", "gpus_lost", "gpus_unmanaged")}
     report["ray_alive_gpu_nodes_then"] = sum(1 for n in raycluster.nodes() if n.gpus)  # Ray's own view
 
