@@ -208,6 +208,8 @@ class Lease:
             self._place(broker, view)
             self.observer.granted(self.info)
         except BaseException as exc:
+            if self.granted_at is None:  # it gave up in the queue: the receipt shows how long it waited
+                self.info.queued_s = time.time() - asked
             self.release("cancelled" if self.granted_at is None else _end_reason(exc))
             raise
         return self
@@ -231,7 +233,7 @@ class Lease:
             self.observer.poll()
             if timeout is not None and elapsed >= timeout:
                 raise QueueTimeout(
-                    f"No {self.gpus:g} GPUs within queue_timeout={timeout:g} s (position "
+                    f"No {self.gpus:g} GPU{'s' if self.gpus != 1 else ''} within queue_timeout={timeout:g} s (position "
                     f"{view.get('position')}, {view.get('reason')}). Nothing was leased. Try later, ask "
                     "for fewer GPUs, or raise queue_timeout."
                 )

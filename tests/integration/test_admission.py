@@ -71,4 +71,5 @@ def test_queue_timeout_gives_up_leasing_nothing(cluster, quiet, broker, admin):
         with pytest.raises(gs.QueueTimeout, match="Nothing was leased"):
             waits()
         assert 0.9 < time.monotonic() - started < 10
+        assert 1.0 <= waits.last_run.queued_s < 10  # its receipt counts the wait it gave up on
         assert [l["state"] for l in _open_leases(broker, admin)] == ["placed"]  # only the holder's lease
