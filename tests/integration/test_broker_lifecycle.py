@@ -160,19 +160,25 @@ def test_a_worker_stops_by_itself_when_its_leases_group_is_taken_back(cluster, q
         except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
             outcome["error"] = exc
 
-    caller = threading.Thread(target=call)
+    caller = threading.Thread(target=call, daemon=True)
     caller.start()
-    wait_for(lambda: pid_file.exists() and pid_file.read_text(), timeout=60, message="the worker running")
-    worker_pid = int(pid_file.read_text())
-    lease = next(l for l in client.call(broker.leases, admin) if l["state"] == "placed")
-    group = next(pg for pg in ray.util.placement_group_table().values() if pg["name"] == lease["pg_name"])
-    taken_at = time.monotonic()
-    from gpusession.broker.rayview import remove_group
+    try:
+        wait_for(lambda: pid_file.exists() and pid_file.read_text(), timeout=60, message="the worker running")
+        worker_pid = int(pid_file.read_text())
+        lease = next(l for l in client.call(broker.leases, admin) if l["state"] == "placed")
+        group = next(pg for pg in ray.util.placement_group_table().values() if pg["name"] == lease["pg_name"])
+        taken_at = time.monotonic()
+        from gpusession.broker.rayview import remove_group
 
-    remove_group(group["placement_group_id"])  # what the broker does when it forces a lease off
-    wait_for(lambda: not psutil.pid_exists(worker_pid) or psutil.Process(worker_pid).status() == "zombie",
-             timeout=10, message="the worker process gone")
-    assert time.monotonic() - taken_at < 5  # WATCHDOG_POLL_S is 1 s
-    caller.join(60)
+        remove_group(group["placement_group_id"])  # what the broker does when it forces a lease off
+        wait_for(lambda: not psutil.pid_exists(worker_pid) or psutil.Process(worker_pid).status() == "zombie",
+                 timeout=10, message="the worker process gone")
+        assert time.monotonic() - taken_at < 5  # WATCHDOG_POLL_S is 1 s
+        caller.join(60)
+    finally:  # a step above failed: the run computes forever, so take its lease back for later tests
+        if caller.is_alive():
+            for row in client.call(broker.leases, admin):
+                client.call(broker.revoke, row["lease_id"], admin)
+            caller.join(60)
     assert isinstance(outcome.get("error"), gs.WorkerFailed)
     assert free_gpus() == CLUSTER_GPUS

@@ -104,19 +104,21 @@ def _run_load(cluster, broker, admin, *, callers: int, kill_broker_at: float | N
     outcomes: dict[int, tuple] = {}
     threads = [threading.Thread(target=_caller, args=(i, users, outcomes)) for i in range(callers)]
     started = time.monotonic()
-    for t in threads:
-        t.start()
-    if kill_broker_at is not None:
-        time.sleep(kill_broker_at)
-        ray.kill(broker, no_restart=False)  # a crash: Ray restarts it from the same ledger
-    for t in threads:
-        t.join(300)
-    sampler.stopped_at = time.monotonic()
-    sampler.stopping.set()
-    sampler.join(30)
+    try:
+        for t in threads:
+            t.start()
+        if kill_broker_at is not None:
+            time.sleep(kill_broker_at)  # the moment of the crash, into the load: not a wait for a state
+            ray.kill(broker, no_restart=False)  # a crash: Ray restarts it from the same ledger
+        for t in threads:
+            t.join(300)
+    finally:  # on every path (a pytest timeout too): a sampler left running would load the broker for later tests
+        sampler.stopped_at = time.monotonic()
+        sampler.stopping.set()
+        sampler.join(30)
+        for user in users:
+            client.call(broker.reset_quota, user, admin)
     assert not sampler.is_alive()
-    for user in users:
-        client.call(broker.reset_quota, user, admin)
     return users, outcomes, sampler, time.monotonic() - started
 
 

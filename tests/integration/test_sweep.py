@@ -109,15 +109,22 @@ def test_an_interrupted_sweep_releases_every_gpu_and_the_same_call_runs_only_the
             return 0
         return sum(1 for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE)
 
+    sweep_over = threading.Event()
+
     def ctrl_c_after_two_trials() -> None:
-        wait_for(lambda: finished_in_storage() >= 2, timeout=120, interval=0.05, message="two trials finished")
-        _thread.interrupt_main()  # what the notebook's stop button does to the kernel's main thread
+        wait_for(lambda: sweep_over.is_set() or finished_in_storage() >= 2, timeout=120, interval=0.05,
+                 message="two trials finished")
+        if not sweep_over.is_set():  # a late Ctrl-C would land after the test and stop the whole session
+            _thread.interrupt_main()  # what the notebook's stop button does to the kernel's main thread
 
     watcher = threading.Thread(target=ctrl_c_after_two_trials, daemon=True)
     watcher.start()
-    with pytest.raises(KeyboardInterrupt):
-        gs.sweep(slow_quadratic, {"x": gs.uniform(0.0, 1.0)}, **call)
-    watcher.join(5)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            gs.sweep(slow_quadratic, {"x": gs.uniform(0.0, 1.0)}, **call)
+    finally:
+        sweep_over.set()
+        watcher.join(5)
     assert free_gpus() == CLUSTER_GPUS  # every trial's GPUs were back before the call raised
     done_before = finished_in_storage()
     assert 2 <= done_before < 6
