@@ -38,6 +38,12 @@ PROBE_TIMEOUT_S = 180.0  # a probe may need a new Ray worker process: slow on a 
 IDLE_WATCH_S = 1.0  # a held elastic lease's idle watcher looks again this often (and at once on a notice)
 RELEASE_WAITS_FOR_RESIZE_S = 30.0  # a release lets a resize between runs finish, up to this
 _live: "weakref.WeakSet[Lease]" = weakref.WeakSet()
+# One group removal at a time in this process. Ray drops a removed group's keys from its view
+# before it adds the GPUs back; a release that took its "before" reading inside another lease's
+# removal would count that lease's GPUs coming back as its own and return while its own are still
+# held (seen: two sweep trials stopped at once, 3 of 4 GPUs free when gs.sweep raised). A release
+# in another process can still overlap; its GPUs then show free moments later.
+_removing = threading.Lock()
 
 
 @ray.remote(num_cpus=0, max_calls=0, max_retries=0)  # a probe whose group vanished must fail, not wait
@@ -497,17 +503,18 @@ class Lease:
         for slot in self.slots:
             if slot.node_id not in self._lost_nodes:  # a lost host's GPUs come back only when Ray says so
                 ours[slot.node_id] += self.options.lease.gpus_per_worker
-        still_there = ray.util.placement_group_table(self._pg).get("state") != "REMOVED"
-        before = raycluster.unreserved_gpus_by_node(excluding_group=marker)
-        remove_placement_group(self._pg)
-        if not still_there:  # the broker already took it back (revoke, preemption)
-            return
-        deadline = time.monotonic() + FREE_TIMEOUT_S
-        while time.monotonic() < deadline:
-            now = raycluster.unreserved_gpus_by_node(excluding_group=marker)
-            if all(now.get(n, 0.0) >= before.get(n, 0.0) + gpus - 1e-6 for n, gpus in ours.items()):
+        with _removing:
+            still_there = ray.util.placement_group_table(self._pg).get("state") != "REMOVED"
+            before = raycluster.unreserved_gpus_by_node(excluding_group=marker)
+            remove_placement_group(self._pg)
+            if not still_there:  # the broker already took it back (revoke, preemption)
                 return
-            time.sleep(0.005)
+            deadline = time.monotonic() + FREE_TIMEOUT_S
+            while time.monotonic() < deadline:
+                now = raycluster.unreserved_gpus_by_node(excluding_group=marker)
+                if all(now.get(n, 0.0) >= before.get(n, 0.0) + gpus - 1e-6 for n, gpus in ours.items()):
+                    return
+                time.sleep(0.005)
         log.warning("Ray still shows the GPUs of lease %s in use %.0f s after release.", self.lease_id,
                     FREE_TIMEOUT_S)
 
