@@ -57,6 +57,17 @@ def wait_for(predicate, *, timeout: float, interval: float = 0.02, message: str 
         time.sleep(interval)
 
 
+def process_running(pid: int) -> bool:
+    """Whether pid is a process that has not exited (a zombie has). One call: a process that ends
+    between "does it exist" and "what is its state" is not running, never an error."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def free_gpus() -> float:
     import ray
 

@@ -14,7 +14,7 @@ from gpusession.broker.settings import BrokerConfig
 from gpusession.errors import NotAuthorized
 from gpusession.identity import current_user
 
-from ..conftest import CLUSTER_GPUS, free_gpus, wait_for
+from ..conftest import CLUSTER_GPUS, free_gpus, process_running, wait_for
 
 HOLDS_ONE_GPU = """
 import time
@@ -140,8 +140,6 @@ def test_a_worker_stops_by_itself_when_its_leases_group_is_taken_back(cluster, q
     import os
     import threading
 
-    import psutil
-
     pid_file = tmp_path / "pid"
 
     @gs.distributed(gpus=1)
@@ -171,7 +169,7 @@ def test_a_worker_stops_by_itself_when_its_leases_group_is_taken_back(cluster, q
         from gpusession.broker.rayview import remove_group
 
         remove_group(group["placement_group_id"])  # what the broker does when it forces a lease off
-        wait_for(lambda: not psutil.pid_exists(worker_pid) or psutil.Process(worker_pid).status() == "zombie",
+        wait_for(lambda: not process_running(worker_pid),
                  timeout=10, message="the worker process gone")
         assert time.monotonic() - taken_at < 5  # WATCHDOG_POLL_S is 1 s
         caller.join(60)

@@ -7,10 +7,11 @@ import asyncio
 import json
 import textwrap
 
-import psutil
 import pytest
 from pytest_jupyter.jupyter_server import *  # jp_serverapp, jp_fetch and the fixtures they need
 from traitlets.config import Config
+
+from ..conftest import process_running
 
 OWNER = "alice"
 
@@ -120,5 +121,5 @@ def test_the_server_runs_its_own_cluster_whose_kernels_lease_gpus_as_their_signe
     assert len(kernels.list_kernel_ids()) == 1
     jp_asyncio_loop.run_until_complete(app.stop_extension())
     assert kernels.list_kernel_ids() == []
-    assert not psutil.pid_exists(head.pid) or psutil.Process(head.pid).status() == psutil.STATUS_ZOMBIE
+    assert not process_running(head.pid)
     assert not (tmp_path / "gs-home" / "local-head.json").exists()

@@ -10,7 +10,7 @@ import ray
 
 from gpusession.run import nodehost
 
-from ..conftest import CLUSTER_GPUS, free_gpus, wait_for
+from ..conftest import CLUSTER_GPUS, free_gpus, process_running, wait_for
 
 PARENTS = """
 import os
@@ -72,13 +72,6 @@ def test_a_dead_kernel_leaves_no_rank_and_no_worker_of_its_own(cluster, driver, 
     kernel.kill()  # SIGKILL, as the OOM killer does to a kernel
     wait_for(lambda: free_gpus() == CLUSTER_GPUS and not client.call(broker.leases, admin), timeout=30,
              message="its GPUs free in Ray and in the broker")
-    wait_for(lambda: not any(_running(pid) for pid in ranks + workers), timeout=30,
+    wait_for(lambda: not any(process_running(pid) for pid in ranks + workers), timeout=30,
              message="the dead kernel's ranks and worker actors gone")
-    assert _running(zygote)  # the node's warm parent stays, for the next kernel
-
-
-def _running(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+    assert process_running(zygote)  # the node's warm parent stays, for the next kernel

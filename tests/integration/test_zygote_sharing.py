@@ -11,16 +11,9 @@ import psutil
 
 from gpusession.run.zygote import Zygote
 
-from ..conftest import wait_for
+from ..conftest import process_running, wait_for
 
 START_S = 180.0  # imports torch; a loaded 2-core machine is slow
-
-
-def _running(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def test_one_warm_parent_serves_several_actors_each_keeping_its_own_children(tmp_path):
@@ -42,7 +35,7 @@ def test_one_warm_parent_serves_several_actors_each_keeping_its_own_children(tmp
         assert first.exit_status(theirs, 0.5) is None  # told to the actor that asked for it only
 
         first.close()  # that actor died: its rank dies too, the warm parent stays for the others
-        wait_for(lambda: not _running(mine), timeout=10, message="the closed connection's child gone")
+        wait_for(lambda: not process_running(mine), timeout=10, message="the closed connection's child gone")
         assert owner.alive() and second.alive()
         again, pipe = second.fork()
         pipe.close()
@@ -72,11 +65,11 @@ def test_a_kill_reaches_only_a_rank_of_that_actor_still_running_never_a_process_
         owner.kill(stranger.pid)  # what a late kill of a reused pid amounts to
         running, pipe = owner.fork()
         other.kill(running)  # another actor's rank
-        assert owner.exit_status(running, 1.0) is None and _running(running)
+        assert owner.exit_status(running, 1.0) is None and process_running(running)
         owner.kill(running)
         assert owner.exit_status(running, 30.0) == (None, signal.SIGKILL)
         pipe.close()
-        assert stranger.poll() is None and _running(stranger.pid)
+        assert stranger.poll() is None and process_running(stranger.pid)
     finally:
         stranger.kill()
         stranger.wait()
