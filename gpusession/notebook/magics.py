@@ -158,7 +158,7 @@ def release_kernel_leases() -> str:
     if not count:
         return "This kernel holds no leases: nothing to release."
     leases = f"{count} lease{'s' if count != 1 else ''}"
-    return f"Released {leases} of this kernel ({gpus:g} GPUs); Ray shows them free."
+    return f"Released {leases} of this kernel ({gpus:g} GPU{'s' if gpus != 1 else ''}); Ray shows them free."
 
 
 # ----- %%gpu -----------------------------------------------------------------------------------------

@@ -98,3 +98,7 @@ if __name__ == "__main__":  # under torchrun: every rank writes what it saw
     seen = run_all(os.path.dirname(sys.argv[1]))
     with open(f"{sys.argv[1]}.{dist.get_rank()}", "w") as f:
         json.dump(seen, f)
+    # As torch's docs ask of a script: without it, gloo's threads can abort the interpreter's
+    # exit (SIGABRT, "terminate called without an active exception"; torchrun then fails the run).
+    dist.barrier()
+    dist.destroy_process_group()
