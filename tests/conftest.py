@@ -68,6 +68,18 @@ def process_running(pid: int) -> bool:
         return False
 
 
+def take_back_from_a_stuck_caller(caller, broker, admin) -> None:
+    """After a failed step: if `caller` (a thread holding a lease) still runs, revoke every open
+    lease and wait for it, so its GPUs are not held into the next tests."""
+    if not caller.is_alive():
+        return
+    from gpusession.broker import client
+
+    for row in client.call(broker.leases, admin):
+        client.call(broker.revoke, row["lease_id"], admin)
+    caller.join(60)
+
+
 def free_gpus() -> float:
     import ray
 

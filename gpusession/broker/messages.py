@@ -11,7 +11,8 @@ INFEASIBLE = "Infeasible"
 QUOTA_EXCEEDED = "QuotaExceeded"
 
 
-def _gpus(n: float) -> str:
+def gpus_text(n: float) -> str:
+    """'1 GPU', '2 GPUs', '0.5 GPUs': how every message counts GPUs."""
     return f"{n:g} GPU" if n == 1 else f"{n:g} GPUs"
 
 
@@ -22,23 +23,23 @@ def _count(n: int, thing: str) -> str:
 def unplaceable(request: Request, nodes: Sequence[NodeCapacity], limit: int) -> Reject:
     """More workers than the cluster could ever hold with this placement."""
     gpw, placement = request.gpus_per_worker, Placement.parse(request.placement)
-    shape = f"{_count(request.workers, 'worker')} x {_gpus(gpw)}"
+    shape = f"{_count(request.workers, 'worker')} x {gpus_text(gpw)}"
     if placement == Placement.STRICT_PACK:
         largest = max((n.gpus for n in nodes), default=0.0)
-        what = f"on one node (strict_pack) but the largest node has {_gpus(largest)}"
+        what = f"on one node (strict_pack) but the largest node has {gpus_text(largest)}"
         fix = "or use placement='pack' to span nodes"
     elif placement == Placement.STRICT_SPREAD:
         what = f"on distinct nodes (strict_spread) but only {_count(limit, 'node')} can take one"
         fix = "or use placement='spread'"
     else:
-        size = f"{_count(len(nodes), 'node')}, {_gpus(sum(n.gpus for n in nodes))}"
+        size = f"{_count(len(nodes), 'node')}, {gpus_text(sum(n.gpus for n in nodes))}"
         what = f"but the cluster ({size}) can place at most {limit * gpw:g}"
         fix = "or add nodes to the cluster"
     most = limit * gpw
     return Reject(
         request.lease_id,
         INFEASIBLE,
-        f"Needs {_gpus(request.gpus)} ({shape}) {what}. Ask for at most {most:g} GPUs, {fix}.",
+        f"Needs {gpus_text(request.gpus)} ({shape}) {what}. Ask for at most {most:g} GPUs, {fix}.",
     )
 
 
@@ -46,7 +47,7 @@ def over_ceiling(request: Request, *, ceiling: float, quota: Quota, borrowing: b
     """More than the user may ever hold: max_gpus, or the cluster size when borrowing."""
     user = request.user
     if borrowing:
-        detail = f"{user} may borrow up to the cluster size, {_gpus(ceiling)}"
+        detail = f"{user} may borrow up to the cluster size, {gpus_text(ceiling)}"
         fix = "or add nodes to the cluster"
     else:
         detail = f"{user} may hold {ceiling:g} (quota max_gpus={quota.max_gpus:g})"
@@ -54,7 +55,7 @@ def over_ceiling(request: Request, *, ceiling: float, quota: Quota, borrowing: b
     return Reject(
         request.lease_id,
         INFEASIBLE,
-        f"Needs {_gpus(request.gpus)} but {detail}. Ask for at most {ceiling:g}, {fix}.",
+        f"Needs {gpus_text(request.gpus)} but {detail}. Ask for at most {ceiling:g}, {fix}.",
     )
 
 
@@ -96,7 +97,7 @@ def next_in_line(in_use: float, total: float, *, starts_in_s: float) -> str:
 
 
 def quota(user: str, *, holds: float, max_gpus: float, borrowing: bool) -> str:
-    text = f"waiting for quota: {user} holds {holds:g} of max {_gpus(max_gpus)}"
+    text = f"waiting for quota: {user} holds {holds:g} of max {gpus_text(max_gpus)}"
     return text + " and no GPUs are idle to borrow" if borrowing else text
 
 
@@ -118,7 +119,7 @@ def not_placed(gpus: float, waited_s: float, cluster: dict | None) -> str:
     """Why a granted lease's placement group was not placed in time, as far as the broker knows
     (`cluster`: its cluster view, None if it did not answer). "Outside gpusession" only when
     Ray shows GPUs in use that no lease accounts for."""
-    head = f"The broker granted {_gpus(gpus)} but Ray could not place them within {waited_s:.0f} s"
+    head = f"The broker granted {gpus_text(gpus)} but Ray could not place them within {waited_s:.0f} s"
     lost = [n for n in (cluster or {}).get("nodes", []) if n.get("lost")]
     if lost:
         names = ", ".join(f"{n['node_id'][:12]} ({n.get('address') or 'no address'})" for n in lost)
@@ -126,7 +127,7 @@ def not_placed(gpus: float, waited_s: float, cluster: dict | None) -> str:
                 "Nothing was billed. Try again: the broker lends only the nodes that answer.")
     unmanaged = (cluster or {}).get("gpus_unmanaged") or 0.0
     if unmanaged > 0:
-        return (f"{head}: something outside gpusession is using {_gpus(unmanaged)} (Ray shows them in use "
+        return (f"{head}: something outside gpusession is using {gpus_text(unmanaged)} (Ray shows them in use "
                 "and no lease holds them). Nothing was billed. Try again, or ask who uses Ray directly.")
     why = "the broker did not answer" if cluster is None else "no node was lost and nothing outside gpusession uses GPUs"
     return f"{head} ({why}). Nothing was billed. Try again."

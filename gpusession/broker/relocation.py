@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Collection, Mapping
 
+from .messages import gpus_text
 from .model import EPSILON, Placement
 from .placement import plan
 
@@ -32,7 +33,7 @@ def relocate(held: Mapping[str, int], lost: Collection[str], *, free_by_node: Ma
     needed = sum(held.values()) * gpus_per_worker
     remaining = sum(gpus for node, gpus in total_by_node.items() if node not in lost)
     if remaining + EPSILON < needed:  # no wait could help, short of the host coming back
-        return Relocation(None, f"the hosts that remain have {_gpus(remaining)} in all, fewer than the "
+        return Relocation(None, f"the hosts that remain have {gpus_text(remaining)} in all, fewer than the "
                                 f"{needed:g} the run needs")
     free = {node: gpus for node, gpus in free_by_node.items() if node not in lost}
     usable = free
@@ -54,14 +55,11 @@ def _no_room(free: Mapping[str, float], moving: int, gpw: float, placement: Plac
     spare = sum(gpus for gpus in free.values() if gpus > 0)
     lost_gpus = moving * gpw
     if spare + EPSILON >= lost_gpus:
-        what = (f"the hosts that remain have {_gpus(spare)} free, but not where placement='{placement.value}' "
-                f"can put {moving} more worker{'s' if moving != 1 else ''} of {_gpus(gpw)}")
+        what = (f"the hosts that remain have {gpus_text(spare)} free, but not where placement='{placement.value}' "
+                f"can put {moving} more worker{'s' if moving != 1 else ''} of {gpus_text(gpw)}")
     else:
-        what = (f"the hosts that remain have {_gpus(spare)} free, fewer than the {lost_gpus:g} the run lost "
+        what = (f"the hosts that remain have {gpus_text(spare)} free, fewer than the {lost_gpus:g} the run lost "
                 f"with the host (it needs {kept_gpus + lost_gpus:g})")
     elastic = f"make the run elastic (min_gpus={kept_gpus:g}) to go on with what remains, or " if kept_gpus else ""
     return f"{what}: {elastic}run it again when GPUs are free"
 
-
-def _gpus(n: float) -> str:
-    return f"{n:g} GPU" if n == 1 else f"{n:g} GPUs"

@@ -239,7 +239,7 @@ class Lease:
             self.observer.poll()
             if timeout is not None and elapsed >= timeout:
                 raise QueueTimeout(
-                    f"No {self.gpus:g} GPU{'s' if self.gpus != 1 else ''} within queue_timeout={timeout:g} s (position "
+                    f"No {messages.gpus_text(self.gpus)} within queue_timeout={timeout:g} s (position "
                     f"{view.get('position')}, {view.get('reason')}). Nothing was leased. Try later, ask "
                     "for fewer GPUs, or raise queue_timeout."
                 )

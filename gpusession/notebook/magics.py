@@ -18,6 +18,7 @@ from .cellcode import CellCode, analyze, parse_names
 from .cellrun import CellPayload, CellResult, pack, run_cell, unpack
 from ..run.distributed import DistributedFunction, parse_options
 from ..errors import GPUSessionError
+from ..broker.messages import gpus_text
 from ..cluster.lease import held_leases, release_all
 from ..options import parse_duration
 from ..shipping import local_modules
@@ -158,7 +159,7 @@ def release_kernel_leases() -> str:
     if not count:
         return "This kernel holds no leases: nothing to release."
     leases = f"{count} lease{'s' if count != 1 else ''}"
-    return f"Released {leases} of this kernel ({gpus:g} GPU{'s' if gpus != 1 else ''}); Ray shows them free."
+    return f"Released {leases} of this kernel ({gpus_text(gpus)}); Ray shows them free."
 
 
 # ----- %%gpu -----------------------------------------------------------------------------------------

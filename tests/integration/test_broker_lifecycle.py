@@ -14,7 +14,7 @@ from gpusession.broker.settings import BrokerConfig
 from gpusession.errors import NotAuthorized
 from gpusession.identity import current_user
 
-from ..conftest import CLUSTER_GPUS, free_gpus, process_running, wait_for
+from ..conftest import CLUSTER_GPUS, free_gpus, process_running, take_back_from_a_stuck_caller, wait_for
 
 HOLDS_ONE_GPU = """
 import time
@@ -174,9 +174,6 @@ def test_a_worker_stops_by_itself_when_its_leases_group_is_taken_back(cluster, q
         assert time.monotonic() - taken_at < 5  # WATCHDOG_POLL_S is 1 s
         caller.join(60)
     finally:  # a step above failed: the run computes forever, so take its lease back for later tests
-        if caller.is_alive():
-            for row in client.call(broker.leases, admin):
-                client.call(broker.revoke, row["lease_id"], admin)
-            caller.join(60)
+        take_back_from_a_stuck_caller(caller, broker, admin)
     assert isinstance(outcome.get("error"), gs.WorkerFailed)
     assert free_gpus() == CLUSTER_GPUS

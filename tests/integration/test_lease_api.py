@@ -12,7 +12,7 @@ import ray
 
 import gpusession as gs
 
-from ..conftest import CLUSTER_GPUS, free_gpus
+from ..conftest import CLUSTER_GPUS, free_gpus, take_back_from_a_stuck_caller
 
 
 def test_one_lease_serves_several_runs_and_is_released_when_the_block_ends(cluster, quiet):
@@ -121,10 +121,7 @@ def test_a_grant_revoked_while_it_is_being_placed_raises_the_brokers_reason(clus
         client.call(broker.revoke, held["lease_id"], admin)
         caller.join(60)
     finally:  # a failed step above must not leave the caller holding 2 GPUs for the next tests
-        if caller.is_alive():
-            for row in client.call(broker.leases, admin):
-                client.call(broker.revoke, row["lease_id"], admin)
-            caller.join(60)
+        take_back_from_a_stuck_caller(caller, broker, admin)
     assert isinstance(outcome.get("error"), gs.LeaseRevoked), outcome
     assert "revoked by admin" in str(outcome["error"])
     freed_by = time.monotonic() + 5.0  # the broker removed the group: Ray's view follows within moments
