@@ -28,6 +28,38 @@ hypothesis_settings.register_profile(
 hypothesis_settings.load_profile("gpusession")
 CLUSTER_GPUS = 4
 
+# The fast loop (`pytest -m "not slow"`, README "Development") leaves out every test that starts
+# something heavy of its own. Marked here by folder and fixture, so a new test in these folders or
+# using these fixtures is caught without remembering the marker; a test that starts its own Ray
+# cluster in a subprocess says so with an explicit @pytest.mark.slow.
+SLOW_FOLDERS = {
+    "e2e": "drives a real browser against its own JupyterLab",
+    "multihost": "makes network namespaces and a simulated multi-host cluster",
+    "hub": "starts its own JupyterHub",
+}
+SLOW_FIXTURES = {
+    "jp_serverapp": "starts its own Jupyter server",
+    "jupyter": "starts its own JupyterLab",
+    "browser": "drives a real browser",
+    "sim_cluster": "makes network namespaces and a simulated multi-host cluster",
+}
+
+
+def slow_reason(folder: str, fixturenames) -> str | None:
+    """Why a test is slow by where it lives or what it uses; None when neither says so."""
+    if folder in SLOW_FOLDERS:
+        return SLOW_FOLDERS[folder]
+    return next((SLOW_FIXTURES[name] for name in fixturenames if name in SLOW_FIXTURES), None)
+
+
+def pytest_collection_modifyitems(config, items):
+    tests = ROOT / "tests"
+    for item in items:
+        path = Path(str(item.fspath))
+        folder = path.relative_to(tests).parts[0] if path.is_relative_to(tests) else ""
+        if slow_reason(folder, getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
 
 @dataclass
 class Cluster:

@@ -7,7 +7,11 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from ..conftest import ROOT
+
+pytestmark = pytest.mark.slow  # starts its own embedded Ray cluster
 
 
 def test_gpusession_demo_runs_the_quickstart_on_the_embedded_cluster_and_prints_the_receipt(tmp_path):

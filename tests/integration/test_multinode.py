@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # starts its own multi-node Ray cluster (ray.cluster_utils)
+
 HERE = Path(__file__).parent
 
 

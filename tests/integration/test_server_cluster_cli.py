@@ -30,6 +30,7 @@ def test_status_without_a_head_says_how_to_start_one(tmp_path, monkeypatch, caps
     assert gpusession(["cluster", "stop"]) == 0 and "nothing to stop" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # starts its own Ray head
 def test_start_records_a_head_that_scripts_join_and_stop_ends_it(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("GPUSESSION_HOME", str(tmp_path))
     try:

@@ -10,6 +10,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 import ray
 from ray.experimental import internal_kv
 
@@ -17,6 +18,8 @@ from gpusession.broker import statedir
 from gpusession.broker.service import BrokerService
 
 from ..conftest import ROOT
+
+pytestmark = pytest.mark.slow  # starts a second Ray cluster of its own
 
 ANOTHER_CLUSTER = """
 import json, logging, sys
