@@ -1,0 +1,104 @@
+"""What a benchmark measured, written to benchmarks/results/NAME.json with the machine it ran on
+(format: the helpers' shared brief; benchmarks/report.py renders the README's speed tables from
+these files, so a README figure always has the file and the script behind it)."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+CANNOT = "cannot"  # the alternative truly cannot do it (the script shows why): no ratio
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of a speed table: both sides' samples, what each was configured with, the goal."""
+
+    measure: str
+    unit: str
+    gpusession_samples: list
+    alternative: str = ""
+    alternative_samples: list = field(default_factory=list)
+    configured: str = ""
+    goal: str = ""
+    alternative_cannot: bool = False  # alternative_value "cannot" instead of a figure
+    note: str = ""
+
+    def as_json(self) -> dict:
+        mine = median_or_none(self.gpusession_samples)
+        theirs = CANNOT if self.alternative_cannot else median_or_none(self.alternative_samples)
+        ratio = None
+        if isinstance(theirs, float) and mine is not None and theirs > 0:
+            ratio = round(mine / theirs, 4)
+        row = {"measure": self.measure, "unit": self.unit, "gpusession": mine,
+               "gpusession_samples": rounded(self.gpusession_samples), "alternative": self.alternative,
+               "alternative_value": theirs, "alternative_samples": rounded(self.alternative_samples),
+               "configured": self.configured, "ratio": ratio, "goal": self.goal}
+        if self.note:
+            row["note"] = self.note
+        return row
+
+
+def median_or_none(samples) -> float | None:
+    return round(float(statistics.median(samples)), 4) if samples else None
+
+
+def rounded(samples) -> list:
+    return [round(float(value), 4) for value in samples]
+
+
+def machine() -> dict:
+    """The machine a figure was taken on: the machine is shared, so its load average matters."""
+    return {"cores": os.cpu_count(), "loadavg": [round(x, 2) for x in os.getloadavg()],
+            "python": platform.python_version(), "torch": _version("torch"), "ray": _version("ray"),
+            "gpusession_commit": _commit(), "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+
+
+def _version(module: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(module)
+    except Exception:  # not installed: say so rather than fail a long benchmark at its end
+        return None
+
+
+def _commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=RESULTS.parent, capture_output=True,
+                             text=True, timeout=10)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "gpusession", "benchmarks/*.py"],
+                               cwd=RESULTS.parent.parent, capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "") if out.returncode == 0 else None
+    except OSError:
+        return None
+
+
+def write(name: str, rows: list[Row], *, simulated: bool = False, loadavg_before=None) -> Path:
+    """Write benchmarks/results/NAME.json; loadavg_before (os.getloadavg() at the start) is kept too."""
+    described = machine()
+    if loadavg_before is not None:
+        described["loadavg_at_start"] = [round(x, 2) for x in loadavg_before]
+    document = {"benchmark": name, "command": f"python benchmarks/{name}.py {' '.join(sys.argv[1:])}".strip(),
+                "machine": described, "rows": [row.as_json() for row in rows]}
+    if simulated:
+        document["simulated"] = True
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(document, indent=1) + "\n")
+    return path
+
+
+def spread(samples) -> str:
+    """'median (min-max, n=3)' for printing."""
+    if not samples:
+        return "-"
+    return f"{statistics.median(samples):.4g} ({min(samples):.4g}-{max(samples):.4g}, n={len(samples)})"
+
