@@ -65,7 +65,25 @@ class Sampler(threading.Thread):
         time.sleep(0.01)
 
 
-def _caller(index: int, users: list[str], outcomes: dict, stop_at_notice: bool = True) -> None:
+class Holding:
+    """How many callers hold a granted lease right now, so a crash can be timed into a held one."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.changed = threading.Condition()
+
+    def add(self, delta: int) -> None:
+        with self.changed:
+            self.count += delta
+            self.changed.notify_all()
+
+    def wait_for_one(self, timeout: float) -> bool:
+        with self.changed:
+            return self.changed.wait_for(lambda: self.count > 0, timeout)
+
+
+def _caller(index: int, users: list[str], outcomes: dict, holding: Holding, hold_s: tuple[float, float],
+            stop_at_notice: bool = True) -> None:
     rng = random.Random(index)
     user = users[index % len(users)]
     gpus = rng.choice([1, 1, 2, 2, 3, 4])
@@ -85,14 +103,22 @@ def _caller(index: int, users: list[str], outcomes: dict, stop_at_notice: bool =
     except Exception as exc:  # recorded, asserted in the test
         outcomes[index] = ("error", repr(exc))
         return
-    deadline = time.monotonic() + rng.uniform(0.05, 0.4)
-    while time.monotonic() < deadline and not (stop_at_notice and lease.notice()):
-        time.sleep(0.02)
+    acquired_at = time.monotonic()
+    holding.add(1)
+    try:
+        deadline = acquired_at + rng.uniform(*hold_s)
+        while time.monotonic() < deadline and not (stop_at_notice and lease.notice()):
+            time.sleep(0.02)
+    finally:
+        holding.add(-1)
     lease.release("finished")
-    outcomes[index] = ("ran", lease.lease_id)
+    outcomes[index] = ("ran", lease.lease_id, acquired_at, time.monotonic())
 
 
-def _run_load(cluster, broker, admin, *, callers: int, kill_broker_at: float | None = None):
+def _run_load(cluster, broker, admin, *, callers: int, kill_broker_at: float | None = None,
+              hold_s: tuple[float, float] = (0.05, 0.4)):
+    """Run the callers; with kill_broker_at, crash the broker that many seconds into the load, at a
+    moment some caller holds a granted lease. Returns (users, outcomes, sampler, elapsed, killed_at)."""
     tag = uuid.uuid4().hex[:6]
     users = [f"load-{tag}-{k}" for k in range(5)]
     limits = {users[0]: 1.0, users[1]: 2.0}
@@ -102,13 +128,16 @@ def _run_load(cluster, broker, admin, *, callers: int, kill_broker_at: float | N
     sampler = Sampler(broker, admin, limits)
     sampler.start()
     outcomes: dict[int, tuple] = {}
-    threads = [threading.Thread(target=_caller, args=(i, users, outcomes)) for i in range(callers)]
-    started = time.monotonic()
+    holding = Holding()
+    threads = [threading.Thread(target=_caller, args=(i, users, outcomes, holding, hold_s)) for i in range(callers)]
+    started, killed_at = time.monotonic(), None
     try:
         for t in threads:
             t.start()
         if kill_broker_at is not None:
-            time.sleep(kill_broker_at)  # the moment of the crash, into the load: not a wait for a state
+            time.sleep(kill_broker_at)  # into the load ...
+            assert holding.wait_for_one(timeout=120), "no caller was granted a lease to crash the broker under"
+            killed_at = time.monotonic()  # ... while a call holds its GPUs
             ray.kill(broker, no_restart=False)  # a crash: Ray restarts it from the same ledger
         for t in threads:
             t.join(300)
@@ -119,7 +148,7 @@ def _run_load(cluster, broker, admin, *, callers: int, kill_broker_at: float | N
         for user in users:
             client.call(broker.reset_quota, user, admin)
     assert not sampler.is_alive()
-    return users, outcomes, sampler, time.monotonic() - started
+    return users, outcomes, sampler, time.monotonic() - started, killed_at
 
 
 def _assert_books_balance(broker, admin, users: list[str], outcomes: dict) -> None:
@@ -137,7 +166,7 @@ def _assert_books_balance(broker, admin, users: list[str], outcomes: dict) -> No
 
 
 def test_fifty_concurrent_callers_never_exceed_capacity_or_quotas_and_every_lease_closes_once(cluster, broker, admin):
-    users, outcomes, sampler, elapsed = _run_load(cluster, broker, admin, callers=50)
+    users, outcomes, sampler, _, _ = _run_load(cluster, broker, admin, callers=50)
     errors = [o for o in outcomes.values() if o[0] == "error"]
     assert not errors, errors
     assert len(outcomes) == 50
@@ -150,8 +179,11 @@ def test_fifty_concurrent_callers_never_exceed_capacity_or_quotas_and_every_leas
 
 def test_a_broker_killed_mid_load_comes_back_and_running_calls_finish(cluster, broker, admin):
     pid_before = client.call(broker.info)["pid"]
-    users, outcomes, sampler, _ = _run_load(cluster, broker, admin, callers=20, kill_broker_at=1.5)
+    users, outcomes, sampler, _, killed_at = _run_load(cluster, broker, admin, callers=20, kill_broker_at=1.5,
+                                                       hold_s=(0.5, 1.5))
     assert client.call(broker.info)["pid"] != pid_before  # it really died and came back
+    running = [o for o in outcomes.values() if o[0] == "ran" and o[2] <= killed_at <= o[3]]
+    assert running, f"no call held its lease across the crash: {list(outcomes.values())}"  # and each finished
     errors = [o for o in outcomes.values() if o[0] == "error"]
     assert not errors, errors
     assert len(outcomes) == 20

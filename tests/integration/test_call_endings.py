@@ -92,16 +92,24 @@ def test_a_worker_process_that_dies_raises_worker_failed_naming_its_rank(cluster
     assert dies.last_run.restarts == 0
 
 
-def test_the_next_call_after_a_failure_gets_fresh_workers_and_succeeds(cluster, quiet):
-    @gs.distributed(gpus=2)
-    def flaky(fail):
-        if fail and gs.context().rank == 0:
+def test_the_next_call_after_a_failure_gets_fresh_workers_and_succeeds(cluster, quiet, tmp_path):
+    @gs.distributed(gpus=2, return_all=True)
+    def flaky(fail, pid_dir):
+        import pathlib
+
+        rank = gs.context().rank
+        pathlib.Path(pid_dir, f"{fail}-{rank}").write_text(str(os.getpid()))  # the failed call's ranks too
+        if fail and rank == 0:
             raise RuntimeError("first attempt fails")
-        return "ok"
+        return "ok", os.getpid()
 
     with pytest.raises(gs.WorkerFailed):
-        flaky(True)
-    assert flaky(False) == "ok"
+        flaky(True, str(tmp_path))
+    results = flaky(False, str(tmp_path))
+    assert [value for value, _ in results] == ["ok", "ok"]
+    failed = {int((tmp_path / f"True-{rank}").read_text()) for rank in (0, 1)}
+    fresh = {pid for _, pid in results}
+    assert len(failed) == len(fresh) == 2 and not failed & fresh, (failed, fresh)  # no rank process reused
 
 
 class _InterruptWhen(events.Observer):

@@ -162,9 +162,12 @@ def scratch_dirs(host) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.glob("*/lease-*/attempt-*"))
 
 
-def test_a_host_whose_processes_die_is_named_within_2_s_and_the_survivors_gpus_are_free(losses):
+def test_a_host_whose_processes_die_is_named_and_the_survivors_gpus_freed_within_7_s_of_the_kill(losses):
     result, known = losses[0]
-    assert result["error_time"] - known["lost_at"] < DEAD_HOST_S + FREE_S + MARGIN_S
+    took = result["error_time"] - known["lost_at"]
+    assert took < DEAD_HOST_S + FREE_S + MARGIN_S, (
+        f"the caller heard of the kill after {took:.2f} s: bound {DEAD_HOST_S} s to notice + {FREE_S} s to free"
+        f" + {MARGIN_S} s margin for a loaded 2-core machine")
     assert_blames_the_lost_host(result, known)
     # told by the heartbeat's closed connection, or by Ray's report of the worker, whichever came first
     reasons = ("its processes stopped", "ActorDiedError", "ActorUnavailableError")
@@ -176,12 +179,15 @@ def test_a_run_failed_by_a_lost_host_bills_only_until_its_gpus_were_released_and
     result, known = losses[0]
     ledger = result["ledger"]
     assert ledger["released_at"] <= result["error_time"]  # released before the error reached the caller
-    assert ledger["released_at"] - known["lost_at"] < DEAD_HOST_S + FREE_S + MARGIN_S
+    took = ledger["released_at"] - known["lost_at"]
+    assert took < DEAD_HOST_S + FREE_S + MARGIN_S, (
+        f"released {took:.2f} s after the kill: bound {DEAD_HOST_S} s to notice + {FREE_S} s to free"
+        f" + {MARGIN_S} s margin for a loaded 2-core machine")
     assert ledger["gpu_seconds"] == pytest.approx(4 * (ledger["released_at"] - ledger["granted_at"]))
     assert_receipt_adds_up(result, gpus=4)
 
 
-def test_a_run_that_loses_a_host_restarts_at_once_on_the_free_gpu_of_the_host_that_remains(losses):
+def test_a_run_that_loses_a_host_restarts_within_7_s_on_the_free_gpu_of_the_host_that_remains(losses):
     result, known = losses[1]
     line = went_on_after_the_loss(result, known, within_s=DEAD_HOST_S + FREE_S + MARGIN_S)  # not Ray's ~15 s
     victim, (rank,) = known["victim"], known["victim_ranks"]
@@ -195,7 +201,10 @@ def test_a_run_that_loses_a_host_restarts_at_once_on_the_free_gpu_of_the_host_th
     assert steps == list(range(len(steps)))  # resumed from its last commit: no step lost, none repeated
     assert all(report["world_size"] == report["total"] == 2 for report in info["history"])
     moved = [report["at"] for report in info["history"] if report["attempt"] == 1]
-    assert moved and moved[0] - known["lost_at"] < NEXT_STEP_S + MARGIN_S
+    assert moved, info["history"]
+    assert moved[0] - known["lost_at"] < NEXT_STEP_S + MARGIN_S, (
+        f"first step on the survivor {moved[0] - known['lost_at']:.2f} s after the kill: bound {NEXT_STEP_S} s"
+        f" + {MARGIN_S} s margin for a loaded 2-core machine")
     survivor = known["markers"][0]["node_id"]  # rank 0's host: both ranks there now, in the broker's books too
     ledger = result["ledger"]
     assert ledger["node_workers"] == {survivor: 2}
@@ -213,7 +222,9 @@ def went_on_after_the_loss(result: dict, known: dict, *, within_s: float) -> str
     value = result["value"]  # the restarted attempt's own account
     assert value["world_size"] == 2 and value["attempt"] == 1 and value["step"] == value["resumed_at"] + 10
     (told_at, line), = result["transitions"]
-    assert told_at - known["lost_at"] < within_s
+    assert told_at - known["lost_at"] < within_s, (
+        f"restart line {told_at - known['lost_at']:.2f} s after the loss: bound {within_s} s"
+        f" (including {MARGIN_S} s margin for a loaded 2-core machine)")
     return line
 
 
@@ -244,9 +255,12 @@ def test_an_elastic_run_goes_on_with_the_host_that_remains_when_one_goes_silent(
     assert known["survivor_scratch"] == []
 
 
-def test_a_silent_host_leaves_the_brokers_capacity_within_a_second_and_a_half(losses):
+def test_a_silent_hosts_gpus_leave_the_brokers_capacity_within_5_5_s_of_the_cut(losses):
     result, known = losses[2]
-    assert result["lost_in_capacity_at"] - known["lost_at"] < BROKER_SEES_SILENT_S + MARGIN_S
+    took = result["lost_in_capacity_at"] - known["lost_at"]
+    assert took < BROKER_SEES_SILENT_S + MARGIN_S, (
+        f"out of the capacity {took:.2f} s after the cut: bound {BROKER_SEES_SILENT_S} s (two probes a second,"
+        f" each bounded by 1 s) + {MARGIN_S} s margin for a loaded 2-core machine")
 
 
 def test_a_host_started_again_sweeps_what_its_lost_ranks_left_with_no_work_sent_to_it(losses):
@@ -271,7 +285,10 @@ def test_the_lost_hosts_gpus_leave_the_brokers_capacity_before_ray_calls_it_dead
     _, known = losses[0]
     waiting = known["waiting"]
     assert waiting["view_when_lost"] == {"gpus_total": 4.0, "gpus_free": 2.0, "gpus_lost": 2.0, "gpus_unmanaged": 0.0}
-    assert waiting["lost_seen_at"] - known["lost_at"] < DEAD_HOST_S + MARGIN_S
+    took = waiting["lost_seen_at"] - known["lost_at"]
+    assert took < DEAD_HOST_S + MARGIN_S, (
+        f"the broker saw the loss {took:.2f} s after the kill: bound {DEAD_HOST_S} s + {MARGIN_S} s margin"
+        " for a loaded 2-core machine")
     if waiting["lost_seen_at"] - known["lost_at"] < RAY_DEAD_AFTER_S:
         assert waiting["ray_alive_gpu_nodes_then"] == 2  # Ray still listed the host: the broker did not wait for that
 
