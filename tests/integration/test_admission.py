@@ -48,7 +48,7 @@ def test_two_callers_wanting_3_of_4_gpus_run_one_after_the_other_without_deadloc
     assert set(results) == {"first", "second"} and results["first"] != results["second"]
 
 
-def test_asking_for_more_gpus_than_the_cluster_has_fails_at_once_with_infeasible(cluster, quiet):
+def test_asking_for_more_gpus_than_the_cluster_has_fails_within_5_s_with_infeasible(cluster, quiet):
     @gs.distributed(gpus=5)
     def too_big():
         return "never runs"
@@ -56,7 +56,8 @@ def test_asking_for_more_gpus_than_the_cluster_has_fails_at_once_with_infeasible
     started = time.monotonic()
     with pytest.raises(gs.Infeasible) as error:
         too_big()
-    assert time.monotonic() - started < 5
+    took = time.monotonic() - started
+    assert took < 5, f"Infeasible after {took:.2f} s: bound 5 s from the call (no queueing), loaded machine"
     assert "5 GPUs" in str(error.value) and "4" in str(error.value)
     assert free_gpus() == CLUSTER_GPUS
 

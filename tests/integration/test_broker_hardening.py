@@ -95,19 +95,21 @@ NONSENSE = [("workers", 0), ("workers", -3), ("workers", 2.5), ("gpus_per_worker
             ("min_workers", 5), ("placement", "everywhere"), ("priority", 7), ("released_at", 0)]
 
 
-def test_nonsense_requests_are_refused_in_milliseconds_and_write_nothing(cluster, quiet, broker, admin):
+def test_nonsense_requests_are_refused_within_a_second_and_write_nothing(cluster, quiet, broker, admin):
     before = _everything(broker, admin)
     for field, value in NONSENSE:
         started = time.perf_counter()
         with pytest.raises(InvalidRequest, match=field):
             client.call(broker.request, _spec(**{field: value}, placement="spread") if field == "workers"
                         else _spec(**{field: value}))
-        assert time.perf_counter() - started < 1.0, field
+        took = time.perf_counter() - started
+        assert took < 1.0, f"{field} refused after {took:.3f} s: bound 1 s (a Ray actor call on a loaded machine)"
     assert _everything(broker, admin) == before
     started = time.perf_counter()
     with pytest.raises(InvalidRequest, match="gpus_per_worker"):
         gs.distributed(gpus=1, gpus_per_worker=2**-30, placement="spread")(lambda: None)()
-    assert time.perf_counter() - started < 2.0
+    took = time.perf_counter() - started
+    assert took < 2.0, f"refused after {took:.3f} s: bound 2 s (connect and one broker call, loaded machine)"
     assert _everything(broker, admin) == before and free_gpus() == CLUSTER_GPUS
 
 

@@ -260,7 +260,7 @@ USER_ERROR_FREE_S = 1.0  # SPEC: a failed call's GPUs are free within 1 s of the
 LOADED_MARGIN_S = 0.5  # this 2-core machine is shared with other test runs: 0.26 s measured when quiet
 
 
-def test_an_exception_in_user_code_frees_the_gpus_within_a_second_and_its_receipt_adds_up(cluster, quiet):
+def test_an_exception_in_user_code_frees_the_gpus_within_1_5_s_of_the_raise_and_its_receipt_adds_up(cluster, quiet):
     @gs.distributed(gpus=2)
     def fails_after_a_second():
         import time as t
@@ -282,7 +282,9 @@ def test_an_exception_in_user_code_frees_the_gpus_within_a_second_and_its_receip
     info = fails_after_a_second.last_run
     print(f"raise -> caught (GPUs free) {caught - raised:.3f} s; wall {caught - started:.3f} s; phases "
           f"{info.queued_s:.3f} + {info.setup_s:.3f} + {info.run_s:.3f}; {info.gpu_seconds:.3f} GPU·s")
-    assert caught - raised < USER_ERROR_FREE_S + LOADED_MARGIN_S
+    assert caught - raised < USER_ERROR_FREE_S + LOADED_MARGIN_S, (
+        f"GPUs free {caught - raised:.3f} s after the raise: bound {USER_ERROR_FREE_S} s (SPEC) + {LOADED_MARGIN_S} s"
+        " margin for a loaded 2-core machine")
     assert info.released and info.end_reason == "failed" and info.restarts == 0
     phases = info.queued_s + info.setup_s + info.run_s
     assert 0 <= (caught - started) - phases < USER_ERROR_FREE_S + LOADED_MARGIN_S  # only the release is outside

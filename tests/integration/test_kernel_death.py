@@ -31,7 +31,8 @@ def test_killing_a_kernel_mid_cell_frees_its_gpus_within_five_seconds(cluster, b
             return free_gpus() == CLUSTER_GPUS and not client.call(broker.leases, admin)
 
         wait_for(freed, timeout=FREE_WITHIN_S, message="GPUs free in Ray and the broker after the kernel died")
-        assert time.monotonic() - killed_at < FREE_WITHIN_S
+        took = time.monotonic() - killed_at
+        assert took < FREE_WITHIN_S, f"GPUs free {took:.2f} s after the SIGKILL: bound {FREE_WITHIN_S} s (SPEC), no margin"
         ended = client.call(broker.leases, admin, True)[0]
         assert ended["end_reason"] == "caller gone"
     finally:

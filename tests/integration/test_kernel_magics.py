@@ -252,7 +252,7 @@ for step in range(1, 10**9):
     assert "2 GPUs were released" in "\n".join(run.of_type("error")[0]["content"]["traceback"])
     freed_after = timing["free"] - timing["interrupted"]
     print(f"GPUs free {freed_after:.3f} s after the interrupt; the cell ended after {stopped_after:.3f} s")
-    assert freed_after < 1.0
+    assert freed_after < 1.0, f"GPUs free {freed_after:.3f} s after the interrupt: bound 1 s, no margin"
     assert kernel.value("(_gpu.end_reason, _gpu.released, len(_gpu.history) > 0)") == ("interrupted", True, True)
 
 
