@@ -1,38 +1,36 @@
-"""Replay a day of interactive notebook work through the real policy, against pinned GPUs.
-
-Nothing runs on Ray: a virtual clock drives `gpusession.broker.policy.decide`, the same
-function the broker calls, and the same users are replayed against the usual alternative,
-one GPU pinned to every open notebook.
+"""SIMULATED: a day of interactive notebook work replayed through the real policy, against a
+Kueue-like FIFO queue with gang admission. Nothing runs on Ray: a virtual clock drives
+`gpusession.broker.policy.decide` and `gpusession.broker.elastic.offers` (the functions the
+broker calls); its figures are a simulation's, and the README shows them in their own table.
 
 The workload (seeded, SEED below; every figure here is a module constant):
-- a cluster of 8 GPUs: 2 nodes x 4 GPUs;
-- 20 users; each opens a notebook at a uniform time in the first hour and leaves it open for
-  the rest of the 8-hour day;
-- each user alternates think time (reading, plotting: exponential, mean 20 min) with a
-  training burst (lognormal duration, median 5 min, sigma 0.5, so mean 5.7 min);
-- a user's bursts always need the same number of GPUs (their model and code fix the world
-  size): 1 GPU for 13 users, 2 GPUs for 5 users, 4 GPUs for 2 users (65/25/10%), shuffled;
-- with gpusession a burst is a lease: request, queue (priority normal, placement pack, no
-  declared run time), grant by decide(), 3 s to start the workers, the burst, 1 s to release;
-  the user's next think time starts when the burst ends;
-- pinned: a notebook takes one GPU when it opens and keeps it all day; a user who finds no free
-  GPU tries again at each burst. A burst needing more GPUs than the one pinned (2 or 4) cannot
-  run there (data-parallel over N GPUs, or a model sharded over them): it is counted as not
-  served, not capped to one GPU; the user moves on to their next think time.
+- a cluster of 8 GPUs: 2 nodes x 4 GPUs; 20 users, each opens a notebook in the first hour;
+- each user alternates think time (exponential, mean 20 min) with a training burst (lognormal,
+  median 5 min at its full size, sigma 0.5); a user's bursts always need the same GPUs:
+  1 GPU for 13 users, 2 for 5, 4 for 2 (shuffled);
+- a 4-GPU burst is elastic (min 2 workers): under gpusession it runs at priority low, so a
+  1- or 2-GPU burst shrinks it to 2 GPUs and the broker offers the GPUs back when they are
+  free; its work (GPU-seconds at full size) goes on at the speed of the GPUs it holds;
+- costs come from the measured results files, not constants: gpusession's start+release is
+  call_overhead.py's warm call median, a resize costs elastic.py's grow-back median; the
+  baseline's start is call_overhead.py's torchrun cold median (a job queued there starts a new
+  process). Where a file is missing, the constant below is used and the row says so.
 
-Figures for both: GPU-hours reserved (held by someone), GPU-hours used (busy with a burst),
-users served (every burst they asked for ran at its size; bursts still waiting when the day
-ends do not count against them), median and p95 queue wait (ask to start, over the bursts
-that ran), and Jain's fairness index of GPU-hours used across the 20 users (1 = equal, 1/20 =
-one user got all; users needing 4 GPUs rightly use more, so it stays below 1 even when every
-burst ran), and Jain's index of the share of each user's bursts that ran.
+The baseline is what a team would run instead of pinning a GPU per notebook: one Kueue-like
+ClusterQueue of 8 GPUs, BestEffortFIFO (Kueue's default: a workload that does not fit is set
+aside and the next one in order is tried), gang admission of a job's whole GPU count, no
+borrowing, no preemption (Kueue's default within a ClusterQueue), no elastic resizing.
 
-    .venv/bin/python benchmarks/utilization_replay.py            # the table, seed 11
+Figures for both: used/reserved GPU-hours, users served (every burst they asked for ran), p95
+and median queue wait (ask to start, over the bursts that ran), bursts run.
+
+    .venv/bin/python benchmarks/utilization_replay.py            # seed 11, writes results/utilization_replay.json
     .venv/bin/python benchmarks/utilization_replay.py --sweep 20  # seeds 1..20 first, one line each
 """
 from __future__ import annotations
 
 import heapq
+import json
 import random
 import statistics
 import sys
@@ -40,15 +38,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpusession.broker.model import (  # noqa: E402
-    ActiveLease,
-    NodeCapacity,
-    Placement,
-    Priority,
-    Quota,
-    Request,
-)
+from _results import RESULTS, Row, write  # noqa: E402
+
+from gpusession.broker.elastic import offers  # noqa: E402
+from gpusession.broker.model import ActiveLease, NodeCapacity, Placement, Priority, Quota, Request  # noqa: E402
 from gpusession.broker.policy import decide  # noqa: E402
 
 SEED = 11
@@ -58,9 +53,44 @@ DAY_S = 8 * 3600.0
 OPEN_WITHIN_S = 3600.0
 THINK_MEAN_S = 20 * 60.0
 BURST_MEDIAN_S, BURST_SIGMA = 5 * 60.0, 0.5
-SIZES = [1] * 13 + [2] * 5 + [4] * 2  # GPUs each user's bursts need (USERS entries)
-SETUP_S, RELEASE_S = 3.0, 1.0  # start the workers; release the placement group
+SIZES = [1] * 13 + [2] * 5 + [4] * 2
+ELASTIC_MIN = 2  # a 4-GPU burst may shrink to 2
 QUOTA = Quota(max_gpus=4.0)
+FALLBACK_START_S, FALLBACK_RESIZE_S, FALLBACK_BASELINE_START_S = 3.0, 3.0, 4.4
+
+
+@dataclass
+class Costs:
+    start_s: float  # gpusession: lease, start the workers, release
+    resize_s: float  # gpusession: an elastic resize (no progress while it restarts from its checkpoint)
+    baseline_start_s: float  # the queue's job: a new process
+    source: str
+
+
+def measured_costs() -> Costs:
+    """Start/release/resize costs from the results files of the measured benchmarks."""
+    def median_of(name: str, measure_starts: str, key: str):
+        path = RESULTS / f"{name}.json"
+        if not path.exists():
+            return None
+        for row in json.loads(path.read_text())["rows"]:
+            if row["measure"].startswith(measure_starts) and isinstance(row.get(key), (int, float)):
+                return float(row[key])
+        return None
+
+    start = median_of("call_overhead", "warm call", "gpusession")
+    baseline = median_of("call_overhead", "first call of a new process", "alternative_value")
+    resize = median_of("elastic", "GPUs free again", "gpusession")
+    used = [name for name, value in (("call_overhead.json warm call", start),
+                                     ("call_overhead.json torchrun cold", baseline),
+                                     ("elastic.json grow-back", resize)) if value is not None]
+    missing = [name for name, value in (("start", start), ("baseline start", baseline), ("resize", resize))
+               if value is None]
+    source = f"from {', '.join(used) or 'no results file'}" + (
+        f"; constants for {', '.join(missing)}" if missing else "")
+    return Costs(start if start is not None else FALLBACK_START_S,
+                 resize if resize is not None else FALLBACK_RESIZE_S,
+                 baseline if baseline is not None else FALLBACK_BASELINE_START_S, source)
 
 
 @dataclass
@@ -72,15 +102,16 @@ class User:
     opens_at: float
     thinks: list[float]
     bursts: list[float]
-    asked: int = 0  # bursts asked so far
-    ran: int = 0  # bursts that ran at their size
-    refused: int = 0  # bursts that could not run (pinned only)
-    used_s: float = 0.0  # GPU-seconds busy
+    asked: int = 0
+    ran: int = 0
+    waiting: int = 0  # bursts asked and not started when the day ended
+    used_s: float = 0.0
     waits: list[float] = field(default_factory=list)
 
-    def next_burst(self) -> float:
+    def next_work(self) -> float:
+        """The next burst's work in GPU-seconds at its full size."""
         self.asked += 1
-        return self.bursts[self.asked - 1]
+        return self.gpus * self.bursts[self.asked - 1]
 
     def think(self) -> float:
         return self.thinks[self.asked]
@@ -89,165 +120,245 @@ class User:
 def draw_users(seed: int = SEED) -> list[User]:
     rng = random.Random(seed)
     sizes = rng.sample(SIZES, len(SIZES))
-    users = []
-    for i in range(USERS):
-        n = 200  # far more bursts than a day holds
-        users.append(User(
-            name=f"user{i:02d}",
-            gpus=sizes[i],
-            opens_at=rng.uniform(0, OPEN_WITHIN_S),
-            thinks=[rng.expovariate(1 / THINK_MEAN_S) for _ in range(n)],
-            bursts=[rng.lognormvariate(0, BURST_SIGMA) * BURST_MEDIAN_S for _ in range(n)],
-        ))
-    return users
+    return [User(f"user{i:02d}", sizes[i], rng.uniform(0, OPEN_WITHIN_S),
+                 [rng.expovariate(1 / THINK_MEAN_S) for _ in range(200)],
+                 [rng.lognormvariate(0, BURST_SIGMA) * BURST_MEDIAN_S for _ in range(200)])
+            for i in range(USERS)]
+
+
+@dataclass
+class Job:
+    """A running burst: its work left progresses at `workers` GPU-seconds per second after `since`."""
+
+    user: User
+    lease: ActiveLease
+    left: float
+    since: float  # progress resumes here (after a start or a resize)
+    marked: float  # reserved GPU-seconds counted up to here
+    version: int = 0
+
+    def advance(self, now: float, world: "World") -> None:
+        busy = max(0.0, min(now, DAY_S) - min(max(self.since, self.marked), DAY_S))
+        done = min(self.left, self.lease.workers * busy)
+        self.left -= done
+        self.user.used_s += done
+        world.reserved_s += self.lease.workers * max(0.0, min(now, DAY_S) - min(self.marked, DAY_S))
+        self.marked = max(self.marked, now)
+
+    def ends_at(self) -> float:
+        return max(self.since, self.marked) + self.left / self.lease.workers
 
 
 @dataclass
 class World:
-    """What one way of sharing the GPUs did over the day."""
-
     name: str
     users: list[User]
-    reserved_s: float = 0.0  # GPU-seconds held
+    reserved_s: float = 0.0
+    resizes: int = 0
+    stopped: int = 0  # preemptions that stopped a burst (it was asked again for its work left)
+    last_id: int = 0
 
-    @property
+    def new_id(self) -> int:
+        self.last_id += 1
+        return self.last_id
+
     def used_s(self) -> float:
         return sum(u.used_s for u in self.users)
 
     def served(self) -> int:
-        return sum(1 for u in self.users if u.refused == 0 and u.ran > 0)
+        return sum(1 for u in self.users if u.ran > 0 and u.ran + u.waiting >= u.asked)
 
     def waits(self) -> list[float]:
         return [w for u in self.users for w in u.waits]
 
-    def fairness(self) -> float:
-        return jain([u.used_s for u in self.users])
 
-    def demand_fairness(self) -> float:
-        return jain([u.ran / max(u.ran + u.refused, 1) for u in self.users])
+class Clock:
+    """The virtual clock's event heap; an end event carries the job's version (stale ones drop)."""
+
+    def __init__(self) -> None:
+        self.heap: list = []
+        self.seq = 0
+
+    def at(self, when: float, kind: str, payload, version: int = 0) -> None:
+        heapq.heappush(self.heap, (when, self.seq, kind, payload, version))
+        self.seq += 1
+
+    def due(self) -> list:
+        now = self.heap[0][0]
+        out = []
+        while self.heap and self.heap[0][0] == now:
+            out.append(heapq.heappop(self.heap))
+        return out
 
 
-def jain(values: list[float]) -> float:
-    squares = sum(x * x for x in values)
-    return sum(values) ** 2 / (len(values) * squares) if squares else 0.0
-
-
-def _clip(start: float, end: float) -> float:
-    return max(0.0, min(end, DAY_S) - start)
-
-
-def replay_gpusession(users: list[User]) -> World:
-    """Every burst is a lease decided by policy.decide on a virtual clock."""
-    world = World("gpusession", users)
-    events = [(u.opens_at + u.think(), i, "ask", u) for i, u in enumerate(users)]
-    heapq.heapify(events)
-    seq = len(events)
-    queue: dict[int, tuple[Request, User]] = {}
-    leases: dict[int, ActiveLease] = {}
-    next_id = 1
-    while events and events[0][0] < DAY_S:
-        now = events[0][0]
-        while events and events[0][0] == now:
-            _, _, kind, payload = heapq.heappop(events)
+def replay_gpusession(users: list[User], costs: Costs) -> World:
+    world, clock = World("gpusession", users), Clock()
+    queue: dict[int, tuple[Request, User, float]] = {}  # id -> (request, user, work)
+    jobs: dict[int, Job] = {}
+    for user in users:
+        clock.at(user.opens_at + user.think(), "ask", user)
+    while clock.heap and clock.heap[0][0] < DAY_S:
+        now = clock.heap[0][0]
+        for _, _, kind, payload, version in clock.due():
             if kind == "ask":
-                request = Request(next_id, payload.name, payload.gpus, 1.0, Priority.NORMAL,
-                                  Placement.PACK, arrival=now)
-                queue[next_id] = (request, payload)
-                next_id += 1
-            else:
-                leases.pop(payload)
-        decision = decide(nodes=NODES, leases=list(leases.values()),
-                          queue=[r for r, _ in queue.values()], quotas={}, default_quota=QUOTA,
+                elastic = payload.gpus > ELASTIC_MIN
+                request = Request(world.new_id(), payload.name, payload.gpus, 1.0,
+                                  Priority.LOW if elastic else Priority.NORMAL, Placement.PACK, arrival=now,
+                                  min_workers=ELASTIC_MIN if elastic else None)
+                queue[request.lease_id] = (request, payload, payload.next_work())
+            elif payload in jobs and jobs[payload].version == version:
+                job = jobs.pop(payload)
+                job.advance(now, world)
+                clock.at(now + job.user.think(), "ask", job.user)
+        _schedule(now, world, clock, queue, jobs, costs)
+    for job in jobs.values():
+        job.advance(DAY_S, world)
+    for request, user, _ in queue.values():
+        user.waiting += 1
+    return world
+
+
+def _schedule(now, world, clock, queue, jobs, costs) -> None:
+    """decide() until it has nothing more to do at this instant (a shrink frees room for a grant),
+    then offer what is free to elastic jobs that shrank."""
+    for _ in range(10):
+        decision = decide(nodes=NODES, leases=[j.lease for j in jobs.values()],
+                          queue=[r for r, _, _ in queue.values()], quotas={}, default_quota=QUOTA,
                           used_gpu_hours={}, allow_borrowing=False, now=now)
+        if not decision.grants and not decision.preemptions:
+            break
+        for preempt in decision.preemptions:
+            _preempt(now, world, clock, queue, jobs, preempt, costs)
         for grant in decision.grants:
-            request, user = queue.pop(grant.lease_id)
-            burst = user.next_burst()
+            request, user, work = queue.pop(grant.lease_id)
             user.waits.append(now - request.arrival)
             user.ran += 1
-            user.used_s += user.gpus * _clip(now + SETUP_S, now + SETUP_S + burst)
-            held = SETUP_S + burst + RELEASE_S
-            world.reserved_s += user.gpus * _clip(now, now + held)
-            leases[grant.lease_id] = ActiveLease(
-                grant.lease_id, user.name, request.workers, 1.0, request.priority,
-                over_quota=grant.over_quota, granted_at=now, node_workers=grant.node_workers)
-            heapq.heappush(events, (now + held, seq, "end", grant.lease_id))
-            heapq.heappush(events, (now + held + user.think(), seq + 1, "ask", user))
-            seq += 2
+            lease = ActiveLease(grant.lease_id, user.name, request.workers, 1.0, request.priority,
+                                over_quota=grant.over_quota, granted_at=now, node_workers=dict(grant.node_workers),
+                                min_workers=request.min_workers, full_workers=request.workers)
+            jobs[grant.lease_id] = Job(user, lease, work, now + costs.start_s, now)
+            clock.at(jobs[grant.lease_id].ends_at(), "end", grant.lease_id)
+    used = {n.node_id: 0.0 for n in NODES}
+    for job in jobs.values():
+        for node, n in job.lease.node_workers.items():
+            used[node] += n
+    free = {n.node_id: n.gpus - used[n.node_id] for n in NODES}
+    for offer in offers([j.lease for j in jobs.values()], free, [r for r, _, _ in queue.values()]):
+        job = jobs[offer.lease_id]
+        grown = dict(job.lease.node_workers)
+        for node, n in offer.add.items():
+            grown[node] = grown.get(node, 0) + n
+        _resize(now, world, clock, job, offer.to_workers, grown, costs)
+
+
+def _preempt(now, world, clock, queue, jobs, preempt, costs) -> None:
+    job = jobs[preempt.victim_id]
+    if preempt.shrink_to_workers is not None:
+        kept = {node: n - (preempt.give_node_workers or {}).get(node, 0) for node, n in job.lease.node_workers.items()}
+        _resize(now, world, clock, job, preempt.shrink_to_workers, {k: v for k, v in kept.items() if v}, costs)
+        return
+    job.advance(now, world)  # stopped: its user runs what is left again, from its checkpoint
+    del jobs[preempt.victim_id]
+    world.stopped += 1
+    request = Request(world.new_id(), job.user.name,
+                      job.lease.full_workers or job.lease.workers, 1.0, job.lease.priority, Placement.PACK,
+                      arrival=now, min_workers=job.lease.min_workers)
+    job.user.ran -= 1
+    queue[request.lease_id] = (request, job.user, job.left)
+
+
+def _resize(now, world, clock, job, workers, node_workers, costs) -> None:
+    job.advance(now, world)
+    lease = job.lease
+    job.lease = ActiveLease(lease.lease_id, lease.user, workers, 1.0, lease.priority, lease.over_quota,
+                            lease.granted_at, node_workers=node_workers, min_workers=lease.min_workers,
+                            full_workers=lease.full_workers)
+    job.since, job.version = now + costs.resize_s, job.version + 1
+    world.resizes += 1
+    clock.at(job.ends_at(), "end", lease.lease_id, job.version)
+
+
+def replay_fifo_queue(users: list[User], costs: Costs) -> World:
+    """Kueue-like: BestEffortFIFO over one 8-GPU quota, whole jobs admitted or none, no preemption."""
+    world, clock = World("FIFO gang queue", users), Clock()
+    capacity = sum(int(n.gpus) for n in NODES)
+    free, queue, ends = capacity, [], {}
+    for user in users:
+        clock.at(user.opens_at + user.think(), "ask", user)
+    while clock.heap and clock.heap[0][0] < DAY_S:
+        now = clock.heap[0][0]
+        for _, _, kind, payload, _ in clock.due():
+            if kind == "ask":
+                queue.append((now, payload, payload.next_work()))
+            else:
+                free += payload.gpus
+                clock.at(now + payload.think(), "ask", payload)
+        for item in list(queue):  # in arrival order; one that does not fit is passed over
+            asked_at, user, work = item
+            if user.gpus <= free:
+                queue.remove(item)
+                free -= user.gpus
+                user.waits.append(now - asked_at)
+                user.ran += 1
+                held = costs.baseline_start_s + work / user.gpus
+                user.used_s += user.gpus * max(0.0, min(now + held, DAY_S) - min(now + costs.baseline_start_s, DAY_S))
+                world.reserved_s += user.gpus * max(0.0, min(now + held, DAY_S) - now)
+                clock.at(now + held, "end", user)
+    for _, user, _ in queue:
+        user.waiting += 1
     return world
 
 
-def replay_pinned(users: list[User]) -> World:
-    """One GPU per open notebook, held until the end of the day."""
-    world = World("pinned", users)
-    free = sum(int(n.gpus) for n in NODES)
-    pinned: set[str] = set()
-    events = [(u.opens_at, i, "open", u) for i, u in enumerate(users)]
-    events += [(u.opens_at + u.think(), USERS + i, "ask", u) for i, u in enumerate(users)]
-    heapq.heapify(events)
-    seq = len(events)
-    while events and events[0][0] < DAY_S:
-        now, _, kind, user = heapq.heappop(events)
-        if user.name not in pinned and free:
-            pinned.add(user.name)
-            free -= 1
-            world.reserved_s += DAY_S - now
-        if kind == "open":
-            continue
-        burst = user.next_burst()
-        if user.name in pinned and user.gpus == 1:
-            user.ran += 1
-            user.waits.append(0.0)
-            user.used_s += _clip(now, now + burst)
-            heapq.heappush(events, (now + burst + user.think(), seq, "ask", user))
-        else:
-            user.refused += 1
-            heapq.heappush(events, (now + user.think(), seq, "ask", user))
-        seq += 1
-    return world
-
-
-def _p95(values: list[float]) -> float:
+def p95(values: list[float]) -> float:
     return statistics.quantiles(values, n=20)[-1] if len(values) > 1 else 0.0
 
 
-def report(worlds: list[World]) -> list[str]:
-    rows = [("", *(w.name for w in worlds))]
-    rows.append(("GPU-hours reserved", *(f"{w.reserved_s / 3600:.1f}" for w in worlds)))
-    rows.append(("GPU-hours used", *(f"{w.used_s / 3600:.1f}" for w in worlds)))
-    rows.append(("used / reserved", *(f"{w.used_s / w.reserved_s:.2f}" for w in worlds)))
-    rows.append(("users served", *(f"{w.served()} of {USERS}" for w in worlds)))
-    rows.append(("bursts run", *(f"{sum(u.ran for u in w.users)}" for w in worlds)))
-    rows.append(("bursts not served", *(f"{sum(u.refused for u in w.users)}" for w in worlds)))
-    rows.append(("median queue wait", *(f"{statistics.median(w.waits()):.0f} s" for w in worlds)))
-    rows.append(("p95 queue wait", *(f"{_p95(w.waits()):.0f} s" for w in worlds)))
-    rows.append(("Jain fairness, GPU-h", *(f"{w.fairness():.2f}" for w in worlds)))
-    rows.append(("Jain fairness, bursts run", *(f"{w.demand_fairness():.2f}" for w in worlds)))
-    width = max(len(r[0]) for r in rows)
-    return [f"{r[0]:<{width}}  " + "  ".join(f"{c:>12}" for c in r[1:]) for r in rows]
+def figures(world: World) -> dict:
+    waits = world.waits()
+    return {"used/reserved": world.used_s() / world.reserved_s, "served": world.served(),
+            "p95": p95(waits), "median": statistics.median(waits) if waits else 0.0,
+            "bursts": sum(u.ran for u in world.users)}
 
 
-def sweep(seeds: int) -> None:
-    """How much the figures move with the draw (the table below is one seed)."""
+def rows(ours: dict, theirs: dict, costs: Costs, resizes: int) -> list[Row]:
+    configured = (f"gpusession: policy.decide, quota 4 GPUs a user, no borrowing, 4-GPU bursts elastic (min 2, "
+                  f"priority low), start+release {costs.start_s:.2f} s, resize {costs.resize_s:.2f} s ({resizes} "
+                  f"resizes); queue: BestEffortFIFO, gang admission of whole GPUs, no borrowing or preemption, "
+                  f"start {costs.baseline_start_s:.2f} s; costs {costs.source}; seed {SEED}")
+    alternative = "Kueue-like FIFO gang queue"
+
+    def row(measure, unit, key, goal=""):
+        return Row(measure, unit, [ours[key]], alternative, [theirs[key]], configured, goal)
+
+    return [row("used / reserved GPU-hours, 20 users, 8 GPUs, 8 h", "", "used/reserved"),
+            row("users served (every burst asked ran)", "users", "served"),
+            row("bursts run", "", "bursts"),
+            row("p95 queue wait", "s", "p95"), row("median queue wait", "s", "median")]
+
+
+def sweep(seeds: int, costs: Costs) -> None:
+    """How much the figures move with the draw (the results file is one seed)."""
     for seed in range(1, seeds + 1):
-        ours, pinned = replay_gpusession(draw_users(seed)), replay_pinned(draw_users(seed))
-        waits = ours.waits()
-        print(f"seed {seed:2d}: used/reserved {ours.used_s / ours.reserved_s:.2f} vs "
-              f"{pinned.used_s / pinned.reserved_s:.2f}, served {ours.served()} vs "
-              f"{pinned.served()}, wait median {statistics.median(waits):.0f} s "
-              f"p95 {_p95(waits):.0f} s")
+        ours = figures(replay_gpusession(draw_users(seed), costs))
+        theirs = figures(replay_fifo_queue(draw_users(seed), costs))
+        print(f"seed {seed:2d}: used/reserved {ours['used/reserved']:.2f} vs {theirs['used/reserved']:.2f}, "
+              f"served {ours['served']} vs {theirs['served']}, p95 wait {ours['p95']:.0f} vs {theirs['p95']:.0f} s")
 
 
 def main() -> None:
+    costs = measured_costs()
     if "--sweep" in sys.argv:
-        sweep(int(sys.argv[sys.argv.index("--sweep") + 1]))
-    ours = replay_gpusession(draw_users())
-    pinned = replay_pinned(draw_users())
-    print(f"{USERS} users, {sum(n.gpus for n in NODES):g} GPUs, {DAY_S / 3600:g} h, seed {SEED}")
-    for line in report([ours, pinned]):
-        print(line)
-    ratio = (ours.used_s / ours.reserved_s) / (pinned.used_s / pinned.reserved_s)
-    print(f"users served: {ours.served() / max(pinned.served(), 1):.1f}x the pinned baseline")
-    print(f"utilization ratio (gpusession used/reserved over pinned used/reserved): {ratio:.2f}")
+        sweep(int(sys.argv[sys.argv.index("--sweep") + 1]), costs)
+    world = replay_gpusession(draw_users(), costs)
+    ours, theirs = figures(world), figures(replay_fifo_queue(draw_users(), costs))
+    print(f"SIMULATED: {USERS} users, {sum(n.gpus for n in NODES):g} GPUs, {DAY_S / 3600:g} h, seed {SEED}; "
+          f"costs {costs.source}")
+    for key in ours:
+        print(f"{key:>14}: gpusession {ours[key]:.2f}  FIFO gang queue {theirs[key]:.2f}")
+    path = write("utilization_replay", rows(ours, theirs, costs, world.resizes), simulated=True)
+    print(f"wrote {path}")
+    print(f"used/reserved ratio (gpusession / FIFO gang queue, simulated): "
+          f"{ours['used/reserved'] / theirs['used/reserved']:.2f}")
 
 
 if __name__ == "__main__":
