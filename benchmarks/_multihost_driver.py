@@ -195,9 +195,10 @@ def move(marker: str) -> dict:
     return result
 
 
-def ray_train_node_loss(marker: str, workers: int = 4) -> dict:
-    """The same loop under TorchTrainer (workers SPREAD, FailureConfig(max_failures=1)): when
-    does the driver hear of the lost host, as an error or as the restarted run's first step?"""
+def ray_train_node_loss(marker: str, workers: int = 4, max_failures: int = 0) -> dict:
+    """The same loop under TorchTrainer (workers SPREAD, FailureConfig(max_failures)): when does the
+    driver hear of the lost host, as an error (max_failures=0, what a run that cannot go on on the
+    GPUs left should get) or as the restarted run's first step (max_failures=1, a run that moves)?"""
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -225,7 +226,7 @@ def ray_train_node_loss(marker: str, workers: int = 4) -> dict:
         loop, torch_config=TorchConfig(backend="gloo"),
         scaling_config=ScalingConfig(num_workers=workers, use_gpu=True, placement_strategy="SPREAD",
                                      resources_per_worker={"GPU": 1, "CPU": 0}),
-        run_config=RunConfig(storage_path=storage, failure_config=FailureConfig(max_failures=1)),
+        run_config=RunConfig(storage_path=storage, failure_config=FailureConfig(max_failures=max_failures)),
     )
     result: dict = {}
     try:
@@ -243,7 +244,8 @@ def main() -> None:
     if mode == "calls":
         out = {"gpusession": gpusession_calls(int(sys.argv[2])), "ray_train": ray_train_fits(int(sys.argv[3]))}
     elif mode == "node-loss-raytrain":
-        out = ray_train_node_loss(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 4)
+        out = ray_train_node_loss(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 4,
+                                  int(sys.argv[4]) if len(sys.argv) > 4 else 0)
     elif mode == "move":
         out = move(sys.argv[2])
     else:

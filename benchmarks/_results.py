@@ -30,10 +30,13 @@ class Row:
     goal: str = ""
     alternative_cannot: bool = False  # alternative_value "cannot" instead of a figure
     note: str = ""
+    alternative_text: str = ""  # instead of a figure, e.g. "no error within 180 s": no ratio against a watch window
 
     def as_json(self) -> dict:
         mine = median_or_none(self.gpusession_samples)
         theirs = CANNOT if self.alternative_cannot else median_or_none(self.alternative_samples)
+        if self.alternative_text:
+            theirs = self.alternative_text
         ratio = None
         if isinstance(theirs, float) and mine is not None and theirs > 0:
             ratio = round(mine / theirs, 4)

@@ -6,6 +6,12 @@ Needs root.
     sudo .venv/bin/python benchmarks/multihost.py --calls [--repeats 5] [--fits 2]
     sudo .venv/bin/python benchmarks/multihost.py --node-loss kill|cut [--tries 1]
     sudo .venv/bin/python benchmarks/multihost.py --move [--tries 1]
+    sudo .venv/bin/python benchmarks/multihost.py ... --ray-health-check-s 1   # Ray's health check tuned
+
+Samples: --tries (default 3) of each loss, gpusession's and Ray Train's alternated. Writes
+benchmarks/results/multihost.json (multihost-tuned.json with --ray-health-check-s). A side that
+did not react within the watch window gets "no error within N s" and no ratio: a watch window is
+not a measurement.
 
 calls: a 4-rank run spread over both hosts (all-reduce one tensor over 4 gloo ranks, one per
 logical GPU), @gs.distributed vs TorchTrainer, from a driver on the head. "first" is the first
@@ -16,12 +22,16 @@ node loss (kill, cut): what a user sees when the host that does not hold rank 0 
 run dies mid-run (kill: every process on it SIGKILLed) or goes silent (cut: its link down): for
 gpusession, time to the error, which rank and host the error names, when Ray and the broker
 show the survivors' GPUs free, and what a 4-GPU request made right after the error gets; then
-the same loss under TorchTrainer (FailureConfig(max_failures=1)): time until its driver hears
-of it, as an error or as the restarted run's first step.
+the same loss under TorchTrainer with FailureConfig(max_failures=0) (the run cannot go on on the
+GPUs left, so the fair comparison is how soon it errs; with max_failures=1 it would wait for 4
+GPUs that cannot come back): time until its driver hears of it. Ray declares a host dead by its
+health checks (RAY_health_check_period_ms, _timeout_ms, _failure_threshold, set on the head);
+--ray-health-check-s lowers them the way GPUSESSION_HOST_SILENCE_S lowers gpusession's.
 
 move: a 2-rank run (one rank per host, checkpoint every step) whose host without rank 0 is
 killed: time from the kill to the next step, made on the host that remains (gpusession moves
-the lost rank to its free GPU at once; Ray Train restarts there once Ray declares the host dead).
+the lost rank to its free GPU at once; Ray Train, FailureConfig(max_failures=1), restarts there
+once Ray declares the host dead).
 """
 from __future__ import annotations
 
@@ -38,6 +48,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from tests.multihost.simcluster import SimCluster, can_run, kill_session  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _results import Row, write  # noqa: E402
+
 DRIVER = str(Path(__file__).resolve().parent / "_multihost_driver.py")
 
 
@@ -49,53 +62,48 @@ def driver_result(cluster: SimCluster, *args: str, timeout: float) -> dict:
     return json.loads(results[-1][len("RESULT "):])
 
 
-def calls(cluster: SimCluster, repeats: int, fits: int) -> list[str]:
+def calls(cluster: SimCluster, repeats: int, fits: int, setup: str) -> list[Row]:
     out = driver_result(cluster, "calls", str(repeats), str(fits), timeout=900)
     gs, rt = out["gpusession"], out["ray_train"]
-    print(f"@gs.distributed(gpus=4, placement='spread'): first {gs['first_s']:.2f} s, repeat median "
-          f"{gs['repeat_median_s']:.2f} s over {len(gs['repeat_s'])} "
-          f"({', '.join(f'{t:.2f}' for t in gs['repeat_s'])}; goal <= 1 s: the node hosts keep every node "
-          f"warm for every placement); nodes {gs['nodes']}")
-    rt_repeat = rt["repeat_median_s"]
-    print(f"TorchTrainer.fit(), 4 workers SPREAD: first {rt['first_s']:.2f} s"
-          + (f", repeat median {rt_repeat:.2f} s over {len(rt['repeat_s'])}" if rt_repeat else ""))
-    ratios = [f"4-rank spread call, first: {gs['first_s'] / rt['first_s']:.3f}"]
-    if rt_repeat:
-        ratios.append(f"4-rank spread call, repeat: {gs['repeat_median_s'] / rt_repeat:.4f}")
-    for line in ratios:
-        print(f"ratio gpusession/ray_train, {line}", flush=True)
-    return ratios
+    print(f"@gs.distributed(gpus=4, placement='spread'): first {gs['first_s']:.2f} s, repeats "
+          f"{', '.join(f'{t:.2f}' for t in gs['repeat_s'])} s; nodes {gs['nodes']}")
+    print(f"TorchTrainer.fit(), 4 workers SPREAD: first {rt['first_s']:.2f} s, repeats "
+          f"{', '.join(f'{t:.2f}' for t in rt['repeat_s'])} s", flush=True)
+    configured = (f"{setup}; all-reduce of one tensor over 4 gloo ranks spread over 2 hosts, from a driver on the "
+                  "head; Ray Train ScalingConfig(num_workers=4, use_gpu=True, placement_strategy='SPREAD')")
+    rows = [Row("4-rank spread call, first call of a new driver", "s", [gs["first_s"]], "Ray Train first fit()",
+                [rt["first_s"]], configured)]
+    if rt["repeat_s"]:
+        rows.append(Row("4-rank spread call, repeat calls", "s", gs["repeat_s"], "Ray Train repeat fit()",
+                        rt["repeat_s"], configured, "<= 1 s (SPEC)"))
+    return rows
 
 
-def node_loss(cluster: SimCluster, how: str, tries: int) -> list[str]:
+def node_loss(cluster: SimCluster, how: str, tries: int, setup: str) -> list[Row]:
     ours, theirs = [], []
     for attempt in range(1, tries + 1):
         ours.append(gpusession_node_loss(cluster, how, attempt))
-        theirs.append(ray_train_node_loss(cluster, how, attempt))
-    gs_s = sorted(ours)[len(ours) // 2]
-    rt_s, rt_reacted = sorted(theirs)[len(theirs) // 2]
-    print(f"host lost ({how}) -> error or restart: gpusession {gs_s:.2f} s, Ray Train FailureConfig "
-          + (f"{rt_s:.2f} s" if rt_reacted else f"no error and no restart within {rt_s:.0f} s")
-          + f" (median of {tries})")
-    ratio = f"host lost ({how}) -> error or restart: {'' if rt_reacted else '<= '}{gs_s / rt_s:.3f}"
-    print(f"ratio gpusession/ray_train, {ratio}", flush=True)
-    return [ratio]
+        theirs.append(ray_train_node_loss(cluster, how, attempt, max_failures=0))
+    return [loss_row(f"host lost by {how} under a 4-rank run -> the caller hears of it", ours, theirs,
+                     f"{setup}; Ray Train FailureConfig(max_failures=0): it errs once Ray declares the host dead")]
 
 
-def move(cluster: SimCluster, tries: int) -> list[str]:
+def move(cluster: SimCluster, tries: int, setup: str) -> list[Row]:
     ours, theirs = [], []
     for attempt in range(1, tries + 1):
         ours.append(gpusession_move(cluster, attempt))
-        theirs.append(ray_train_node_loss(cluster, "kill", attempt, workers=2))
-    gs_s = sorted(ours)[len(ours) // 2]
-    rt_s, rt_reacted = sorted(theirs)[len(theirs) // 2]
-    print(f"2-rank run, host without rank 0 killed -> next step on the host that remains: gpusession "
-          f"{gs_s:.2f} s, Ray Train FailureConfig "
-          + (f"{rt_s:.2f} s" if rt_reacted else f"no error and no restart within {rt_s:.0f} s")
-          + f" (median of {tries})", flush=True)
-    ratio = f"host killed -> next step of a 2-rank run: {'' if rt_reacted else '<= '}{gs_s / rt_s:.3f}"
-    print(f"ratio gpusession/ray_train, {ratio}", flush=True)
-    return [ratio]
+        theirs.append(ray_train_node_loss(cluster, "kill", attempt, workers=2, max_failures=1))
+    return [loss_row("2-rank run, host without rank 0 killed -> next step on the host that remains", ours, theirs,
+                     f"{setup}; checkpoint every step on both; Ray Train FailureConfig(max_failures=1)")]
+
+
+def loss_row(measure: str, ours: list[float], theirs: list[tuple[float, bool]], configured: str) -> Row:
+    reacted = [seconds for seconds, heard in theirs if heard]
+    text = "" if len(reacted) == len(theirs) else (
+        f"no reaction within {max(s for s, _ in theirs):.0f} s in {len(theirs) - len(reacted)} of {len(theirs)}")
+    print(f"{measure}: gpusession {ours} s; Ray Train {[round(s, 2) for s, _ in theirs]} s"
+          + (f" ({text})" if text else ""), flush=True)
+    return Row(measure, "s", ours, "Ray Train TorchTrainer", reacted, configured, alternative_text=text)
 
 
 def gpusession_move(cluster: SimCluster, attempt: int) -> float:
@@ -126,10 +134,10 @@ def lose(cluster: SimCluster, how: str, rank0_host: str):
 
 
 def ray_train_node_loss(cluster: SimCluster, how: str, attempt: int, watch_s: float = 180.0,
-                        workers: int = 4) -> tuple[float, bool]:
+                        workers: int = 4, max_failures: int = 0) -> tuple[float, bool]:
     """(seconds from the loss until the driver heard of it, whether it did within watch_s)"""
     marker = cluster.base / f"raytrain-running-{how}-{workers}-{attempt}"  # per loss: an old one would start it at once
-    proc = cluster.python(cluster.head, DRIVER, "node-loss-raytrain", str(marker), str(workers))
+    proc = cluster.python(cluster.head, DRIVER, "node-loss-raytrain", str(marker), str(workers), str(max_failures))
     output: list[str] = []  # read as it comes: Ray Train is chatty, and a full pipe would stall it
     reader = threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True)
     reader.start()
@@ -225,33 +233,51 @@ def report(r: dict, how: str, lost_at: float, victim, survivor) -> None:
           f"{nxt['run_info']}")
 
 
+def health_check_env(seconds: float | None) -> dict:
+    """Ray's node health check (GCS, ray_config_def.h): a host is dead after failure_threshold
+    checks of period_ms fail (each waits timeout_ms). Default 3 s period, 10 s timeout, 5 failures."""
+    if seconds is None:
+        return {}
+    ms = str(int(seconds * 1000))
+    return {"RAY_health_check_period_ms": ms, "RAY_health_check_timeout_ms": ms,
+            "RAY_health_check_failure_threshold": "3", "RAY_health_check_initial_delay_ms": "1000"}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", action="store_true", help="only the 4-rank calls")
     parser.add_argument("--repeats", type=int, default=5, help="repeat @gs.distributed calls to time")
-    parser.add_argument("--fits", type=int, default=2, help="TorchTrainer.fit() calls to time (first + repeats)")
+    parser.add_argument("--fits", type=int, default=4, help="TorchTrainer.fit() calls to time (first + repeats)")
     parser.add_argument("--node-loss", choices=("kill", "cut"), help="only a host lost under a 4-rank run")
     parser.add_argument("--move", action="store_true", help="only a 2-rank run moving off a killed host")
-    parser.add_argument("--tries", type=int, default=1, help="tries of each loss (the host comes back between)")
+    parser.add_argument("--tries", type=int, default=3, help="tries of each loss (the host comes back between)")
+    parser.add_argument("--ray-health-check-s", type=float, help="lower Ray's health-check period and timeout")
     args = parser.parse_args()
     reason = can_run()
     if reason:
         raise SystemExit(f"cannot simulate hosts: {reason}")
     everything = not (args.calls or args.node_loss or args.move)
     started = time.monotonic()
-    with SimCluster(hosts=2, gpus_per_host=2, extra_env={"GPUSESSION_PG_TIMEOUT_S": "120"}) as cluster:
+    env = {"GPUSESSION_PG_TIMEOUT_S": "120", **health_check_env(args.ray_health_check_s)}
+    setup = ("simulated cluster: head + 2 hosts x 2 logical GPUs in network namespaces; gpusession "
+             "GPUSESSION_HOST_SILENCE_S default 5 s; Ray health check "
+             + (f"{args.ray_health_check_s:g} s period and timeout, 3 failures" if args.ray_health_check_s
+                else "default (3 s period, 10 s timeout, 5 failures)"))
+    rows: list[Row] = []
+    with SimCluster(hosts=2, gpus_per_host=2, extra_env=env) as cluster:
         print(f"simulated cluster up in {time.monotonic() - started:.0f} s: head {cluster.head.ip}, "
               + ", ".join(f"{h.name} {h.ip}" for h in cluster.workers), flush=True)
-        ratios = []
         if everything or args.calls:
-            ratios += calls(cluster, args.repeats, args.fits)
+            rows += calls(cluster, args.repeats, args.fits, setup)
         for how in ("kill", "cut") if everything else [args.node_loss] if args.node_loss else []:
-            ratios += node_loss(cluster, how, args.tries)
+            rows += node_loss(cluster, how, args.tries, setup)
         if everything or args.move:
-            ratios += move(cluster, args.tries)
+            rows += move(cluster, args.tries, setup)
+    name = "multihost-tuned" if args.ray_health_check_s else "multihost"
+    write(name, rows)
     print(f"ratios gpusession/ray_train (lower is better; all took {time.monotonic() - started:.0f} s):")
-    for line in ratios:
-        print(f"  {line}")
+    for row in (r.as_json() for r in rows):
+        print(f"  {row['measure']}: {row['ratio'] if row['ratio'] is not None else row['alternative_value']}")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ otherwise count against the decision); wall clock is printed too.
 """
 from __future__ import annotations
 
+import os
 import random
 import statistics
 import sys
@@ -143,14 +144,30 @@ def _median_time(state: dict, *, repeats: int, clock, before=None) -> float:
     return statistics.median(times)
 
 
-if __name__ == "__main__":
+def main() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _results import Row, spread, write
+
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000
+    load_before = os.getloadavg()
     decision = policy.decide(**steady_state(n))
     print(f"queued: {n}, granted: {len(decision.grants)}, preempted: {len(decision.preemptions)}, "
           f"rejected: {len(decision.rejections)}, waiting: {len(decision.waiting)}")
-    wall = time_decision(n, clock=time.perf_counter)
-    cold = time_cold_decision(n)
-    print(f"wall clock (median): {wall * 1e3:.2f} ms; nothing shared from earlier calls: "
-          f"{cold * 1e3:.2f} ms CPU")
-    print(f"scheduling decision over {n} queued requests (median CPU): "
-          f"{time_decision(n) * 1e3:.2f} ms")
+    cpu, wall, cold = [], [], []
+    for _ in range(3):  # three samples, each a median of decide() calls
+        cpu.append(time_decision(n) * 1e3)
+        wall.append(time_decision(n, clock=time.perf_counter) * 1e3)
+        cold.append(time_cold_decision(n) * 1e3)
+    print(f"CPU {spread(cpu)} ms; wall clock {spread(wall)} ms; nothing shared from earlier calls {spread(cold)} ms CPU")
+    configured = "pure policy.decide on one thread, steady state of a broker deciding every second; no alternative"
+    write("policy_decision", [
+        Row(f"one scheduling decision over {n:,} queued requests, this thread's CPU time", "ms", cpu,
+            configured=configured, goal="< 10 ms"),
+        Row("the same, wall clock (the machine's load counts)", "ms", wall, configured=configured),
+        Row("the same, reusing no waiting reason from earlier calls (a broker's first decision)", "ms", cold,
+            configured=configured)], loadavg_before=load_before)
+    print(f"scheduling decision over {n} queued requests (median CPU): {sorted(cpu)[1]:.2f} ms (target < 10 ms)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,16 +1,21 @@
 """The same hyperparameter search under gs.sweep and under Ray Tune's Tuner, side by side in one
 run on one cluster (4 logical GPUs): 16 trials of a small model, 4 in parallel, ASHA.
 
-    .venv/bin/python benchmarks/sweep.py [--trials 16] [--parallel 4] [--epochs 8]
+    .venv/bin/python benchmarks/sweep.py [--trials 16] [--parallel 4] [--epochs 8] [--samples 3]
 
-Both sides draw the trials at random from the same space (seeded), prune with ASHA at the same
-rungs (grace period 1 epoch, reduction factor 4: Optuna's SuccessiveHalvingPruner and Tune's
-ASHAScheduler) and run one trial per GPU. Printed per side: wall-clock of the whole search, and
+Both sides run the same configurations: `trials` (lr, width) pairs drawn once (seeded) and given
+to each side as a grid over their index (gs.sweep sampler="grid"; Tune tune.grid_search). Both
+prune with asynchronous successive halving at the same rungs (grace period 1 epoch, reduction
+factor 4, one bracket: Optuna's SuccessiveHalvingPruner and Tune's ASHAScheduler, each set
+explicitly; the two implementations may still stop different trials, so the trials each side
+stopped early are written beside the times) and run one trial per GPU. Warm-up alike: before the
+timed searches each side runs one discarded search of `parallel` 1-epoch trials (gpusession's warm
+workers import torch; Tune's trial actors start and, with reuse_actors=True as Tune's docs
+recommend for many short trials, are reused). Samples alternate: gs.sweep, Tune, gs.sweep, ... Printed per side: wall-clock of the whole search, and
 the fraction of GPU-time spent inside trial functions — of the GPU-time the sweep leased
 (gs.sweep: each trial's lease, grant to release) and of the cluster's GPUs over the search
 (4 GPUs x wall-clock; Tune holds them for the whole fit). The last line is the wall-clock ratio
-(target <= 0.5; busy fraction target >= 0.9). gpusession runs warm, as in a kernel after its first
-call (its worker processes already imported torch); Tune starts its trial actors itself.
+(target <= 0.5; busy fraction target >= 0.9). Writes benchmarks/results/sweep.json.
 """
 from __future__ import annotations
 
@@ -22,10 +27,21 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _cluster import CLUSTER_GPUS, local_cluster  # noqa: E402
+from _results import Row, spread, write  # noqa: E402
 
 LR = (1e-3, 0.3)
 WIDTHS = [8, 16, 32, 64]
 SEED = 0
+
+
+def configurations(trials: int) -> list[dict]:
+    """The (lr, width) pairs both sides run, drawn once: log-uniform lr, uniform width."""
+    import math
+    import random
+
+    rng = random.Random(SEED)
+    return [{"lr": math.exp(rng.uniform(math.log(LR[0]), math.log(LR[1]))), "width": rng.choice(WIDTHS)}
+            for _ in range(trials)]
 
 
 def fit_epochs(lr: float, width: int, epochs: int, report) -> None:
@@ -56,7 +72,7 @@ def fit_epochs(lr: float, width: int, epochs: int, report) -> None:
         report(epoch + 1, val_loss, clock.perf_counter() - started)
 
 
-def gs_train(lr: float, width: int, epochs: int) -> float:
+def gs_train(index: int, configs: list, epochs: int) -> float:
     import gpusession as gs
 
     last = {}
@@ -65,27 +81,24 @@ def gs_train(lr: float, width: int, epochs: int) -> float:
         last["val_loss"] = val_loss
         gs.report(step=epoch, val_loss=val_loss)
 
-    fit_epochs(lr, width, epochs, report)
+    fit_epochs(configs[index]["lr"], configs[index]["width"], epochs, report)
     return last["val_loss"]
 
 
-def run_gpusession(trials: int, parallel: int, epochs: int) -> dict:
+def run_gpusession(configs: list, parallel: int, epochs: int) -> dict:
+    import optuna
+
     import gpusession as gs
     from gpusession import events
 
     events.set_observer_factory(lambda world_size: events.Observer())
-
-    @gs.distributed(gpus=CLUSTER_GPUS)
-    def warm_up():  # as after a kernel's first call: the warm workers have imported torch
-        return 0
-
-    warm_up()
-    events.set_observer_factory(None)
+    pruner = optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=4, min_early_stopping_rate=0)
     started = time.perf_counter()
-    result = gs.sweep(gs_train, {"lr": gs.loguniform(*LR), "width": gs.choice(WIDTHS), "epochs": epochs},
-                      trials=trials, parallel=parallel, objective="val_loss", mode="min", sampler="random",
-                      seed=SEED, pruner="asha", gpus=1)
+    result = gs.sweep(gs_train, {"index": gs.choice(list(range(len(configs)))), "configs": configs, "epochs": epochs},
+                      trials=len(configs), parallel=parallel, objective="val_loss", mode="min", sampler="grid",
+                      seed=SEED, pruner=pruner, gpus=1)
     wall = time.perf_counter() - started
+    events.set_observer_factory(None)
     inside = sum(t.run_s for t in result.trials)
     leased = sum(t.gpu_seconds for t in result.trials)
     pruned = sum(1 for t in result.trials if t.state.value == "pruned")
@@ -93,22 +106,22 @@ def run_gpusession(trials: int, parallel: int, epochs: int) -> dict:
             "trials": len(result.trials)}
 
 
-def run_ray_tune(trials: int, parallel: int, epochs: int) -> dict:
+def run_ray_tune(configs: list, parallel: int, epochs: int) -> dict:
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
     def trainable(config):
-        fit_epochs(config["lr"], config["width"], epochs,
+        chosen = configs[config["index"]]
+        fit_epochs(chosen["lr"], chosen["width"], epochs,
                    lambda epoch, val_loss, inside_s: tune.report({"val_loss": val_loss, "epoch": epoch,
                                                                   "inside_s": inside_s}))
 
-    scheduler = ASHAScheduler(time_attr="epoch", max_t=epochs, grace_period=1, reduction_factor=4)
+    scheduler = ASHAScheduler(time_attr="epoch", max_t=epochs, grace_period=1, reduction_factor=4, brackets=1)
     tuner = tune.Tuner(
         tune.with_resources(trainable, {"cpu": 0, "gpu": 1}),
-        param_space={"lr": tune.loguniform(*LR), "width": tune.choice(WIDTHS)},
-        tune_config=tune.TuneConfig(metric="val_loss", mode="min", scheduler=scheduler, num_samples=trials,
-                                    max_concurrent_trials=parallel,
-                                    search_alg=tune.search.BasicVariantGenerator(random_state=SEED)),
+        param_space={"index": tune.grid_search(list(range(len(configs))))},
+        tune_config=tune.TuneConfig(metric="val_loss", mode="min", scheduler=scheduler, num_samples=1,
+                                    max_concurrent_trials=parallel, reuse_actors=True),
         run_config=tune.RunConfig(storage_path=tempfile.mkdtemp(prefix="tune-bench-"), verbose=0),
     )
     started = time.perf_counter()
@@ -127,18 +140,38 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=16)
     parser.add_argument("--parallel", type=int, default=4)
     parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--samples", type=int, default=3, help="searches timed on each side, alternated")
     args = parser.parse_args()
+    load_before = os.getloadavg()
+    configs = configurations(args.trials)
+    ours, tune_ = [], []
     with local_cluster():
-        ours = run_gpusession(args.trials, args.parallel, args.epochs)
-        tune_ = run_ray_tune(args.trials, args.parallel, args.epochs)
+        run_gpusession(configs[:args.parallel], args.parallel, 1)  # warm-up alike, discarded
+        run_ray_tune(configs[:args.parallel], args.parallel, 1)
+        for _ in range(args.samples):
+            ours.append(run_gpusession(configs, args.parallel, args.epochs))
+            tune_.append(run_ray_tune(configs, args.parallel, args.epochs))
+            print(f"sample: gs.sweep {ours[-1]['wall']:.1f} s ({ours[-1]['pruned']} stopped early), Ray Tune "
+                  f"{tune_[-1]['wall']:.1f} s ({tune_[-1]['pruned']} stopped early)", flush=True)
     for name, side in (("gs.sweep", ours), ("Ray Tune Tuner", tune_)):
-        print(f"{name}: {side['trials']} trials ({side['pruned']} stopped early), wall-clock {side['wall']:.1f} s, "
-              f"best val_loss {side['best']:.4f}, inside trials {side['inside']:.1f} GPU·s")
-    print(f"gs.sweep busy fraction of leased GPU-time: {ours['inside'] / ours['leased']:.2f} "
-          f"({ours['inside']:.1f} of {ours['leased']:.1f} GPU·s; target >= 0.9)")
-    print(f"busy fraction of the cluster's GPUs over the search: gs.sweep "
-          f"{ours['inside'] / (CLUSTER_GPUS * ours['wall']):.2f}, Ray Tune {tune_['inside'] / tune_['leased']:.2f}")
-    print(f"ratio gs.sweep/ray_tune wall-clock: {ours['wall'] / tune_['wall']:.3f} (target <= 0.5)")
+        print(f"{name}: wall-clock {spread([s['wall'] for s in side])} s, stopped early "
+              f"{[s['pruned'] for s in side]} of {args.trials}, best val_loss {[round(s['best'], 4) for s in side]}")
+    busy = [s["inside"] / s["leased"] for s in ours]
+    print(f"gs.sweep busy fraction of leased GPU-time: {spread(busy)} (target >= 0.9)")
+    configured = (f"both: the same {args.trials} (lr, width) configurations as a grid, {args.parallel} in parallel, "
+                  f"1 GPU a trial, {args.epochs} epochs, ASHA grace 1 reduction 4 one bracket (Optuna "
+                  "SuccessiveHalvingPruner / Tune ASHAScheduler), one discarded warm-up search each, samples "
+                  "alternated; Tune reuse_actors=True")
+    rows = [Row(f"{args.trials}-trial search of a small MLP, wall-clock", "s", [s["wall"] for s in ours],
+                "Ray Tune Tuner", [s["wall"] for s in tune_], configured, "<= 0.5"),
+            Row("trials stopped early by ASHA", "trials", [s["pruned"] for s in ours], "Ray Tune Tuner",
+                [s["pruned"] for s in tune_], configured),
+            Row("busy fraction of leased GPU-time (inside trials)", "", busy, configured=configured, goal=">= 0.9")]
+    write("sweep", rows, loadavg_before=load_before)
+    from statistics import median
+
+    print(f"ratio gs.sweep/ray_tune wall-clock: {median(s['wall'] for s in ours) / median(s['wall'] for s in tune_):.3f}"
+          " (target <= 0.5)")
 
 
 if __name__ == "__main__":
