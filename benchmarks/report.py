@@ -73,12 +73,20 @@ def machine_cell(machine: dict) -> str:
             f"{machine.get('gpusession_commit') or '?'}")
 
 
-def measured_line(document: dict, row: dict) -> str:
-    unit = row.get("unit", "")
-    what = f"`{document['benchmark']}.py`: {row['measure']}"
+def alternative_cell(row: dict, previous: dict | None) -> str:
+    """The alternative and how both sides were configured; "as above" when the row before, of the
+    same results file, said the same."""
     alternative = row.get("alternative") or "-"
     if row.get("configured"):
-        alternative = f"{alternative}; configured: {row['configured']}"
+        same = previous is not None and previous.get("configured") == row["configured"]
+        alternative = f"{alternative}; configured: {'as above' if same else row['configured']}"
+    return alternative
+
+
+def measured_line(document: dict, row: dict, previous: dict | None = None) -> str:
+    unit = row.get("unit", "")
+    what = f"`{document['benchmark']}.py`: {row['measure']}"
+    alternative = alternative_cell(row, previous)
     if row.get("note"):
         what += f" ({row['note']})"
     return "| " + " | ".join([
@@ -87,16 +95,19 @@ def measured_line(document: dict, row: dict) -> str:
         machine_cell(document.get("machine", {}))]) + " |"
 
 
-def simulated_line(document: dict, row: dict) -> str:
+def simulated_line(document: dict, row: dict, previous: dict | None = None) -> str:
     unit = row.get("unit", "")
     what = f"`{document['benchmark']}.py`: {row['measure']}"
-    alternative = row.get("alternative") or "-"
-    if row.get("configured"):
-        alternative = f"{alternative}; configured: {row['configured']}"
+    alternative = alternative_cell(row, previous)
     return "| " + " | ".join([
         what, figure(row.get("gpusession"), None, unit), alternative,
         figure(row.get("alternative_value"), None, unit), ratio_cell(row),
         machine_cell(document.get("machine", {}))]) + " |"
+
+
+def document_lines(document: dict, line) -> list[str]:
+    rows = document.get("rows", [])
+    return [line(document, row, rows[i - 1] if i else None) for i, row in enumerate(rows)]
 
 
 def benchmark_scripts(folder: Path) -> list[str]:
@@ -108,14 +119,14 @@ def render(documents: list[dict], scripts: list[str]) -> str:
     simulated = [d for d in documents if d.get("simulated")]
     lines = ["Measured side by side (each row from `benchmarks/results/NAME.json`, written by `benchmarks/NAME.py`):",
              "", MEASURED_HEADER]
-    lines += [measured_line(d, row) for d in measured for row in d.get("rows", [])]
+    lines += [line for d in measured for line in document_lines(d, measured_line)]
     have = {d["benchmark"] for d in documents}
     lines += [f"| `{name}.py` | not re-measured since {NOT_REMEASURED_SINCE} | | | | |"
               for name in scripts if name not in have]
     if simulated:
         lines += ["", "Simulated (a virtual clock, not a measurement of either side; costs as each row says):", "",
                   SIMULATED_HEADER]
-        lines += [simulated_line(d, row) for d in simulated for row in d.get("rows", [])]
+        lines += [line for d in simulated for line in document_lines(d, simulated_line)]
     return "\n".join(lines)
 
 

@@ -43,6 +43,13 @@ def test_a_row_shows_both_medians_with_spread_the_configuration_the_ratio_and_th
     assert "not re-measured" not in table
 
 
+def test_a_configuration_the_row_above_states_is_not_repeated():
+    two = document()
+    two["rows"].append({**two["rows"][0], "measure": "first call"})
+    first, second = [line for line in report.render([two], []).splitlines() if line.startswith("| `call")]
+    assert "configured: max_failures=0" in first and "configured: as above" in second
+
+
 def test_an_alternative_that_cannot_shows_cannot_and_no_ratio():
     table = report.render([document(alternative_value="cannot", alternative_samples=[], ratio=None)], [])
     line = table.splitlines()[-1]
