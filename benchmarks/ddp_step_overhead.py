@@ -4,7 +4,10 @@ measured side by side in one run, alternating launchers to share the machine's n
     .venv/bin/python benchmarks/ddp_step_overhead.py [--rounds 3] [--steps 200]
 
 Step time is measured inside the loop (after 20 warm-up steps), so it shows what gpusession
-adds while training runs (output capture, the event stream), not its setup. Target: <= 1.03.
+adds while training runs (output capture, the event stream), not its setup. Warm-up alike: 20
+untimed steps in every run on both sides (gpusession's one extra untimed call before the rounds
+only starts the broker and its warm workers). Writes benchmarks/results/ddp_step_overhead.json.
+Target: <= 1.03.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from _cluster import local_cluster, median  # noqa: E402
 from ddp_loop import median_step, step_times  # noqa: E402
+from _results import Row, write  # noqa: E402
 
 
 def torchrun_median_step(steps: int) -> float:
@@ -44,6 +48,7 @@ def main() -> None:
     events.set_observer_factory(lambda world_size: events.Observer())
     loop = gs.distributed(gpus=2)(step_times)
     gs_runs, torchrun_runs = [], []
+    load_before = os.getloadavg()
     with local_cluster():
         loop(10)  # start the broker and the warm workers outside the measurement
         for _ in range(args.rounds):
@@ -52,6 +57,12 @@ def main() -> None:
     gs_step, torchrun_step = median(gs_runs), median(torchrun_runs)
     print(f"torchrun: median step {torchrun_step * 1e3:.3f} ms (rounds: {', '.join(f'{t*1e3:.3f}' for t in torchrun_runs)})")
     print(f"@gs.distributed: median step {gs_step * 1e3:.3f} ms (rounds: {', '.join(f'{t*1e3:.3f}' for t in gs_runs)})")
+    write("ddp_step_overhead", [Row(
+        "per step of the same DDP loop (an unmodified torchrun script), 2 ranks, gloo", "ms",
+        [t * 1e3 for t in gs_runs], "torchrun --nproc_per_node=2", [t * 1e3 for t in torchrun_runs],
+        f"both: benchmarks/ddp_loop.py, {args.steps} timed steps after 20 warm-up steps per run, a run's "
+        f"figure its median step; launchers alternated, {args.rounds} rounds", "<= 1.03")],
+        loadavg_before=load_before)
     print(f"ratio gpusession/torchrun per step: {gs_step / torchrun_step:.3f} (target <= 1.03)")
 
 
