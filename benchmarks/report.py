@@ -63,7 +63,7 @@ def ratio_cell(row: dict) -> str:
         shown = "-"
     else:
         shown = f"{ratio:.3g}"
-    return f"{shown} ({row['goal']})" if row.get("goal") else shown
+    return f"{shown} (goal: {row['goal']})" if row.get("goal") else shown
 
 
 def machine_cell(machine: dict) -> str:

@@ -39,7 +39,7 @@ def test_a_row_shows_both_medians_with_spread_the_configuration_the_ratio_and_th
     line = next(line for line in table.splitlines() if line.startswith("| `call_overhead.py`"))
     assert "0.2 s (0.1-0.3, n=3)" in line and "30 s (29-31, n=3)" in line
     assert "Ray Train fit(); configured: max_failures=0" in line
-    assert "0.0067 (<= 0.1)" in line and "2 cores, load 3.5, 2026-11-25, abc1234" in line
+    assert "0.0067 (goal: <= 0.1)" in line and "2 cores, load 3.5, 2026-11-25, abc1234" in line
     assert "not re-measured" not in table
 
 
@@ -53,7 +53,7 @@ def test_a_configuration_the_row_above_states_is_not_repeated():
 def test_an_alternative_that_cannot_shows_cannot_and_no_ratio():
     table = report.render([document(alternative_value="cannot", alternative_samples=[], ratio=None)], [])
     line = table.splitlines()[-1]
-    assert "| cannot | cannot (<= 0.1) |" in line
+    assert "| cannot | cannot (goal: <= 0.1) |" in line
 
 
 def test_a_simulation_goes_to_its_own_table_and_a_script_without_results_says_since_when():
