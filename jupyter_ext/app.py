@@ -39,6 +39,7 @@ class GPUSessionApp(ExtensionAppJinjaMixin, ExtensionApp):
         self.handlers.extend([
             (rf"/{self.name}/api/cluster", handlers.ClusterHandler),
             (rf"/{self.name}/api/status", handlers.StatusHandler),
+            (rf"/{self.name}/api/whoami", handlers.WhoAmIHandler),
             (rf"/{self.name}/api/leases", handlers.LeasesHandler),
             (rf"/{self.name}/api/leases/([^/]+)", handlers.LeaseHandler),
             (rf"/{self.name}/api/quotas", handlers.QuotasHandler),

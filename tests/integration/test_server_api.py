@@ -107,6 +107,21 @@ def test_users_see_their_own_leases_and_admins_see_everyones(fetch, hold):
     assert every[theirs.lease_id]["state"] in ("granted", "placed") and every[theirs.lease_id]["age_s"] >= 0
 
 
+def test_whoami_says_who_the_server_takes_the_caller_for_and_whether_they_are_an_admin(fetch):
+    assert fetch("api/whoami", user=ALICE) == {"user": ALICE, "admin": False}
+    assert fetch("api/whoami", user=ADMIN) == {"user": ADMIN, "admin": True}
+    refused(fetch, "api/whoami", 403, user=None)
+
+
+def test_a_lease_names_its_notebook_and_the_cluster_shows_it_on_its_node(fetch, hold, monkeypatch):
+    monkeypatch.setenv("JPY_SESSION_NAME", "work/train.ipynb")  # what jupyter_server gives its kernels
+    lease = hold(ALICE, gpus=2)
+    view = next(l for l in fetch("api/status", user=ALICE)["leases"] if l["lease_id"] == lease.lease_id)
+    assert view["notebook"] == "work/train.ipynb"
+    nodes = fetch("api/cluster", user=BOB)["nodes"]
+    assert sum(n["leased"] for n in nodes) >= 2 and all(n["free"] <= n["gpus"] - n["leased"] for n in nodes)
+
+
 def test_revoking_needs_the_owner_or_an_admin_and_the_xsrf_token(fetch, hold):
     lease = hold(ALICE)
     path = f"api/leases/{lease.lease_id}"
