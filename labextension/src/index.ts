@@ -65,7 +65,12 @@ const plugin: JupyterFrontEndPlugin<void> = {
     });
     poller.start();
     api<WhoAmI>('whoami')
-      .then(me => me.admin && addAdmin(app, palette, launcher))
+      .then(me => {
+        if (me.admin) {
+          addAdmin(app, palette, launcher);
+        }
+        sidebar.node.dataset.role = me.admin ? 'admin' : 'user'; // set once the role is known
+      })
       .catch(error => console.warn(`gpusession: could not ask who you are: ${error.message}`));
   }
 };
