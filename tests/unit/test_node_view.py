@@ -25,3 +25,20 @@ def test_a_lost_node_has_no_free_gpus_and_names_its_address():
     snapshot = Snapshot([NodeCapacity("a", 2.0, 2.0)], logical=True, lost={"a": "10.0.0.7"})
     view = node_view(snapshot.nodes[0], snapshot, [])
     assert (view["lost"], view["free"], view["unmanaged"], view["address"]) == (True, 0.0, 0.0, "10.0.0.7")
+
+
+def test_gpusession_status_prints_each_node_and_each_runs_step_and_notebook_as_the_sidebar_does():
+    from gpusession.cluster.status import Status
+
+    snapshot = Snapshot([NodeCapacity("a1b2c3d4e5", 4.0), NodeCapacity("ffee", 2.0, 2.0)], logical=True,
+                        lost={"ffee": "10.0.0.7"})
+    nodes = [node_view(n, snapshot, [lease(1, {"a1b2c3d4e5": 2})]) for n in snapshot.nodes]
+    cluster = {"gpus_total": 6, "gpus_leased": 2, "gpus_free": 2, "gpus_unmanaged": 0, "gpus_lost": 2,
+               "logical_gpus": True, "requests_queued": 0, "nodes": nodes}
+    quota = {"max_gpus": None, "gpu_hours": None, "gpus_in_use": 2, "gpu_hours_7d": 0.5, "max_priority": "high"}
+    run = {"lease_id": 1, "gpus": 2, "priority": "normal", "state": "placed", "age_s": 12.0, "position": None,
+           "reason": None, "step": 340, "notebook": "work/train.ipynb"}
+    text = str(Status(user="alice", cluster=cluster, quota=quota, leases=[run])).splitlines()
+    assert text[1] == "  node a1b2c3d4: 4 GPUs · 2 in use · 2 free · 0 lent"
+    assert text[2] == "  node ffee: 2 GPUs · 0 in use · 0 free · 0 lent · lost (10.0.0.7)"
+    assert text[-1] == "  lease 1: 2 GPUs, normal, placed, 12 s, step 340, work/train.ipynb"
