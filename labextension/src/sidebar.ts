@@ -38,7 +38,12 @@ export class GPUsSidebar extends Widget {
     } else if (!snapshot.error) {
       parts.push(el('div', { class: 'gs-muted', text: 'Asking the server…' }));
     }
-    this.node.replaceChildren(...parts);
+    const fresh = document.createElement('div');
+    fresh.append(...parts);
+    if (fresh.innerHTML === this.node.innerHTML) {
+      return; // nothing a user sees changed: keep the controls under the pointer as they are
+    }
+    this.node.replaceChildren(...Array.from(fresh.childNodes));
     if (focused) {
       (this.node.querySelector(`[data-focus-key="${focused}"]`) as HTMLElement | null)?.focus();
     }
