@@ -28,6 +28,7 @@ _REASON = re.compile(r"^[a-z][a-z _-]{0,39}$")  # "finished", "caller exited", .
 _JOB = re.compile(r"^[0-9a-fA-F]{1,64}$")
 _NOTEBOOK = re.compile(r"^[^\x00-\x1f\x7f]{1,512}$")  # a notebook's path in its server: printable, bounded
 NOTEBOOK_ALLOWED = "None or a notebook path of 1-512 printable characters"
+CELL_ALLOWED = "None or a notebook cell id of 1-64 characters from A-Z a-z 0-9 . _ -"
 
 
 def _refuse(field: str, allowed: str, value: Any) -> InvalidRequest:
@@ -103,6 +104,7 @@ class LeaseRequest:
     queue_timeout_s: float | None = None
     sweep_id: str | None = None  # trials of one sweep share it (lease views and the admin page group by it)
     notebook: str | None = None  # the notebook the request comes from (JupyterLab's sidebar opens it)
+    cell_id: str | None = None  # the notebook cell that asked (nbformat cell id: the sidebar selects it)
 
     @property
     def gpus(self) -> float:
@@ -142,6 +144,7 @@ class LeaseRequest:
             sweep_id=text(spec.get("sweep_id"), "sweep_id", _ID, "None or 1-64 characters from A-Z a-z 0-9 . _ -",
                           optional=True),
             notebook=text(spec.get("notebook"), "notebook", _NOTEBOOK, NOTEBOOK_ALLOWED, optional=True),
+            cell_id=text(spec.get("cell_id"), "cell_id", _ID, CELL_ALLOWED, optional=True),
         )
 
     def check_fits(self, nodes: Sequence[NodeCapacity]) -> None:
@@ -168,6 +171,11 @@ def notebook_label(value: Any) -> str | None:
     """The notebook a kernel's request names: its server's JPY_SESSION_NAME when that is a valid
     label, else None (a strange path never fails the user's run: the label is only shown)."""
     return value if isinstance(value, str) and _NOTEBOOK.match(value) else None
+
+
+def cell_label(value: Any) -> str | None:
+    """The cell a kernel's request names (JupyterLab's cellId), when valid; else None."""
+    return value if isinstance(value, str) and _ID.match(value) else None
 
 
 def _choice(parse, value: Any, field: str):

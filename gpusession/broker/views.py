@@ -42,6 +42,7 @@ def lease_view(row: dict, *, waiting: Waiting | None, version: int, now: float) 
         "version": version,
         "sweep_id": row.get("sweep_id"),
         "notebook": row.get("notebook"),
+        "cell_id": row.get("cell_id"),
     }
 
 

@@ -45,6 +45,21 @@ function addAdmin(app: JupyterFrontEnd, palette: ICommandPalette | null, launche
   launcher?.add({ command: ADMIN_COMMAND, category: 'Other', rank: 50 });
 }
 
+/** Open a run's notebook and select the cell that started it (when the lease names one). */
+async function openAt(app: JupyterFrontEnd, notebooks: INotebookTracker, path: string, cellId: string | null) {
+  const widget = await app.commands.execute('docmanager:open', { path });
+  const panel = notebooks.find(candidate => candidate === widget) ?? null;
+  if (!panel || !cellId) {
+    return;
+  }
+  await panel.context.ready;
+  const index = panel.content.widgets.findIndex(cell => cell.model.id === cellId);
+  if (index >= 0) {
+    panel.content.activeCellIndex = index;
+    await panel.content.scrollToItem(index);
+  }
+}
+
 const plugin: JupyterFrontEndPlugin<void> = {
   id: 'gpusession-lab:plugin',
   description: 'GPUs sidebar, status bar item and admin panel for gpusession',
@@ -54,7 +69,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
   activate: (app: JupyterFrontEnd, shell: ILabShell, notebooks: INotebookTracker, statusBar: IStatusBar | null,
     palette: ICommandPalette | null, launcher: ILauncher | null) => {
     const poller = new Poller();
-    const sidebar = new GPUsSidebar(poller, path => void app.commands.execute('docmanager:open', { path }));
+    const sidebar = new GPUsSidebar(poller, (path, cellId) => void openAt(app, notebooks, path, cellId));
     sidebar.title.icon = gpuIcon;
     shell.add(sidebar, 'left', { rank: 300 });
     statusBar?.registerStatusItem('gpusession-lab:status', {

@@ -14,7 +14,7 @@ export class GPUsSidebar extends Widget {
 
   constructor(
     private readonly _poller: Poller,
-    private readonly _open: (path: string) => void
+    private readonly _open: (path: string, cellId: string | null) => void
   ) {
     super();
     this.id = 'gpusession-sidebar';
@@ -82,7 +82,7 @@ export class GPUsSidebar extends Widget {
     const open = el('button', {
       class: 'gs-link', text: notebookName(lease.notebook), title: lease.notebook || '',
       disabled: !lease.notebook, 'data-focus-key': `open-${lease.lease_id}`,
-      onclick: () => lease.notebook && this._open(lease.notebook)
+      onclick: () => lease.notebook && this._open(lease.notebook, lease.cell_id)
     });
     const stop = ended ? '' : el('button', {
       class: 'gs-stop jp-mod-styled jp-mod-warn', text: 'Stop', 'aria-label': `stop lease ${lease.lease_id}`,

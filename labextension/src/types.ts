@@ -37,6 +37,7 @@ export interface LeaseView {
   end_reason: string | null;
   gpu_seconds: number | null;
   notebook: string | null;
+  cell_id: string | null;
   step: number | null;
   sweep_id: string | null;
 }

@@ -119,6 +119,9 @@ def test_a_gpu_cell_shows_its_step_in_the_status_bar_and_sidebar_then_finished_w
         f"(bound {SHOWN_WITHIN_S} s, plus {SAMPLE_S} s between samples)")
     idle = first_sample(lab, lambda item, runs: item == "GPUs: idle" and "gs-state-ended" in runs.get(key, [""])[0])
     assert idle is not None and idle - released_at <= SHOWN_WITHIN_S + SAMPLE_S, "the status bar did not go idle"
+    assert lab.locator(".jp-Notebook .jp-Cell.jp-mod-active").get_attribute("data-windowed-list-index") != "1"
+    entry.get_by_role("button", name=NOTEBOOK).click()  # opens the notebook at the cell that started the run
+    lab.locator('.jp-Notebook .jp-Cell.jp-mod-active[data-windowed-list-index="1"]').wait_for(timeout=10_000)
 
 
 def test_a_queued_run_shows_its_position_and_stop_takes_it_out_of_the_queue(lab, jupyter):
