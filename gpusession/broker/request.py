@@ -168,8 +168,8 @@ FIELD_NAMES = tuple(f.name for f in fields(LeaseRequest))
 
 
 def notebook_label(value: Any) -> str | None:
-    """The notebook a kernel's request names: its server's JPY_SESSION_NAME when that is a valid
-    label, else None (a strange path never fails the user's run: the label is only shown)."""
+    """The notebook a kernel's request names (gpusession.kernelcell) when that is a valid label,
+    else None (a strange path never fails the user's run: the label is only shown)."""
     return value if isinstance(value, str) and _NOTEBOOK.match(value) else None
 
 

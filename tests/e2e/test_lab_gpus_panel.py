@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from gpusession.broker import client
 from gpusession.cluster.lease import Lease
@@ -65,6 +66,18 @@ def newest_lease(jupyter, cell_started: float) -> dict:
     return max(leases, key=lambda l: l["lease_id"])
 
 
+def shown(page, jupyter, locator, *, timeout_ms: int, name: str) -> None:
+    """Wait for the locator; on a timeout, fail with a screenshot, the leases and the server's state."""
+    try:
+        locator.wait_for(timeout=timeout_ms)
+    except PlaywrightTimeout:
+        screenshot(page, f"lab-gpus-failed-{name}")
+        item = page.locator(".gs-statusitem")
+        pytest.fail(f"{name} not shown within {timeout_ms} ms; status item: "
+                    f"{item.inner_text() if item.count() else None!r}; leases: {api(jupyter, 'leases?all=true')[:3]}; "
+                    f"{jupyter.diagnose()}")
+
+
 def run_entry(page, lease_id: int):
     return page.locator(f'#gpusession-sidebar li.gs-run[data-lease="{lease_id}"]')
 
@@ -92,6 +105,7 @@ def lab(browser, jupyter):
     page.on("console", lambda message: message.type == "error" and page.errors.append(message.text))
     page.goto(jupyter.lab(NOTEBOOK))
     page.locator(".jp-Notebook .jp-Cell").nth(len(CELLS) - 1).wait_for(timeout=120_000)
+    page.evaluate("() => { window.__gs = { samples: [], t0: null, cell: null }; }")  # run_first_cell's clock
     run_first_cell(page, jupyter)
     open_sidebar(page)
     page.evaluate(SAMPLER)
@@ -103,7 +117,8 @@ def test_a_gpu_cell_shows_its_step_in_the_status_bar_and_sidebar_then_finished_w
     started = time.time()
     cell(lab, 1).locator(".jp-InputPrompt").click()
     lab.keyboard.press("Shift+Enter")
-    lab.locator(".gs-statusitem", has_text=re.compile(r"2 GPUs · step \d")).wait_for(timeout=180_000)
+    shown(lab, jupyter, lab.locator(".gs-statusitem", has_text=re.compile(r"2 GPUs · step \d")),
+          timeout_ms=180_000, name="status-step")
     lease = newest_lease(jupyter, started)
     entry = run_entry(lab, lease["lease_id"])
     entry.filter(has_text=re.compile(r"running · step \d")).wait_for(timeout=10_000)
