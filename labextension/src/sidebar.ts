@@ -51,6 +51,7 @@ export class GPUsSidebar extends Widget {
 
   private _cluster(cluster: ClusterView): HTMLElement {
     const logical = cluster.logical_gpus ? ' (logical: training runs on CPU)' : '';
+    const anyLost = cluster.nodes.some(node => node.lost); // the "lost" column only when a node is
     const rows = cluster.nodes.map(node =>
       el('tr', { class: node.lost ? 'gs-lost' : '' }, [
         el('td', { class: 'gs-node', text: node.node_id.slice(0, 8), title: node.node_id }),
@@ -58,10 +59,11 @@ export class GPUsSidebar extends Widget {
         el('td', { text: String(node.leased) }),
         el('td', { text: String(node.free) }),
         el('td', { text: String(node.lent) }),
-        el('td', { text: node.lost ? `lost${node.address ? ' ' + node.address : ''}` : '' })
+        ...(anyLost ? [el('td', { text: node.lost ? `lost${node.address ? ' ' + node.address : ''}` : '' })] : [])
       ])
     );
-    const head = el('tr', {}, ['node', 'GPUs', 'in use', 'free', 'lent', 'lost'].map(h => el('th', { text: h })));
+    const names = ['node', 'GPUs', 'in use', 'free', 'lent', ...(anyLost ? ['lost'] : [])];
+    const head = el('tr', {}, names.map(h => el('th', { text: h })));
     return el('section', { class: 'gs-cluster', 'aria-label': 'cluster capacity' }, [
       el('h3', { text: `Cluster: ${cluster.gpus_free} of ${gpus(cluster.gpus_total)} free${logical}` }),
       el('table', { class: 'gs-table' }, [el('thead', {}, [head]), el('tbody', {}, rows)])
