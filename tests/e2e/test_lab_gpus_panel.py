@@ -183,15 +183,12 @@ def test_the_panels_log_no_console_errors(lab):
 
 
 def test_dark_theme_and_a_narrow_window_stay_legible(browser, jupyter):
+    set_theme(jupyter, "JupyterLab Dark")
     context = browser.new_context(color_scheme="dark", viewport={"width": 640, "height": 800})
     page = context.new_page()
     try:
         page.goto(jupyter.lab())
-        page.locator(".jp-LauncherCard").first.wait_for(timeout=120_000)
-        page.keyboard.press("Control+Shift+c")
-        page.keyboard.type("JupyterLab Dark")
-        page.keyboard.press("Enter")
-        page.locator('body[data-jp-theme-light="false"]').wait_for(timeout=30_000)
+        page.locator('body[data-jp-theme-light="false"]').wait_for(state="attached", timeout=120_000)
         open_sidebar(page)
         page.locator("#gpusession-sidebar li.gs-run").first.wait_for(timeout=10_000)
         screenshot(page, "lab-sidebar-dark-narrow")
@@ -199,12 +196,21 @@ def test_dark_theme_and_a_narrow_window_stay_legible(browser, jupyter):
             return [s.color, s.backgroundColor]; }""")
         text, background = (luminance(c) for c in colors)
         assert text > 0.5 > background, f"dark theme: text {colors[0]} on {colors[1]}"
+        box = page.locator("#gpusession-sidebar .gs-stop, #gpusession-sidebar .gs-link").first.bounding_box()
+        assert box is not None and box["x"] + box["width"] <= 640, "a control of the sidebar is off screen"
     finally:
-        page.keyboard.press("Control+Shift+c")
-        page.keyboard.type("JupyterLab Light")
-        page.keyboard.press("Enter")
-        page.locator('body[data-jp-theme-light="true"]').wait_for(timeout=30_000)
         context.close()
+        set_theme(jupyter, "JupyterLab Light")
+
+
+def set_theme(jupyter, name: str) -> None:
+    """Lab's theme setting, as its Settings Editor saves it (the server keeps it for every page)."""
+    body = json.dumps({"raw": json.dumps({"theme": name})}).encode()
+    request = urllib.request.Request(f"{jupyter.url}/lab/api/settings/@jupyterlab/apputils-extension:themes",
+                                     data=body, method="PUT", headers={"Authorization": f"token {jupyter.token}",
+                                                                       "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30):
+        pass
 
 
 def luminance(css: str) -> float:
