@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 import runpy
+import subprocess
+import sys
 
 from ..conftest import ROOT
 
@@ -32,3 +34,10 @@ def test_the_extension_pins_the_jupyterlab_the_project_pins():
     assert locked["node_modules/@jupyterlab/application"]["version"] == lab
     every = {**sources["dependencies"], **sources["devDependencies"]}
     assert all(re.fullmatch(r"\d+\.\d+\.\d+", version) for version in every.values()), every
+
+
+def test_jupyterlab_lists_the_extension_scripts_setup_installed_as_enabled():
+    listed = subprocess.run([sys.executable, "-m", "jupyter", "labextension", "list"], capture_output=True,
+                            text=True, timeout=120)
+    text = re.sub(r"\x1b\[[0-9;]*m", "", listed.stdout + listed.stderr)  # its colours
+    assert re.search(r"gpusession-lab v0\.1\.0 enabled\s+OK", text), text
