@@ -14,6 +14,7 @@ from jupyter_core.utils import ensure_async
 from jupyter_server.extension.application import ExtensionApp, ExtensionAppJinjaMixin
 
 from gpusession.identity import current_user
+from gpusession.kernelcell import NOTEBOOK_ROOT_ENV
 
 from . import announce, handlers, kernelenv, pages
 from .backend import Backend
@@ -33,12 +34,13 @@ class GPUSessionApp(ExtensionAppJinjaMixin, ExtensionApp):
     def initialize_settings(self) -> None:
         self.options = GPUSession(parent=self)  # bad c.GPUSession values raise here, at load
         self.backend = Backend(self.options, owner=current_user(), log=self.log, announce=self._announce)
-        kernelenv.install(self.serverapp.kernel_manager, self.backend.kernel_env)
+        kernelenv.install(self.serverapp.kernel_manager, self._kernel_env)
 
     def initialize_handlers(self) -> None:
         self.handlers.extend([
             (rf"/{self.name}/api/cluster", handlers.ClusterHandler),
             (rf"/{self.name}/api/status", handlers.StatusHandler),
+            (rf"/{self.name}/api/whoami", handlers.WhoAmIHandler),
             (rf"/{self.name}/api/leases", handlers.LeasesHandler),
             (rf"/{self.name}/api/leases/([^/]+)", handlers.LeaseHandler),
             (rf"/{self.name}/api/quotas", handlers.QuotasHandler),
@@ -47,6 +49,10 @@ class GPUSessionApp(ExtensionAppJinjaMixin, ExtensionApp):
             (rf"/{self.name}/admin", pages.AdminPageHandler),
             (rf"/{self.name}/metrics", pages.MetricsHandler),
         ])
+
+    async def _kernel_env(self) -> dict:
+        """The backend's variables, and the server's root: a lease names its notebook relative to it."""
+        return {**await self.backend.kernel_env(), NOTEBOOK_ROOT_ENV: self.serverapp.root_dir}
 
     def _announce(self, ray_env: dict) -> None:
         """Tell this user's `gpusession` CLI where to ask quickly (gpusession.cli_access)."""

@@ -70,6 +70,15 @@ class ClusterHandler(GPUSessionHandler):
         return await self.call("cluster")
 
 
+class WhoAmIHandler(GPUSessionHandler):
+    """Who the server takes the caller for, and whether they are a gpusession admin: JupyterLab's
+    extension offers the admin panel only to admins (the admin routes refuse others anyway)."""
+
+    @api
+    async def get(self):
+        return {"user": self.gs_user, "admin": self.is_admin}
+
+
 class StatusHandler(GPUSessionHandler):
     """What gs.status() returns, for the caller: the cluster, their quota, their leases."""
 

@@ -26,7 +26,7 @@ LEASE_COLUMNS = (
     "id request_id user job_id gpus workers gpus_per_worker min_workers priority placement "
     "max_hold_s queue_timeout_s state over_quota requested_at granted_at placed_at released_at "
     "end_reason gpu_seconds node_workers notice preempted_for sweep_id gpu_ids full_workers sized_at "
-    "gpu_seconds_before"
+    "gpu_seconds_before notebook cell_id"
 ).split()
 NUMBER_COLUMNS = ("gpus", "gpus_per_worker", "max_hold_s", "queue_timeout_s", "requested_at", "granted_at",
                   "placed_at", "released_at", "gpu_seconds", "sized_at", "gpu_seconds_before")
@@ -115,6 +115,13 @@ def m006_elastic_sizes(db: sqlite_utils.Database) -> None:
     db.execute("create table lease_sizes (lease_id integer not null, user text not null, gpus real not null, "
                "start real not null, end real not null)")
     db.execute("create index lease_sizes_user_end on lease_sizes (user, end)")
+
+
+@migration
+def m007_notebook(db: sqlite_utils.Database) -> None:
+    """The notebook and cell a lease was asked from (NULL: not from a Jupyter server's kernel)."""
+    db.execute("alter table leases add column notebook text")
+    db.execute("alter table leases add column cell_id text")
 
 
 @dataclass(frozen=True)

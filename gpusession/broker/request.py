@@ -26,6 +26,9 @@ _ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _NAME = re.compile(r"^[^\x00-\x1f\x7f]{1,256}$")  # user names: printable, bounded
 _REASON = re.compile(r"^[a-z][a-z _-]{0,39}$")  # "finished", "caller exited", ...
 _JOB = re.compile(r"^[0-9a-fA-F]{1,64}$")
+_NOTEBOOK = re.compile(r"^[^\x00-\x1f\x7f]{1,512}$")  # a notebook's path in its server: printable, bounded
+NOTEBOOK_ALLOWED = "None or a notebook path of 1-512 printable characters"
+CELL_ALLOWED = "None or a notebook cell id of 1-64 characters from A-Z a-z 0-9 . _ -"
 
 
 def _refuse(field: str, allowed: str, value: Any) -> InvalidRequest:
@@ -100,6 +103,8 @@ class LeaseRequest:
     max_hold_s: float | None = None
     queue_timeout_s: float | None = None
     sweep_id: str | None = None  # trials of one sweep share it (lease views and the admin page group by it)
+    notebook: str | None = None  # the notebook the request comes from (JupyterLab's sidebar opens it)
+    cell_id: str | None = None  # the notebook cell that asked (nbformat cell id: the sidebar selects it)
 
     @property
     def gpus(self) -> float:
@@ -138,6 +143,8 @@ class LeaseRequest:
             queue_timeout_s=seconds(spec.get("queue_timeout_s"), "queue_timeout_s"),
             sweep_id=text(spec.get("sweep_id"), "sweep_id", _ID, "None or 1-64 characters from A-Z a-z 0-9 . _ -",
                           optional=True),
+            notebook=text(spec.get("notebook"), "notebook", _NOTEBOOK, NOTEBOOK_ALLOWED, optional=True),
+            cell_id=text(spec.get("cell_id"), "cell_id", _ID, CELL_ALLOWED, optional=True),
         )
 
     def check_fits(self, nodes: Sequence[NodeCapacity]) -> None:
@@ -158,6 +165,17 @@ class LeaseRequest:
 
 
 FIELD_NAMES = tuple(f.name for f in fields(LeaseRequest))
+
+
+def notebook_label(value: Any) -> str | None:
+    """The notebook a kernel's request names (gpusession.kernelcell) when that is a valid label,
+    else None (a strange path never fails the user's run: the label is only shown)."""
+    return value if isinstance(value, str) and _NOTEBOOK.match(value) else None
+
+
+def cell_label(value: Any) -> str | None:
+    """The cell a kernel's request names (JupyterLab's cellId), when valid; else None."""
+    return value if isinstance(value, str) and _ID.match(value) else None
 
 
 def _choice(parse, value: Any, field: str):

@@ -34,6 +34,7 @@ from .journal import Journal
 from .ledger import Ledger
 from .request import PROTOCOL, LeaseRequest
 from .relocate_api import RelocateMethods
+from .progress_api import ProgressMethods
 from .resize_api import ResizeMethods
 from .states import LeaseState
 from .timings import Timings
@@ -43,12 +44,13 @@ TICK_S = 0.5
 SWITCH_INTERVAL_S = 0.0005
 
 
-class BrokerService(AdminMethods, ResizeMethods, RelocateMethods):
+class BrokerService(AdminMethods, ResizeMethods, RelocateMethods, ProgressMethods):
     async def __init__(self, config: dict | None = None) -> None:
         # The ledger's writer and readers are threads: let one that has waited for the GIL get it
         # within 0.5 ms (Python's default is 5 ms), or every reply waits that long for its commit.
         sys.setswitchinterval(SWITCH_INTERVAL_S)
         self.config = settings.BrokerConfig(**(config or {}))
+        self.steps = {}  # lease id -> its run's live step (progress_api)
         self.version_string = self.config.version_override or __version__
         self.db_path = settings.explicit_db_path(self.config)
         self.state_claim = None  # held while this broker runs: no other cluster's broker takes its directory
@@ -127,6 +129,7 @@ class BrokerService(AdminMethods, ResizeMethods, RelocateMethods):
             "workers": req.workers, "gpus_per_worker": req.gpus_per_worker, "min_workers": req.min_workers,
             "priority": int(req.priority), "placement": req.placement.value, "max_hold_s": req.max_hold_s,
             "queue_timeout_s": req.queue_timeout_s, "sweep_id": req.sweep_id,
+            "notebook": req.notebook, "cell_id": req.cell_id,
         }
         now = time.time()
         lease_id, effects = self.books.add_request(fields, self.snapshot.nodes_for(self.books.active()), now)
@@ -337,6 +340,7 @@ class BrokerService(AdminMethods, ResizeMethods, RelocateMethods):
         view = views.lease_view(row, waiting=self.books.waiting.get(row["id"]),
                                 version=self.books.version(row["id"]), now=now)
         view["pg_name"] = rayview.pg_name(self.ledger_id, row["id"])
+        view["step"] = self.steps.get(row["id"])
         if row["state"] in (LeaseState.GRANTED.value, LeaseState.PLACED.value):
             # Ray places a group on a host it still lists after the host died (until it declares
             # it dead, ~15-60 s): the caller keeps its bundles off the hosts the broker knows lost.

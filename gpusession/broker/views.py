@@ -41,6 +41,8 @@ def lease_view(row: dict, *, waiting: Waiting | None, version: int, now: float) 
         "message": notice.get("message"),
         "version": version,
         "sweep_id": row.get("sweep_id"),
+        "notebook": row.get("notebook"),
+        "cell_id": row.get("cell_id"),
     }
 
 
@@ -57,16 +59,24 @@ def cluster_view(snapshot: Snapshot, books: Books) -> dict:
         "gpus_lost": sum(n.gpus for n in snapshot.nodes if n.node_id in snapshot.lost),
         "gpus_free": max(0.0, total - leased - unavailable),
         "logical_gpus": snapshot.logical,
-        "nodes": [
-            {"node_id": n.node_id, "gpus": n.gpus,
-             "unmanaged": 0.0 if n.node_id in snapshot.lost else n.unmanaged,
-             "lost": n.node_id in snapshot.lost, "address": snapshot.lost.get(n.node_id)}
-            for n in snapshot.nodes
-        ],
+        "nodes": [node_view(n, snapshot, books.active()) for n in snapshot.nodes],
         "leases_active": len(books.active()),
         "requests_queued": len(queued),
         "gpus_queued": sum(r["gpus"] for r in queued),
     }
+
+
+def node_view(node, snapshot: Snapshot, active: list) -> dict:
+    """One node's GPUs: leased (placed there), lent (the part of it over its users' quotas),
+    unmanaged (held outside the broker), lost, and free (none on a lost node)."""
+    lost = node.node_id in snapshot.lost
+    placed = [(lease, (lease.node_workers or {}).get(node.node_id, 0)) for lease in active]
+    leased = sum(workers * lease.gpus_per_worker for lease, workers in placed)
+    lent = sum(workers * lease.gpus_per_worker for lease, workers in placed if lease.over_quota)
+    unmanaged = 0.0 if lost else node.unmanaged
+    return {"node_id": node.node_id, "gpus": node.gpus, "unmanaged": unmanaged, "lost": lost,
+            "address": snapshot.lost.get(node.node_id), "leased": round(leased, 6), "lent": round(lent, 6),
+            "free": 0.0 if lost else round(max(0.0, node.gpus - leased - unmanaged), 6)}
 
 
 def quota_dict(quota: Quota) -> dict:

@@ -20,11 +20,12 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from . import raycluster
-from ..broker.request import LeaseRequest
+from ..broker.request import LeaseRequest, cell_label, notebook_label
 from ..errors import ERRORS_BY_NAME, GPUSessionError, Infeasible, LeaseRevoked, Preempted, QueueTimeout
 from ..events import Observer, RunInfo
 from ..identity import Identity, current_identity
 from ..interrupts import deferred_interrupts
+from ..kernelcell import asking_cell_id, asking_notebook
 from ..options import RunOptions, validate_run_options
 from ..run.pool import WorkerHandle, pool
 from ..broker import client, messages
@@ -228,7 +229,8 @@ class Lease:
             "gpus_per_worker": lease.gpus_per_worker, "min_workers": lease.min_workers,
             "priority": lease.priority.label, "placement": lease.placement.value,
             "max_hold_s": lease.max_hold_s, "queue_timeout_s": lease.queue_timeout_s,
-            "sweep_id": lease.sweep_id,
+            "sweep_id": lease.sweep_id, "notebook": notebook_label(asking_notebook()),
+            "cell_id": cell_label(asking_cell_id()),
         }).to_dict()
 
     def _wait_in_queue(self, broker, view: dict, requested: float) -> dict:

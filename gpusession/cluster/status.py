@@ -29,11 +29,21 @@ class Status:
             f"{self.user}: {q['gpus_in_use']:g} GPUs in use ({limit}) · {q['gpu_hours_7d']:.2f} of {budget} "
             f"GPU-hours in 7 days · max priority {q['max_priority']}",
         ]
+        lines[1:1] = [node_line(node) for node in c.get("nodes", []) if "leased" in node]
         for lease in self.leases:
             where = (f"queued, position {lease['position']}: {lease['reason']}" if lease["state"] == "queued"
                      else f"{lease['state']}, {lease['age_s']:.0f} s")
-            lines.append(f"  lease {lease['lease_id']}: {lease['gpus']:g} GPUs, {lease['priority']}, {where}")
+            step = f", step {lease['step']}" if lease.get("step") is not None else ""
+            notebook = f", {lease['notebook']}" if lease.get("notebook") else ""
+            lines.append(f"  lease {lease['lease_id']}: {lease['gpus']:g} GPUs, {lease['priority']}, {where}{step}{notebook}")
         return "\n".join(lines)
+
+
+def node_line(node: dict) -> str:
+    """One node as JupyterLab's sidebar shows it: GPUs, in use, free, lent beyond quotas, lost."""
+    lost = f" · lost{' (' + node['address'] + ')' if node.get('address') else ''}" if node["lost"] else ""
+    return (f"  node {node['node_id'][:8]}: {node['gpus']:g} GPUs · {node['leased']:g} in use · "
+            f"{node['free']:g} free · {node['lent']:g} lent{lost}")
 
 
 def status() -> Status:

@@ -6,7 +6,8 @@ import inspect
 from typing import Any, Callable
 
 from ..errors import GPUSessionError
-from ..events import RunInfo, default_observer
+from ..events import Fanout, RunInfo, default_observer
+from ..stepreport import StepToBroker
 from .controller import run_function
 from ..cluster.lease import Lease, _end_reason
 from ..options import RunOptions, validate_run_options
@@ -51,7 +52,8 @@ class DistributedFunction:
     def _run(self, args: tuple, kwargs: dict, *, checkpoint_ref, checkpoint_step=None) -> Any:
         info = RunInfo()
         self.last_run, self._last_call = info, (args, kwargs)
-        observer = self.observer or default_observer(self.options.lease.workers)
+        # beside the cell's renderer: the live step for JupyterLab's sidebar (gpusession.stepreport)
+        observer = Fanout(self.observer or default_observer(self.options.lease.workers), StepToBroker())
         error: BaseException | None = None
         try:
             with Lease(self.options, observer=observer, info=info).acquire() as lease:

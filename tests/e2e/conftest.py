@@ -3,6 +3,7 @@ Ray cluster) and a real headless Chromium (Debian's /usr/bin/chromium) driven by
 server for the whole session: the browser tests open JupyterLab itself and the admin page."""
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
@@ -84,7 +85,13 @@ def _answers(url: str, token: str) -> bool:
 def jupyter(cluster, tmp_path_factory):
     """JupyterLab on a free port; its owner `tester` is the gpusession admin; its settings and
     workspaces are its own (no state from an earlier run or another user)."""
-    config_dir = tmp_path_factory.mktemp("jupyter-config")
+    with lab_server(cluster, tmp_path_factory.mktemp("jupyter-config"), admin_users=[ADMIN]) as server:
+        yield server
+
+
+@contextlib.contextmanager
+def lab_server(cluster, config_dir: Path, *, admin_users: list[str]):
+    """A JupyterLab process whose owner is `tester`, with these gpusession admins, stopped after."""
     token, port = "e2e-token", _free_port()
     (config_dir / "jupyter_server_config.json").write_text(json.dumps({
         "ServerApp": {"jpserver_extensions": {"gpusession": True}, "port": port, "ip": "127.0.0.1",
@@ -92,7 +99,7 @@ def jupyter(cluster, tmp_path_factory):
         "IdentityProvider": {"token": token},
         "LabApp": {"user_settings_dir": str(config_dir / "lab-settings"),
                    "workspaces_dir": str(config_dir / "lab-workspaces"), "news_url": None},
-        "GPUSession": {"ray_address": cluster.address, "admin_token": cluster.admin_token, "admin_users": [ADMIN]},
+        "GPUSession": {"ray_address": cluster.address, "admin_token": cluster.admin_token, "admin_users": admin_users},
     }))
     # no "news?" toast over the screenshots
     news = config_dir / "lab-settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
@@ -104,20 +111,21 @@ def jupyter(cluster, tmp_path_factory):
     proc = subprocess.Popen([sys.executable, "-m", "jupyterlab"], env=env, stdout=log,
                             stderr=subprocess.STDOUT, cwd=str(config_dir))
     server = Server(f"http://127.0.0.1:{port}", token, config_dir / "runtime", config_dir / "server.log")
-    deadline = time.monotonic() + 180
-    while not _answers(f"{server.url}/gpusession/api/cluster", token):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"jupyter server did not come up; log:\n{(config_dir / 'server.log').read_text()[-3000:]}")
-        time.sleep(0.5)
-    yield server
-    proc.terminate()
     try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-    log.close()
+        deadline = time.monotonic() + 180
+        while not _answers(f"{server.url}/gpusession/api/cluster", token):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"jupyter server did not come up; log:\n{(config_dir / 'server.log').read_text()[-3000:]}")
+            time.sleep(0.5)
+        yield server
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
 
 
 @pytest.fixture(scope="module")

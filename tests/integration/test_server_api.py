@@ -15,6 +15,8 @@ from pytest_jupyter.jupyter_server import *  # jp_serverapp, jp_fetch and the fi
 from tornado.httpclient import HTTPClientError
 from traitlets.config import Config
 
+from gpusession.broker import client
+from gpusession.errors import InvalidRequest, NotAuthorized
 from gpusession.identity import Identity
 from gpusession.cluster.lease import Lease
 from gpusession.options import validate_run_options
@@ -105,6 +107,34 @@ def test_users_see_their_own_leases_and_admins_see_everyones(fetch, hold):
     assert set(every) == {mine.lease_id, theirs.lease_id}
     assert every[theirs.lease_id]["user"] == BOB and every[theirs.lease_id]["gpus"] == 2
     assert every[theirs.lease_id]["state"] in ("granted", "placed") and every[theirs.lease_id]["age_s"] >= 0
+
+
+def test_whoami_says_who_the_server_takes_the_caller_for_and_whether_they_are_an_admin(fetch):
+    assert fetch("api/whoami", user=ALICE) == {"user": ALICE, "admin": False}
+    assert fetch("api/whoami", user=ADMIN) == {"user": ADMIN, "admin": True}
+    refused(fetch, "api/whoami", 403, user=None)
+
+
+def test_a_lease_names_its_notebook_and_the_cluster_shows_it_on_its_node(fetch, hold, monkeypatch):
+    monkeypatch.setenv("JPY_SESSION_NAME", "work/train.ipynb")  # what jupyter_server gives its kernels
+    lease = hold(ALICE, gpus=2)
+    view = next(l for l in fetch("api/status", user=ALICE)["leases"] if l["lease_id"] == lease.lease_id)
+    assert view["notebook"] == "work/train.ipynb"
+    nodes = fetch("api/cluster", user=BOB)["nodes"]
+    assert sum(n["leased"] for n in nodes) >= 2 and all(n["free"] <= n["gpus"] - n["leased"] for n in nodes)
+
+
+def test_a_runs_live_step_shows_in_its_lease_and_a_bad_step_is_refused(fetch, hold):
+    lease = hold(ALICE)
+    progress = client.broker().progress
+    client.call(progress, lease.lease_id, 340, auth=client.lease_auth(Identity(ALICE)))
+    view = next(l for l in fetch("api/status", user=ALICE)["leases"] if l["lease_id"] == lease.lease_id)
+    assert view["step"] == 340
+    with pytest.raises(InvalidRequest, match="step must be a whole number"):
+        client.call(progress, lease.lease_id, -1, auth=client.lease_auth(Identity(ALICE)))
+    with pytest.raises(NotAuthorized):
+        client.call(progress, lease.lease_id, 341, auth=client.lease_auth(Identity(BOB)))
+    assert next(l for l in fetch("api/leases", user=ADMIN) if l["lease_id"] == lease.lease_id)["step"] == 340
 
 
 def test_revoking_needs_the_owner_or_an_admin_and_the_xsrf_token(fetch, hold):

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from gpusession.broker.model import NodeCapacity, Placement, Priority
 from gpusession.broker.request import (FIELD_NAMES, MIN_GPUS_PER_WORKER, InvalidRequest, LeaseRequest,
-                                       node_workers, usage_range)
+                                       node_workers, notebook_label, cell_label, usage_range)
 from gpusession.errors import GPUSessionError
 
 NODES = [NodeCapacity("aa01", 4.0), NodeCapacity("bb02", 4.0)]
@@ -32,6 +32,8 @@ def spec(**changes) -> dict:
     ("gpus_per_worker", 1.5), ("max_hold_s", math.nan), ("max_hold_s", -1), ("queue_timeout_s", math.inf),
     ("min_workers", 3), ("min_workers", 0), ("priority", "urgent"), ("placement", "anywhere"),
     ("sweep_id", ""), ("sweep_id", "a/b"), ("sweep_id", "x" * 65), ("request_id", None), ("user", ""),
+    ("notebook", ""), ("notebook", "a\nb.ipynb"), ("notebook", "x" * 513), ("notebook", 3),
+    ("cell_id", ""), ("cell_id", "a b"), ("cell_id", "x" * 65),
 ])
 def test_a_nonsense_value_is_refused_naming_its_field_within_milliseconds(field, value):
     started = time.perf_counter()
@@ -54,6 +56,15 @@ def test_an_unknown_field_is_refused_and_sweep_id_is_a_known_one():
     assert "sweep_id" in FIELD_NAMES
     assert LeaseRequest.parse(spec(sweep_id="lr-sweep_3.a")).sweep_id == "lr-sweep_3.a"
     assert LeaseRequest.parse(spec()).sweep_id is None
+
+
+def test_a_request_names_its_notebook_and_a_strange_session_name_is_no_label():
+    assert LeaseRequest.parse(spec(notebook="work/train ü.ipynb")).notebook == "work/train ü.ipynb"
+    assert LeaseRequest.parse(spec()).notebook is None
+    assert notebook_label("work/train.ipynb") == "work/train.ipynb"
+    assert [notebook_label(v) for v in (None, "", "a\tb", "x" * 513, 7)] == [None] * 5
+    assert LeaseRequest.parse(spec(cell_id="8f0c-4b_a")).cell_id == "8f0c-4b_a"
+    assert [cell_label(v) for v in ("8f0c-4b", None, "a b", 3)] == ["8f0c-4b", None, None, None]
 
 
 def test_a_valid_request_round_trips_through_its_wire_form():

@@ -1,0 +1,284 @@
+"""gpusession inside JupyterLab itself, in Debian's headless chromium: the "GPUs" sidebar and the
+status bar item follow a `%%gpu 2` cell (running with its step, then finished), show a queued run
+with its position, and stop runs; the admin panel edits quotas and revokes leases, for admins
+only. What the page shows is sampled every 50 ms in the page itself; screenshots (light, dark,
+narrow) are kept under test-artifacts/."""
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+from gpusession.broker import client
+from gpusession.cluster.lease import Lease
+from gpusession.identity import Identity
+from gpusession.options import validate_run_options
+
+from ..conftest import CLUSTER_GPUS, free_gpus, wait_for
+from .conftest import lab_server, screenshot
+from .test_lab_notebook import cell, run_first_cell, wait_for_line
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+NOTEBOOK = "gpus-panel.ipynb"
+SHOWN_WITHIN_S = 1.0  # SPEC 8: the sidebar and status bar show a change within 1 s
+FREED_WITHIN_S = 1.0  # SPEC 8: stop from the sidebar frees the GPUs within 1 s
+SAMPLE_S = 0.05
+CELLS = [
+    "%load_ext gpusession\nimport gpusession as gs",
+    # 1: a short run that reports its step
+    "%%gpu 2\nimport time\nfor step in range(8):\n    gs.report(step=step)\n    time.sleep(0.5)",
+    # 2: waits in the queue while the test holds every GPU
+    "%%gpu 1\nprint('granted', flush=True)",
+    # 3: runs until stopped
+    "%%gpu 2\nimport time\nfor step in range(100000):\n    gs.report(step=step)\n    time.sleep(0.1)",
+]
+# Every 50 ms: [unix seconds, the status bar item's text, {lease id: [state class, state text]}].
+SAMPLER = """() => {
+  window.__gsPanel = [];
+  setInterval(() => {
+    const item = document.querySelector('.gs-statusitem');
+    const runs = {};
+    for (const li of document.querySelectorAll('#gpusession-sidebar li.gs-run')) {
+      runs[li.dataset.lease] = [li.className, li.querySelector('.gs-run-state').innerText];
+    }
+    window.__gsPanel.push([Date.now() / 1000, item ? item.innerText : null, runs]);
+  }, 50);
+}"""
+
+
+def api(jupyter, path: str, *, method: str = "GET") -> object:
+    request = urllib.request.Request(f"{jupyter.url}/gpusession/api/{path}", method=method,
+                                     headers={"Authorization": f"token {jupyter.token}"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def newest_lease(jupyter, cell_started: float) -> dict:
+    """The newest lease asked from this test's notebook since the cell started."""
+    leases = [l for l in api(jupyter, "leases?all=true")
+              if l["notebook"] == NOTEBOOK and l["requested_at"] >= cell_started - 1]
+    assert leases, "no lease names the notebook"
+    return max(leases, key=lambda l: l["lease_id"])
+
+
+def shown(page, jupyter, locator, *, timeout_ms: int, name: str) -> None:
+    """Wait for the locator; on a timeout, fail with a screenshot, the leases and the server's state."""
+    try:
+        locator.wait_for(timeout=timeout_ms)
+    except PlaywrightTimeout:
+        screenshot(page, f"lab-gpus-failed-{name}")
+        item = page.locator(".gs-statusitem")
+        pytest.fail(f"{name} not shown within {timeout_ms} ms; status item: "
+                    f"{item.inner_text() if item.count() else None!r}; leases: {api(jupyter, 'leases?all=true')[:3]}; "
+                    f"{jupyter.diagnose()}")
+
+
+def run_entry(page, lease_id: int):
+    return page.locator(f'#gpusession-sidebar li.gs-run[data-lease="{lease_id}"]')
+
+
+def first_sample(page, predicate) -> float | None:
+    """Unix seconds of the first sample the predicate accepts (samples are 50 ms apart)."""
+    return next((t for t, item, runs in page.evaluate("() => window.__gsPanel") if predicate(item, runs)), None)
+
+
+def open_sidebar(page) -> None:
+    tab = page.locator('.lm-TabBar-tab[data-id="gpusession-sidebar"]')
+    if "lm-mod-current" not in (tab.get_attribute("class") or ""):
+        tab.click()
+    page.locator("#gpusession-sidebar .gs-cluster").wait_for(timeout=30_000)
+
+
+@pytest.fixture(scope="module")
+def lab(browser, jupyter):
+    """JupyterLab with the notebook open, its first cell run and the GPUs sidebar open; console
+    errors of the page are collected in page.errors."""
+    jupyter.put_notebook(NOTEBOOK, CELLS)
+    context = browser.new_context(color_scheme="light", viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    page.errors = []
+    page.on("console", lambda message: message.type == "error" and page.errors.append(message.text))
+    page.goto(jupyter.lab(NOTEBOOK))
+    page.locator(".jp-Notebook .jp-Cell").nth(len(CELLS) - 1).wait_for(timeout=120_000)
+    page.evaluate("() => { window.__gs = { samples: [], t0: null, cell: null }; }")  # run_first_cell's clock
+    run_first_cell(page, jupyter)
+    open_sidebar(page)
+    page.evaluate(SAMPLER)
+    yield page
+    context.close()
+
+
+def test_a_gpu_cell_shows_its_step_in_the_status_bar_and_sidebar_then_finished_within_1_s(lab, jupyter):
+    started = time.time()
+    cell(lab, 1).locator(".jp-InputPrompt").click()
+    lab.keyboard.press("Shift+Enter")
+    shown(lab, jupyter, lab.locator(".gs-statusitem", has_text=re.compile(r"2 GPUs · step \d")),
+          timeout_ms=180_000, name="status-step")
+    lease = newest_lease(jupyter, started)
+    entry = run_entry(lab, lease["lease_id"])
+    entry.filter(has_text=re.compile(r"running · step \d")).wait_for(timeout=10_000)
+    assert NOTEBOOK in entry.inner_text() and "2 GPUs" in entry.inner_text()
+    screenshot(lab, "lab-sidebar-running")
+    wait_for_line(lab, 1, "released", timeout_ms=120_000)
+    entry.filter(has_text="finished").wait_for(timeout=10_000)
+    released_at = newest_lease(jupyter, started)["released_at"]
+    key = str(lease["lease_id"])
+    seen = first_sample(lab, lambda item, runs: "gs-state-ended" in runs.get(key, [""])[0])
+    assert seen is not None and seen - released_at <= SHOWN_WITHIN_S + SAMPLE_S, (
+        f"the sidebar showed the run finished {seen - released_at:.2f} s after the broker released it "
+        f"(bound {SHOWN_WITHIN_S} s, plus {SAMPLE_S} s between samples)")
+    idle = first_sample(lab, lambda item, runs: item == "GPUs: idle" and "gs-state-ended" in runs.get(key, [""])[0])
+    assert idle is not None and idle - released_at <= SHOWN_WITHIN_S + SAMPLE_S, "the status bar did not go idle"
+    assert lab.locator(".jp-Notebook .jp-Cell.jp-mod-active").get_attribute("data-windowed-list-index") != "1"
+    entry.get_by_role("button", name=NOTEBOOK).click()  # opens the notebook at the cell that started the run
+    lab.locator('.jp-Notebook .jp-Cell.jp-mod-active[data-windowed-list-index="1"]').wait_for(timeout=10_000)
+
+
+def test_a_queued_run_shows_its_position_and_stop_takes_it_out_of_the_queue(lab, jupyter):
+    holder = Lease(validate_run_options(gpus=CLUSTER_GPUS), identity=Identity("holder")).acquire()
+    try:
+        started = time.time()
+        cell(lab, 2).locator(".jp-InputPrompt").click()
+        lab.keyboard.press("Shift+Enter")
+        lab.locator(".gs-statusitem", has_text="GPUs: queued #1").wait_for(timeout=60_000)
+        lease = newest_lease(jupyter, started)
+        entry = run_entry(lab, lease["lease_id"])
+        entry.filter(has_text="queued #1").wait_for(timeout=10_000)
+        screenshot(lab, "lab-sidebar-queued")
+        entry.get_by_role("button", name=f"stop lease {lease['lease_id']}").click()
+        entry.filter(has_text="revoked").wait_for(timeout=10_000)
+        wait_for_line(lab, 2, "revoked", timeout_ms=30_000)  # the cell says why it ended
+        assert "granted" not in cell(lab, 2).locator(".jp-OutputArea").inner_text()
+    finally:
+        holder.release()
+
+
+def test_stop_in_the_sidebar_frees_the_runs_gpus_in_ray_within_1_s_and_the_cell_shows_it(lab, jupyter):
+    started = time.time()
+    cell(lab, 3).locator(".jp-InputPrompt").click()
+    lab.keyboard.press("Shift+Enter")
+    lab.locator(".gs-statusitem", has_text=re.compile(r"2 GPUs · step \d")).wait_for(timeout=180_000)
+    lease = newest_lease(jupyter, started)
+    stop = run_entry(lab, lease["lease_id"]).get_by_role("button", name=f"stop lease {lease['lease_id']}")
+    assert free_gpus() <= CLUSTER_GPUS - 2
+    stop.focus()
+    pressed = time.monotonic()
+    lab.keyboard.press("Enter")  # keyboard reachable: the stop button takes Enter
+    wait_for(lambda: free_gpus() == CLUSTER_GPUS, timeout=30, message="the run's GPUs free in Ray")
+    freed = time.monotonic() - pressed
+    assert freed <= FREED_WITHIN_S, f"Ray showed the GPUs free {freed:.2f} s after Stop (bound {FREED_WITHIN_S} s)"
+    wait_for_line(lab, 3, "revoked", timeout_ms=30_000)
+    run_entry(lab, lease["lease_id"]).filter(has_text="revoked").wait_for(timeout=10_000)
+    print(f"stop from the sidebar: GPUs free in Ray {freed:.2f} s after Enter")
+
+
+def test_the_panels_log_no_console_errors(lab):
+    ours = [text for text in lab.errors if "gpusession" in text.lower()]
+    assert ours == [], f"console errors of gpusession: {ours}"
+
+
+def test_dark_theme_and_a_narrow_window_stay_legible(browser, jupyter):
+    set_theme(jupyter, "JupyterLab Dark")
+    context = browser.new_context(color_scheme="dark", viewport={"width": 640, "height": 800})
+    page = context.new_page()
+    try:
+        page.goto(jupyter.lab())
+        page.locator('body[data-jp-theme-light="false"]').wait_for(state="attached", timeout=120_000)
+        open_sidebar(page)
+        page.locator("#gpusession-sidebar li.gs-run").first.wait_for(timeout=10_000)
+        screenshot(page, "lab-sidebar-dark-narrow")
+        colors = page.evaluate("""() => { const s = getComputedStyle(document.querySelector('#gpusession-sidebar'));
+            return [s.color, s.backgroundColor]; }""")
+        text, background = (luminance(c) for c in colors)
+        assert text > 0.5 > background, f"dark theme: text {colors[0]} on {colors[1]}"
+        box = page.locator("#gpusession-sidebar .gs-stop, #gpusession-sidebar .gs-link").first.bounding_box()
+        assert box is not None and box["x"] + box["width"] <= 640, "a control of the sidebar is off screen"
+    finally:
+        context.close()
+        set_theme(jupyter, "JupyterLab Light")
+
+
+def set_theme(jupyter, name: str) -> None:
+    """Lab's theme setting, as its Settings Editor saves it (the server keeps it for every page)."""
+    body = json.dumps({"raw": json.dumps({"theme": name})}).encode()
+    request = urllib.request.Request(f"{jupyter.url}/lab/api/settings/@jupyterlab/apputils-extension:themes",
+                                     data=body, method="PUT", headers={"Authorization": f"token {jupyter.token}",
+                                                                       "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30):
+        pass
+
+
+def luminance(css: str) -> float:
+    r, g, b = (int(x) / 255 for x in re.findall(r"\d+", css)[:3])
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+
+def open_admin_panel(page) -> None:
+    page.locator(".jp-LauncherCard", has_text="GPU admin").click()
+    page.locator(".gs-admin .gs-quotas").wait_for(timeout=30_000)
+
+
+def test_an_admin_edits_a_quota_a_bad_value_is_refused_in_words_and_the_panel_stays_live(page, jupyter, broker, admin):
+    client.call(broker.set_quota, "alice", {"max_gpus": 2}, admin)
+    holder = None
+    try:
+        page.goto(jupyter.lab())
+        page.locator('#gpusession-sidebar[data-role="admin"]').wait_for(state="attached", timeout=120_000)
+        open_admin_panel(page)
+        row = page.locator('.gs-admin tr[data-user="alice"]')
+        max_gpus = row.get_by_label("max GPUs of alice")
+        max_gpus.fill("-1")
+        max_gpus.press("Enter")
+        row.locator(".gs-error", has_text="max_gpus").wait_for(timeout=10_000)
+        assert client.call(broker.quota, "alice", admin)["max_gpus"] == 2  # nothing changed
+        screenshot(page, "lab-admin-refused")
+        holder = Lease(validate_run_options(gpus=1), identity=Identity("bob")).acquire()  # still live?
+        page.locator(f'.gs-admin tr[data-lease="{holder.lease_id}"]').wait_for(timeout=5_000)
+        max_gpus.fill("3")
+        row.get_by_role("button", name="save quota of alice").click()
+        wait_for(lambda: client.call(broker.quota, "alice", admin)["max_gpus"] == 3, timeout=10, message="saved")
+        page.locator('.gs-admin tr[data-user="alice"] .gs-error').filter(has_text="max_gpus").wait_for(
+            state="detached", timeout=10_000)
+        page.get_by_role("button", name=f"revoke lease {holder.lease_id}").click()
+        wait_for(lambda: holder_revoked(broker, admin, holder.lease_id), timeout=15, message="revoked")
+        screenshot(page, "lab-admin-panel")
+    finally:
+        if holder is not None:
+            holder.release()
+        client.call(broker.reset_quota, "alice", admin)
+
+
+def holder_revoked(broker, admin, lease_id: int) -> bool:
+    view = next(l for l in client.call(broker.leases, admin, True) if l["lease_id"] == lease_id)
+    return view["state"] == "ended" or (view["notice"] or {}).get("kind") == "revoke"
+
+
+@pytest.fixture(scope="module")
+def user_lab(cluster, tmp_path_factory):
+    """A second JupyterLab whose owner (`tester`) is not a gpusession admin."""
+    with lab_server(cluster, tmp_path_factory.mktemp("user-lab"), admin_users=["somebody-else"]) as server:
+        yield server
+
+
+def test_a_user_who_is_not_an_admin_never_sees_the_admin_command_and_the_api_refuses_them(browser, user_lab):
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    try:
+        page.goto(user_lab.lab())
+        page.locator(".jp-LauncherCard").first.wait_for(timeout=120_000)
+        page.locator('#gpusession-sidebar[data-role="user"]').wait_for(state="attached", timeout=30_000)
+        assert api(user_lab, "whoami") == {"user": "tester", "admin": False}
+        assert page.locator(".jp-LauncherCard", has_text="GPU admin").count() == 0
+        page.keyboard.press("Control+Shift+c")
+        page.keyboard.type("GPU admin")
+        assert page.locator(".lm-CommandPalette-item", has_text="GPU admin").count() == 0
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            api(user_lab, "quotas/alice", method="DELETE")
+        assert refused.value.code == 403
+    finally:
+        context.close()
