@@ -589,8 +589,10 @@ def _end_reason(exc: BaseException | None) -> str:
         return "preempted"
     if isinstance(exc, LeaseRevoked):
         return "revoked"
-    from ..errors import RunTimeout
+    from ..errors import RunCancelled, RunTimeout
 
+    if isinstance(exc, RunCancelled):
+        return "cancelled"
     return "timeout" if isinstance(exc, RunTimeout) else "failed"
 
 

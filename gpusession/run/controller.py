@@ -239,11 +239,11 @@ def _close_phases(info: RunInfo, lease, started: float) -> None:
 
 
 def _terminal_state(exc: BaseException) -> RunState:
-    from ..errors import LeaseRevoked, Preempted
+    from ..errors import LeaseRevoked, Preempted, RunCancelled
 
     if isinstance(exc, Preempted):
         return RunState.PREEMPTED
-    if isinstance(exc, (KeyboardInterrupt, LeaseRevoked)):
+    if isinstance(exc, (KeyboardInterrupt, LeaseRevoked, RunCancelled)):
         return RunState.STOPPED
     return RunState.FAILED
 

@@ -16,7 +16,7 @@ from ..errors import LeaseRevoked, Preempted, RunTimeout, WorkerFailed
 from ..events import Observer, RunInfo
 from . import commits, messages as m
 from .heartbeat import BeatMonitor, Loss
-from .policies import Fault, FaultKind, is_collective_fault, ranks_text, signal_name
+from .policies import Fault, FaultKind, is_collective_fault, ranks_text, run_began, signal_name
 from .resize import ResizeNeeded, deadline_to_act
 
 POLL_S = 0.2  # how often the loop looks at the clock when no rank says anything
@@ -57,6 +57,7 @@ class Follower:
         self.payload_kind: dict[int, str] = {}
         self.results: dict[int, Any] = {}
         self.started: set[int] = set()
+        self.started_at: dict[int, float] = {}  # rank -> its own clock when it entered the function
         self.run_started: float | None = None
         self.checkpoints = 0
         self.watched = False  # rank 0 called gs.should_checkpoint(): it commits when asked
@@ -246,9 +247,11 @@ class Follower:
 
     def _on_started(self, rank: int, message: m.Started) -> None:
         self.started.add(rank)
+        self.started_at[rank] = message.at
         self.info.rank_hosts[rank] = f"{message.host} ({message.address})" if message.address else message.host
         if len(self.started) == self.world_size:
-            self.run_started = time.time()
+            # when the ranks entered the function, not when this (maybe busy) kernel heard of it
+            self.run_started = run_began(list(self.started_at.values()), launched=self.launched, heard=time.time())
             if self.attempt == 0:
                 self.info.setup_s = self.run_started - (self.lease.granted_at or self.run_started)
             self.observer.running(self.info)
