@@ -159,19 +159,6 @@ def set_observer_factory(factory: Callable[[int], Observer] | None) -> None:
     _factory = factory
 
 
-def default_observer(world_size: int, *, background: bool = False) -> Observer:
-    """background: for a run that outlives the cell that started it (its view keeps updating)."""
-    if _factory is not None:
-        return _factory(world_size)
-    if _in_notebook_kernel():
-        from .notebook.display import NotebookObserver
-
-        return NotebookObserver(world_size, background=background)
-    from .console import ConsoleObserver
-
-    return ConsoleObserver(world_size)
-
-
 def _in_notebook_kernel() -> bool:
     try:
         from IPython import get_ipython

@@ -26,6 +26,7 @@ from ..events import Observer, RunInfo
 from ..identity import Identity, current_identity
 from ..interrupts import deferred_interrupts
 from ..options import RunOptions, validate_run_options
+from ..run.notices import notice_error
 from ..run.pool import WorkerHandle, pool
 from ..broker import client, messages
 
@@ -551,25 +552,6 @@ def _cluster_view(broker) -> dict | None:
         return None
 
 
-def notice_error(lease: Lease, notice: dict, *, checkpointed: bool | None = None) -> GPUSessionError:
-    """The error a caller sees when the broker took its lease back. checkpointed: None between
-    runs, else whether the stopped run had saved a checkpoint."""
-    what = f"Lease {lease.lease_id} ({lease.gpus:g} GPUs)"
-    if checkpointed is None:
-        then = "Ask for GPUs again with gs.lease(...) or the next call."
-    elif checkpointed:
-        then = ("The run stopped at its last checkpoint (kept in last_run.checkpoint or _gpu.checkpoint); "
-                "a decorated function continues from it with .resume().")
-    else:
-        then = "The run had saved no checkpoint (gs.save_checkpoint), so it stopped where it was."
-    if notice.get("kind") == "preempt":
-        return Preempted(f"{what} was {notice.get('reason')}. {then}")
-    if notice.get("kind") == "revoke":
-        return LeaseRevoked(f"{what} was {notice.get('reason')}. The workers were stopped. {then}")
-    return LeaseRevoked(f"The broker ended {what}: {notice.get('reason') or 'no reason given'}. "
-                        f"The workers were stopped. {then}")
-
-
 def _error_for_end(view: dict) -> GPUSessionError:
     if view.get("end_reason") == "rejected" and view.get("error") in ERRORS_BY_NAME:
         return ERRORS_BY_NAME[view["error"]](view.get("message") or "The broker rejected the request.")
@@ -603,7 +585,7 @@ def lease(**options: Any) -> Lease:
        ...:     lease.run(train, 0.1)
        ...:     lease.run(evaluate)
     Accepts the options of `gs.distributed`; `timeout` bounds each run."""
-    from ..events import default_observer
+    from ..renderer import default_observer
 
     run_options = validate_run_options(**options)
     # `timeout` bounds each run of a held lease, not the lease: declare no hold limit to the broker.

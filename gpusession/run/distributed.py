@@ -6,7 +6,8 @@ import inspect
 from typing import Any, Callable
 
 from ..errors import GPUSessionError
-from ..events import RunInfo, default_observer
+from ..events import RunInfo
+from ..renderer import default_observer
 from .background import Run
 from .controller import run_function
 from ..cluster.lease import Lease, _end_reason

@@ -16,6 +16,7 @@ from ..errors import LeaseRevoked, Preempted, RunTimeout, WorkerFailed
 from ..events import Observer, RunInfo
 from . import commits, messages as m
 from .heartbeat import BeatMonitor, Loss
+from .notices import notice_error
 from .policies import Fault, FaultKind, is_collective_fault, ranks_text, run_began, signal_name
 from .resize import ResizeNeeded, deadline_to_act
 
@@ -358,8 +359,6 @@ class Follower:
 
     # ----- the broker's notice --------------------------------------------------------------------
     def _on_notice(self) -> None:
-        from ..cluster.lease import notice_error
-
         notice = self.lease.notice()
         if notice is None:  # the broker was replaced; the lease now watches the new one
             return
@@ -379,8 +378,6 @@ class Follower:
         raise notice_error(self.lease, notice, checkpointed=self.info._checkpoint_ref is not None)
 
     def _stopped(self, notice: dict) -> Preempted | LeaseRevoked:
-        from ..cluster.lease import notice_error
-
         return notice_error(self.lease, notice, checkpointed=self.info._checkpoint_ref is not None)
 
 

@@ -1,0 +1,26 @@
+"""What a caller is told when the broker takes its lease back (a notice, or the lease's end).
+
+Apart from the lease (which hears the notice) and the follower (which acts on it during a run),
+so neither imports the other."""
+from __future__ import annotations
+
+from ..errors import GPUSessionError, LeaseRevoked, Preempted
+
+
+def notice_error(lease: Lease, notice: dict, *, checkpointed: bool | None = None) -> GPUSessionError:
+    """The error a caller sees when the broker took its lease back. checkpointed: None between
+    runs, else whether the stopped run had saved a checkpoint."""
+    what = f"Lease {lease.lease_id} ({lease.gpus:g} GPUs)"
+    if checkpointed is None:
+        then = "Ask for GPUs again with gs.lease(...) or the next call."
+    elif checkpointed:
+        then = ("The run stopped at its last checkpoint (kept in last_run.checkpoint or _gpu.checkpoint); "
+                "a decorated function continues from it with .resume().")
+    else:
+        then = "The run had saved no checkpoint (gs.save_checkpoint), so it stopped where it was."
+    if notice.get("kind") == "preempt":
+        return Preempted(f"{what} was {notice.get('reason')}. {then}")
+    if notice.get("kind") == "revoke":
+        return LeaseRevoked(f"{what} was {notice.get('reason')}. The workers were stopped. {then}")
+    return LeaseRevoked(f"The broker ended {what}: {notice.get('reason') or 'no reason given'}. "
+                        f"The workers were stopped. {then}")
