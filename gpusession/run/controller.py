@@ -137,7 +137,7 @@ class RunController:
         ranks = rank_specs(self.lease, workers, backend=backend, return_all=self.options.return_all,
                            attempt=attempt)
         self._run_id = ranks[0][0].run_id
-        checkpoint = [self.info._checkpoint_ref] if self.info._checkpoint_ref is not None else []
+        checkpoint = [self.info.checkpoint_ref] if self.info.checkpoint_ref is not None else []
         launches = [(spec, (self.call_bytes, spec, checkpoint), worker) for spec, worker in ranks]
         follower = Follower(self.lease, launches, self.info, self.observer, launched=time.time(),
                             deadline=deadline, timeout_s=self.options.timeout_s, attempt=attempt,
@@ -264,7 +264,7 @@ def _reset_run_fields(info: RunInfo, checkpoint_ref, checkpoint_step=None) -> No
     info.steps_lost = 0
     info.transitions = []
     info.rank_hosts = {}
-    info._checkpoint_ref, info._checkpoint_step = checkpoint_ref, checkpoint_step
+    info.checkpoint_ref, info.checkpoint_step = checkpoint_ref, checkpoint_step
 
 
 def run_function(lease, fn: Callable, args: tuple, kwargs: dict, *, info: RunInfo,

@@ -56,7 +56,7 @@ class DistributedFunction:
     def resume(self, *args: Any, **kwargs: Any) -> Any:
         """Run again from `last_run.checkpoint` (what gs.load_checkpoint() returns); with no
         arguments, the last call's arguments are used."""
-        if self.last_run is None or self.last_run._checkpoint_ref is None:
+        if self.last_run is None or self.last_run.checkpoint_ref is None:
             raise GPUSessionError(
                 f"{self.__name__}.resume() needs a checkpoint, but the last run saved none "
                 "(call gs.save_checkpoint(...) inside the function)."
@@ -64,7 +64,7 @@ class DistributedFunction:
         if not args and not kwargs and self._last_call is not None:
             args, kwargs = self._last_call
         last = self.last_run
-        return self._run(args, kwargs, checkpoint_ref=last._checkpoint_ref, checkpoint_step=last._checkpoint_step)
+        return self._run(args, kwargs, checkpoint_ref=last.checkpoint_ref, checkpoint_step=last.checkpoint_step)
 
     def _run(self, args: tuple, kwargs: dict, *, checkpoint_ref, checkpoint_step=None,
              observer: Any = None, info: RunInfo | None = None) -> Any:

@@ -191,8 +191,8 @@ class Follower:
         """Rank 0's commit is ours: it becomes the checkpoint, its save_checkpoint returns, and a
         run told to stop or resize does so now."""
         if not (self.attempt and not self.reported):  # else the history still ends with redone steps
-            self.info._checkpoint_step = commits.last_step(self.info.history)
-        self.info._checkpoint_ref = held
+            self.info.checkpoint_step = commits.last_step(self.info.history)
+        self.info.checkpoint_ref = held
         self.checkpoints += 1
         self.rank_workers[rank].actor.checkpoint_kept.remote(self.run_id)
         if self.stop_at_checkpoint is not None:
@@ -370,15 +370,15 @@ class Follower:
         if notice.get("kind") in ("preempt", "revoke") and notice.get("deadline"):  # graceful, then forced
             why = "preempted" if notice["kind"] == "preempt" else "revoked"
             self.lease.request_checkpoints(f"{why}: {notice.get('reason') or ''}".strip())
-            if self.checkpoints or self.watched or self.info._checkpoint_ref is not None:
+            if self.checkpoints or self.watched or self.info.checkpoint_ref is not None:
                 # a function that commits: stop at its next commit, or just before the broker
                 # takes the GPUs; one that never does stops now, freeing them at once
                 self.stop_at_checkpoint = (notice["deadline"] - 1.0, notice)
                 return
-        raise notice_error(self.lease, notice, checkpointed=self.info._checkpoint_ref is not None)
+        raise notice_error(self.lease, notice, checkpointed=self.info.checkpoint_ref is not None)
 
     def _stopped(self, notice: dict) -> Preempted | LeaseRevoked:
-        return notice_error(self.lease, notice, checkpointed=self.info._checkpoint_ref is not None)
+        return notice_error(self.lease, notice, checkpointed=self.info.checkpoint_ref is not None)
 
 
 def _monitor(rank_workers: dict, silence_s: float) -> BeatMonitor | None:
