@@ -29,6 +29,7 @@ from ..options import RunOptions, validate_run_options
 from ..run.notices import notice_error
 from ..run.pool import WorkerHandle, pool
 from ..broker import client, messages
+from ..broker.notice import Notice
 
 log = logging.getLogger("gpusession")
 PLACE_TIMEOUT_S = 30.0  # Ray should place a granted group at once; longer means foreign GPU use
@@ -91,7 +92,7 @@ class Lease:
         self._sized_at: float | None = None  # when the current size began
         self._gpu_seconds_before = 0.0  # GPU-seconds of earlier sizes
         self._watch = None
-        self._notice: dict | None = None
+        self._notice: Notice | None = None  # parsed once from the watch's answer
         self._workers: list[WorkerHandle] = []
         self._workers_ready = False
         self._released = False
@@ -168,7 +169,7 @@ class Lease:
                 if self._released:
                     return
                 notice = self.notice()
-                if not notice or notice.get("kind") not in ("shrink", "grow"):
+                if notice is None or not notice.kind.is_resize:
                     return  # taken back (revoked, ended): the next run or release tells the user
                 resize_between_runs(self, notice)
             except Exception as exc:  # noqa: BLE001 - a passing failure (the broker restarting, Ray busy)
@@ -267,10 +268,8 @@ class Lease:
             view = client.call(broker.wait, self.lease_id, -1, 0.0, auth=client.lease_auth(self.identity))
         except Exception:  # the broker is away: the original error stands
             return None
-        if view.get("notice"):
-            return notice_error(self, view["notice"])
-        if view["state"] == "ended":
-            return notice_error(self, {"kind": "ended", "reason": view.get("end_reason")})
+        if view.get("notice") or view["state"] == "ended":
+            return notice_error(self, Notice.from_view(view))
         return None
 
     def _place_group(self, broker, view: dict) -> None:
@@ -366,7 +365,7 @@ class Lease:
     def group_id(self) -> str | None:
         return self._pg.id.hex() if self._pg is not None else None
 
-    def notice(self, *, wait: bool = False) -> dict | None:
+    def notice(self, *, wait: bool = False) -> Notice | None:
         """The broker's notice (preempt / revoke) if one arrived."""
         while self._notice is None and self._watch is not None:
             ready, _ = ray.wait([self._watch], timeout=None if wait else 0)
@@ -378,12 +377,12 @@ class Lease:
                 client.forget()
                 self._watch = client.broker().watch.remote(self.lease_id, auth=client.lease_auth(self.identity))
                 continue
-            self._notice = view.get("notice") or {"kind": "ended", "reason": view.get("end_reason")}
+            self._notice = Notice.from_view(view)
         return self._notice
 
     def rearm(self) -> None:
         """Watch for the next notice (after a resize was made, or an offer to grow lapsed)."""
-        seen = (self._notice or {}).get("id")
+        seen = self._notice.id if self._notice is not None else None
         self._notice = None
         self._watch = client.broker().watch.remote(self.lease_id, auth=client.lease_auth(self.identity), seen=seen)
 
@@ -391,14 +390,14 @@ class Lease:
         """Between runs: make a resize the broker asked for; if it took the lease back, release
         and raise."""
         notice = self.notice()
-        if notice and notice.get("kind") in ("shrink", "grow"):
+        if notice is not None and notice.kind.is_resize:
             from ..run.resize import resize_between_runs
 
             resize_between_runs(self, notice)
             return
-        if notice:
+        if notice is not None:
             error = notice_error(self, notice)
-            self.release(notice.get("reason_code") or "revoked")
+            self.release(notice.reason_code or "revoked")
             raise error
 
     def acquire_workers(self, runtime_env: dict | None) -> list[WorkerHandle]:

@@ -21,6 +21,7 @@ from ..errors import GPUSessionError
 from ..events import Observer, RunInfo
 from ..shipping import pickle_call
 from .spec import RankSpec
+from ..broker.notice import Notice
 from .follower import AttemptFailed, Follower
 from .heartbeat import silence_timeout
 from .policies import (Action, FailureDecision, FailurePolicy, FaultKind, RunState, can_move, restart_line,
@@ -202,9 +203,9 @@ class RunController:
         failed.error.args = (f"{failed.error.args[0]} It was not restarted: {why}.",)
         return FailureDecision(Action.RAISE, why)
 
-    def _resize(self, notice: dict) -> None:
+    def _resize(self, notice: Notice) -> None:
         """Continue at the size the broker asked for or offered, from the commit just made."""
-        self._move(RunState.RESIZING, notice["kind"])
+        self._move(RunState.RESIZING, notice.kind.value)
         where = resume_point(self.info)
         gpw = self.options.lease.gpus_per_worker
         sizes = resize.carry_out(self.lease, notice)

@@ -17,6 +17,7 @@ from ..events import Observer, RunInfo
 from . import commits, messages as m
 from .heartbeat import BeatMonitor, Loss
 from .notices import notice_error
+from ..broker.notice import Notice, NoticeKind
 from .policies import Fault, FaultKind, is_collective_fault, ranks_text, run_began, signal_name
 from .resize import ResizeNeeded, deadline_to_act
 
@@ -148,7 +149,7 @@ class Follower:
             raise self._stopped(self.stop_at_checkpoint[1])
         if self.resize_at_checkpoint is not None and now >= self.resize_at_checkpoint[0]:
             notice = self.resize_at_checkpoint[1]
-            if notice["kind"] == "shrink":  # no commit in time: resume from the last one, smaller
+            if notice.kind is NoticeKind.SHRINK:  # no commit in time: resume from the last one, smaller
                 raise ResizeNeeded(notice)
             self.resize_at_checkpoint = None  # an offer not taken in time lapses; watch for the next
             self.lease.request_checkpoints("", wanted=False)
@@ -362,22 +363,22 @@ class Follower:
         notice = self.lease.notice()
         if notice is None:  # the broker was replaced; the lease now watches the new one
             return
-        if notice.get("kind") in ("shrink", "grow"):  # elastic: change size at the next commit
-            why = notice.get("reason") or notice["kind"]
-            self.lease.request_checkpoints(f"{notice['kind']} to {notice.get('to_gpus')} GPUs: {why}")
+        if notice.kind.is_resize:  # elastic: change size at the next commit
+            why = notice.reason or notice.kind.value
+            self.lease.request_checkpoints(f"{notice.kind.value} to {notice.to_gpus} GPUs: {why}")
             self.resize_at_checkpoint = (deadline_to_act(notice, received=time.time()), notice)
             return
-        if notice.get("kind") in ("preempt", "revoke") and notice.get("deadline"):  # graceful, then forced
-            why = "preempted" if notice["kind"] == "preempt" else "revoked"
-            self.lease.request_checkpoints(f"{why}: {notice.get('reason') or ''}".strip())
+        if notice.kind in (NoticeKind.PREEMPT, NoticeKind.REVOKE) and notice.deadline:  # graceful, then forced
+            why = "preempted" if notice.kind is NoticeKind.PREEMPT else "revoked"
+            self.lease.request_checkpoints(f"{why}: {notice.reason or ''}".strip())
             if self.checkpoints or self.watched or self.info.checkpoint_ref is not None:
                 # a function that commits: stop at its next commit, or just before the broker
                 # takes the GPUs; one that never does stops now, freeing them at once
-                self.stop_at_checkpoint = (notice["deadline"] - 1.0, notice)
+                self.stop_at_checkpoint = (notice.deadline - 1.0, notice)
                 return
         raise notice_error(self.lease, notice, checkpointed=self.info.checkpoint_ref is not None)
 
-    def _stopped(self, notice: dict) -> Preempted | LeaseRevoked:
+    def _stopped(self, notice: Notice) -> Preempted | LeaseRevoked:
         return notice_error(self.lease, notice, checkpointed=self.info.checkpoint_ref is not None)
 
 

@@ -4,10 +4,11 @@ Apart from the lease (which hears the notice) and the follower (which acts on it
 so neither imports the other."""
 from __future__ import annotations
 
+from ..broker.notice import Notice, NoticeKind
 from ..errors import GPUSessionError, LeaseRevoked, Preempted
 
 
-def notice_error(lease: Lease, notice: dict, *, checkpointed: bool | None = None) -> GPUSessionError:
+def notice_error(lease, notice: Notice, *, checkpointed: bool | None = None) -> GPUSessionError:
     """The error a caller sees when the broker took its lease back. checkpointed: None between
     runs, else whether the stopped run had saved a checkpoint."""
     what = f"Lease {lease.lease_id} ({lease.gpus:g} GPUs)"
@@ -18,9 +19,9 @@ def notice_error(lease: Lease, notice: dict, *, checkpointed: bool | None = None
                 "a decorated function continues from it with .resume().")
     else:
         then = "The run had saved no checkpoint (gs.save_checkpoint), so it stopped where it was."
-    if notice.get("kind") == "preempt":
-        return Preempted(f"{what} was {notice.get('reason')}. {then}")
-    if notice.get("kind") == "revoke":
-        return LeaseRevoked(f"{what} was {notice.get('reason')}. The workers were stopped. {then}")
-    return LeaseRevoked(f"The broker ended {what}: {notice.get('reason') or 'no reason given'}. "
+    if notice.kind is NoticeKind.PREEMPT:
+        return Preempted(f"{what} was {notice.reason}. {then}")
+    if notice.kind is NoticeKind.REVOKE:
+        return LeaseRevoked(f"{what} was {notice.reason}. The workers were stopped. {then}")
+    return LeaseRevoked(f"The broker ended {what}: {notice.reason or 'no reason given'}. "
                         f"The workers were stopped. {then}")
