@@ -30,6 +30,8 @@ _EXPORTS = {
     "prepare_model": "run.context", "report": "run.context", "save_checkpoint": "run.context",
     "unwrap": "run.context", "should_checkpoint": "run.context",
     "DistributedFunction": "run.distributed", "distributed": "run.distributed",
+    "Run": "run.background", "RunStatus": "run.background", "runs": "run.background",
+    "RunCancelled": "errors",
     "GPUSessionError": "errors", "Infeasible": "errors", "LeaseRevoked": "errors", "Preempted": "errors",
     "QueueTimeout": "errors", "QuotaExceeded": "errors", "RunTimeout": "errors", "WorkerFailed": "errors",
     "RunInfo": "events", "Lease": "cluster.lease", "lease": "cluster.lease", "Status": "cluster.status",
@@ -53,7 +55,7 @@ def __dir__():
 
 
 __all__ = [
-    "distributed", "DistributedFunction", "lease", "Lease", "status", "Status", "RunInfo",
+    "distributed", "DistributedFunction", "Run", "RunStatus", "runs", "RunCancelled", "lease", "Lease", "status", "Status", "RunInfo",
     "context", "report", "save_checkpoint", "load_checkpoint", "prepare_model", "prepare_loader",
     "unwrap", "GPUSessionError", "QuotaExceeded", "Infeasible", "QueueTimeout", "LeaseRevoked",
     "Preempted", "WorkerFailed", "RunTimeout", "should_checkpoint",

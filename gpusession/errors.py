@@ -30,6 +30,10 @@ class RunTimeout(GPUSessionError):
     """The run exceeded its timeout; the workers were stopped and the GPUs released."""
 
 
+class RunCancelled(GPUSessionError):
+    """A background run was stopped with run.cancel(); its workers were stopped and its GPUs released."""
+
+
 class NotAuthorized(GPUSessionError):
     """The caller may not do this: an admin token or the lease's owner is required."""
 
@@ -104,6 +108,7 @@ ERRORS_BY_NAME = {
         LeaseRevoked,
         Preempted,
         RunTimeout,
+        RunCancelled,
         NotAuthorized,
         LeaseNotFound,
         WorkerFailed,

@@ -31,20 +31,22 @@ class RunInfo:
     transitions: list[str] = field(default_factory=list)  # restart and resize lines, in order
     rank_hosts: dict[int, str] = field(default_factory=dict)  # rank -> "host (ip)" it ran on
     state: str | None = None  # the run's state (run.policies.RunState value)
-    end_reason: str | None = None  # finished | failed | interrupted | timeout | revoked | preempted
+    end_reason: str | None = None  # finished | failed | interrupted | cancelled | timeout | revoked | preempted
     released: bool = False
-    _checkpoint_ref: Any = field(default=None, repr=False)
-    _checkpoint_step: Any = field(default=None, repr=False)  # rank 0's last reported step before it
+    # rank 0's last committed checkpoint, held in Ray's object store (`checkpoint` fetches it;
+    # `.resume()` and a restarted attempt continue from it)
+    checkpoint_ref: Any = field(default=None, repr=False)
+    checkpoint_step: Any = field(default=None, repr=False)  # rank 0's last reported step before it
 
     @property
     def checkpoint(self) -> Any:
         """The last checkpoint rank 0 saved (fetched from the object store), or None."""
-        if self._checkpoint_ref is None:
+        if self.checkpoint_ref is None:
             return None
         import cloudpickle
         import ray
 
-        return cloudpickle.loads(ray.get(self._checkpoint_ref).data)
+        return cloudpickle.loads(ray.get(self.checkpoint_ref).data)
 
     def receipt(self) -> str:
         """One line: GPUs, queued/setup/run seconds, GPU-seconds, restarts, resizes, steps lost,
@@ -157,18 +159,6 @@ def set_observer_factory(factory: Callable[[int], Observer] | None) -> None:
     """Make `factory(world_size)` the renderer of every following call in this process."""
     global _factory
     _factory = factory
-
-
-def default_observer(world_size: int) -> Observer:
-    if _factory is not None:
-        return _factory(world_size)
-    if _in_notebook_kernel():
-        from .notebook.display import NotebookObserver
-
-        return NotebookObserver(world_size)
-    from .console import ConsoleObserver
-
-    return ConsoleObserver(world_size)
 
 
 def _in_notebook_kernel() -> bool:

@@ -6,13 +6,13 @@ which is the ledger itself (tests, tools) or the service's writer thread, which 
 write in order while the event loop goes on (the service awaits the commit before replying)."""
 from __future__ import annotations
 
-import enum
 import logging
 import time
 from dataclasses import dataclass, field
 
 from . import elastic, policy
 from .ledger import Ledger
+from .notice import NoticeKind
 from .model import ActiveLease, NodeCapacity, Placement, Priority, Quota, Request, Waiting
 from .states import ACTIVE_STATES, LeaseState, check_move
 
@@ -29,15 +29,6 @@ class PolicySettings:
     default_quota: Quota = Quota()
     allow_borrowing: bool = True
     preemption_grace_s: float = 30.0
-
-
-class NoticeKind(str, enum.Enum):
-    """What a notice tells the holder of a lease."""
-
-    PREEMPT = "preempt"  # give every GPU back by the deadline
-    REVOKE = "revoke"
-    SHRINK = "shrink"  # elastic: give some workers back by the deadline, keep to_workers
-    GROW = "grow"  # elastic: free GPUs are offered, take them (to_workers) by the deadline or lose the offer
 
 
 @dataclass

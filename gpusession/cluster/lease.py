@@ -27,8 +27,10 @@ from ..identity import Identity, current_identity
 from ..interrupts import deferred_interrupts
 from ..kernelcell import asking_cell_id, asking_notebook
 from ..options import RunOptions, validate_run_options
+from ..run.notices import notice_error
 from ..run.pool import WorkerHandle, pool
 from ..broker import client, messages
+from ..broker.notice import Notice
 
 log = logging.getLogger("gpusession")
 PLACE_TIMEOUT_S = 30.0  # Ray should place a granted group at once; longer means foreign GPU use
@@ -91,7 +93,7 @@ class Lease:
         self._sized_at: float | None = None  # when the current size began
         self._gpu_seconds_before = 0.0  # GPU-seconds of earlier sizes
         self._watch = None
-        self._notice: dict | None = None
+        self._notice: Notice | None = None  # parsed once from the watch's answer
         self._workers: list[WorkerHandle] = []
         self._workers_ready = False
         self._released = False
@@ -168,7 +170,7 @@ class Lease:
                 if self._released:
                     return
                 notice = self.notice()
-                if not notice or notice.get("kind") not in ("shrink", "grow"):
+                if notice is None or not notice.kind.is_resize:
                     return  # taken back (revoked, ended): the next run or release tells the user
                 resize_between_runs(self, notice)
             except Exception as exc:  # noqa: BLE001 - a passing failure (the broker restarting, Ray busy)
@@ -268,10 +270,8 @@ class Lease:
             view = client.call(broker.wait, self.lease_id, -1, 0.0, auth=client.lease_auth(self.identity))
         except Exception:  # the broker is away: the original error stands
             return None
-        if view.get("notice"):
-            return notice_error(self, view["notice"])
-        if view["state"] == "ended":
-            return notice_error(self, {"kind": "ended", "reason": view.get("end_reason")})
+        if view.get("notice") or view["state"] == "ended":
+            return notice_error(self, Notice.from_view(view))
         return None
 
     def _place_group(self, broker, view: dict) -> None:
@@ -367,7 +367,7 @@ class Lease:
     def group_id(self) -> str | None:
         return self._pg.id.hex() if self._pg is not None else None
 
-    def notice(self, *, wait: bool = False) -> dict | None:
+    def notice(self, *, wait: bool = False) -> Notice | None:
         """The broker's notice (preempt / revoke) if one arrived."""
         while self._notice is None and self._watch is not None:
             ready, _ = ray.wait([self._watch], timeout=None if wait else 0)
@@ -379,12 +379,12 @@ class Lease:
                 client.forget()
                 self._watch = client.broker().watch.remote(self.lease_id, auth=client.lease_auth(self.identity))
                 continue
-            self._notice = view.get("notice") or {"kind": "ended", "reason": view.get("end_reason")}
+            self._notice = Notice.from_view(view)
         return self._notice
 
     def rearm(self) -> None:
         """Watch for the next notice (after a resize was made, or an offer to grow lapsed)."""
-        seen = (self._notice or {}).get("id")
+        seen = self._notice.id if self._notice is not None else None
         self._notice = None
         self._watch = client.broker().watch.remote(self.lease_id, auth=client.lease_auth(self.identity), seen=seen)
 
@@ -392,14 +392,14 @@ class Lease:
         """Between runs: make a resize the broker asked for; if it took the lease back, release
         and raise."""
         notice = self.notice()
-        if notice and notice.get("kind") in ("shrink", "grow"):
+        if notice is not None and notice.kind.is_resize:
             from ..run.resize import resize_between_runs
 
             resize_between_runs(self, notice)
             return
-        if notice:
+        if notice is not None:
             error = notice_error(self, notice)
-            self.release(notice.get("reason_code") or "revoked")
+            self.release(notice.reason_code or "revoked")
             raise error
 
     def acquire_workers(self, runtime_env: dict | None) -> list[WorkerHandle]:
@@ -553,25 +553,6 @@ def _cluster_view(broker) -> dict | None:
         return None
 
 
-def notice_error(lease: Lease, notice: dict, *, checkpointed: bool | None = None) -> GPUSessionError:
-    """The error a caller sees when the broker took its lease back. checkpointed: None between
-    runs, else whether the stopped run had saved a checkpoint."""
-    what = f"Lease {lease.lease_id} ({lease.gpus:g} GPUs)"
-    if checkpointed is None:
-        then = "Ask for GPUs again with gs.lease(...) or the next call."
-    elif checkpointed:
-        then = ("The run stopped at its last checkpoint (kept in last_run.checkpoint or _gpu.checkpoint); "
-                "a decorated function continues from it with .resume().")
-    else:
-        then = "The run had saved no checkpoint (gs.save_checkpoint), so it stopped where it was."
-    if notice.get("kind") == "preempt":
-        return Preempted(f"{what} was {notice.get('reason')}. {then}")
-    if notice.get("kind") == "revoke":
-        return LeaseRevoked(f"{what} was {notice.get('reason')}. The workers were stopped. {then}")
-    return LeaseRevoked(f"The broker ended {what}: {notice.get('reason') or 'no reason given'}. "
-                        f"The workers were stopped. {then}")
-
-
 def _error_for_end(view: dict) -> GPUSessionError:
     if view.get("end_reason") == "rejected" and view.get("error") in ERRORS_BY_NAME:
         return ERRORS_BY_NAME[view["error"]](view.get("message") or "The broker rejected the request.")
@@ -591,8 +572,10 @@ def _end_reason(exc: BaseException | None) -> str:
         return "preempted"
     if isinstance(exc, LeaseRevoked):
         return "revoked"
-    from ..errors import RunTimeout
+    from ..errors import RunCancelled, RunTimeout
 
+    if isinstance(exc, RunCancelled):
+        return "cancelled"
     return "timeout" if isinstance(exc, RunTimeout) else "failed"
 
 
@@ -603,7 +586,7 @@ def lease(**options: Any) -> Lease:
        ...:     lease.run(train, 0.1)
        ...:     lease.run(evaluate)
     Accepts the options of `gs.distributed`; `timeout` bounds each run."""
-    from ..events import default_observer
+    from ..renderer import default_observer
 
     run_options = validate_run_options(**options)
     # `timeout` bounds each run of a held lease, not the lease: declare no hold limit to the broker.

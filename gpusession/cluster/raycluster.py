@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 import socket
 import threading
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from pathlib import Path
 import ray
 
 from . import rayprivate
+from ..events import _in_notebook_kernel
 
 log = logging.getLogger("gpusession")
 
@@ -96,16 +98,27 @@ def ensure_connected(*, local_gpus: int | None = None) -> None:
     with _connect_lock:
         if ray.is_initialized():
             return
-        record = _recorded_head()
-        address = os.environ.get("RAY_ADDRESS") or (record or {}).get("address")
-        if address:
-            mode = _auth_mode_for(address, record)
-            if mode:
-                _use_auth_mode(mode)
-            log.info("Connecting to the Ray cluster at %s", address)
-            ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
-            return
-        start_embedded(local_gpus=local_gpus)
+        _connect(local_gpus)
+        if _in_notebook_kernel():  # Ray's notes about its own processes go to the server's log, not a cell
+            rayprivate.send_cluster_messages_to(_to_server_log)
+
+
+def _to_server_log(text: str) -> None:
+    # the kernel's own stderr (not the cell's): Jupyter writes it to the server's log
+    print(f"gpusession: from Ray: {text}", file=sys.__stderr__, flush=True)
+
+
+def _connect(local_gpus: int | None) -> None:
+    record = _recorded_head()
+    address = os.environ.get("RAY_ADDRESS") or (record or {}).get("address")
+    if address:
+        mode = _auth_mode_for(address, record)
+        if mode:
+            _use_auth_mode(mode)
+        log.info("Connecting to the Ray cluster at %s", address)
+        ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
+        return
+    start_embedded(local_gpus=local_gpus)
 
 
 def _use_auth_mode(mode: str) -> None:

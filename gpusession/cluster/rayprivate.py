@@ -82,3 +82,18 @@ def kv_put(key: str, value: bytes, *, namespace: str) -> None:
     from ray.experimental import internal_kv
 
     internal_kv._internal_kv_put(key, value, overwrite=True, namespace=namespace)
+
+
+def send_cluster_messages_to(write) -> None:
+    """Ray's driver prints the cluster's messages about its own processes ("(raylet) WARNING: 8
+    PYTHON worker processes have been started ...") with `print_to_stdstream` from a listener
+    thread, whatever log_to_driver says; in a kernel they land in whichever cell runs. From now
+    on that listener calls `write(text)` instead (workers' own output is not affected: it goes
+    through another handler)."""
+    from ray._private import worker
+
+    def to_log(data: dict, ignore_prefix: bool = False) -> None:
+        for line in data.get("lines", []):
+            write(f"({data.get('pid', 'ray')}) {line}")
+
+    worker.print_to_stdstream = to_log

@@ -156,10 +156,18 @@ def _adopt_early() -> LiveStatus | None:
 class NotebookObserver(Observer):
     """The renderer of runs made from an IPython kernel (%%gpu cells and @gs.distributed calls)."""
 
-    def __init__(self, world_size: int, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, world_size: int, *, clock: Callable[[], float] = time.monotonic,
+                 background: bool = False) -> None:
         self.lines = LineAssembler(world_size)
         self.clock = clock
+        self.background = background  # the run outlives its cell: its line keeps updating there
         self.live: LiveStatus | None = _adopt_early() if clock is time.monotonic else None
+        if background:  # drawn now, in the cell that submits it, before that cell can end
+            if self.live is None:
+                self.live = LiveStatus(Status(Phase.ASKING, clock(), workers=world_size), clock=clock,
+                                       outlives_cell=True)
+                self.live.show()
+            self.live.outlive_cell()
         self._table = None  # display handles of this run's metrics, below the status line
         self._plot = None
         self._table_throttle = Throttle(TABLE_EVERY_S)
@@ -209,7 +217,7 @@ class NotebookObserver(Observer):
     def _move(self, status: Status, *, draw: bool = True) -> None:
         if self.live is None or not self.live.attached:
             # first event, or a held lease's next run (a new cell): a line of its own, in this cell
-            self.live = LiveStatus(status, clock=self.clock)
+            self.live = LiveStatus(status, clock=self.clock, outlives_cell=self.background)
             self._table = self._plot = None
             self._stale = False
             self.live.show()

@@ -43,8 +43,10 @@ def changes_html(changes: list[str]) -> str:
 
 
 class LiveStatus:
-    def __init__(self, status: Status, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, status: Status, *, clock: Callable[[], float] = time.monotonic,
+                 outlives_cell: bool = False) -> None:
         self.clock = clock
+        self.outlives_cell = outlives_cell  # a background run's line: it goes on after its cell ends
         self.status = status
         self._lock = threading.Lock()
         self._handle = None
@@ -110,7 +112,14 @@ class LiveStatus:
             except Exception:  # the frontend went away: a status line is not worth a traceback
                 return
 
+    def outlive_cell(self) -> None:
+        """From now on the line keeps updating after its cell ended (a background run's)."""
+        self.outlives_cell = True
+        self._unwatch_cell_end()
+
     def _watch_cell_end(self) -> None:
+        if self.outlives_cell:
+            return
         try:
             from IPython import get_ipython
         except ImportError:

@@ -15,6 +15,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, kwds, magic_arguments, parse_argstring
 
 from .cellcode import CellCode, analyze, parse_names
+from .bgcell import CellRun
 from .cellrun import CellPayload, CellResult, pack, run_cell, unpack
 from ..run.distributed import DistributedFunction, parse_options
 from ..errors import GPUSessionError
@@ -25,6 +26,7 @@ from ..shipping import local_modules
 
 MAGIC_SYNTAX = ("The %%gpu body uses IPython syntax (%magic, !command or ?), which the workers cannot "
                 "run. Move those lines to a cell of their own.")
+DEFAULT_HANDLE = "_run"  # a %%gpu --bg cell's handle when -o is not given
 BOTH_OUT_FLAGS = "--out and --no-out contradict each other: use --out a,b to choose names, or --no-out for none."
 
 
@@ -54,7 +56,8 @@ def _names(text: str) -> tuple[str, ...]:
 @magics_class
 class GPUMagics(Magics):
     @magic_arguments(name="%gpu")
-    @kwds(usage="%(prog)s [N] [--min N] [--priority P] [--timeout T] [--queue-timeout T] [--out a,b] [--no-out]")
+    @kwds(usage="%(prog)s [N] [--min N] [--priority P] [--timeout T] [--queue-timeout T] [--out a,b] [--no-out] "
+                "[--bg [-o NAME]]")
     @argument("gpus", nargs="?", default=1, type=_gpu_count, metavar="N",
               help="GPUs to lease for this cell, one worker per GPU (default 1).")
     @argument("--min", dest="min_gpus", type=_gpu_count, metavar="N",
@@ -72,6 +75,11 @@ class GPUMagics(Magics):
                    "plus the models and optimizers it received).")
     @argument("--no-out", action="store_true",
               help="Bring no names back; the last expression is still displayed.")
+    @argument("--bg", action="store_true",
+              help="Run in the background: the cell returns at once and keeps its live view; the "
+                   "notebook stays usable. NAME.pull() assigns the cell's names when it is done.")
+    @argument("-o", dest="handle", metavar="NAME",
+              help="With --bg: the name the run's handle gets in the notebook (default: _run).")
     @cell_magic("gpu")
     def gpu_cell(self, line: str, cell: str) -> Any:
         """
@@ -170,9 +178,16 @@ def run_gpu_cell(shell, cell: str, args: argparse.Namespace) -> Any:
     filename = f"<%%gpu cell In[{max(1, shell.execution_count - 1)}]>"
     code = _analyze(shell, cell, filename)
     wanted = wanted_names(shell.user_ns, code, out=args.out, no_out=args.no_out)
+    handle_name = _handle_name(args)
     _status_now(options)  # the cell is valid: its status line shows before the inputs are packed
     inputs = _gather_inputs(shell, code)
     function = DistributedFunction(run_cell, options)
+    if args.bg:
+        run = function.start_background((CellPayload(code.source, filename, inputs, wanted),), {}, handle=CellRun,
+                                        shell=shell, handle_name=handle_name, wanted=wanted,
+                                        bring_back=_bring_back)
+        shell.user_ns[handle_name] = run
+        return None
     try:
         result = function(CellPayload(code.source, filename, inputs, wanted))
     except (GPUSessionError, KeyboardInterrupt) as exc:
@@ -181,6 +196,15 @@ def run_gpu_cell(shell, cell: str, args: argparse.Namespace) -> Any:
     finally:
         shell.user_ns["_gpu"] = function.last_run  # kept on failure too: history, checkpoint
     return _bring_back(shell.user_ns, result)
+
+
+def _handle_name(args: argparse.Namespace) -> str:
+    if args.handle is not None and not args.bg:
+        raise UsageError("-o NAME names a background run's handle: use it with --bg (e.g. %%gpu 2 --bg -o run1).")
+    name = args.handle or DEFAULT_HANDLE
+    if not name.isidentifier():
+        raise UsageError(f"-o {name!r} is not a Python name; write e.g. -o run1. Nothing was leased.")
+    return name
 
 
 def _status_now(options) -> None:

@@ -28,8 +28,8 @@ def last_step(history: list[dict]) -> Any:
 def resume_point(info) -> str:
     """Where the next attempt starts, named by the step rank 0 reported last before that commit
     (not by the last step reported: steps after the commit are done again)."""
-    if info._checkpoint_ref is None:
+    if info.checkpoint_ref is None:
         return "the start (no checkpoint yet)"
-    if info._checkpoint_step is None:
+    if info.checkpoint_step is None:
         return "the last checkpoint"
-    return f"the checkpoint after step {info._checkpoint_step:g}"
+    return f"the checkpoint after step {info.checkpoint_step:g}"

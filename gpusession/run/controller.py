@@ -21,6 +21,7 @@ from ..errors import GPUSessionError
 from ..events import Observer, RunInfo
 from ..shipping import pickle_call
 from .spec import RankSpec
+from ..broker.notice import Notice
 from .follower import AttemptFailed, Follower
 from .heartbeat import silence_timeout
 from .policies import (Action, FailureDecision, FailurePolicy, FaultKind, RunState, can_move, restart_line,
@@ -137,7 +138,7 @@ class RunController:
         ranks = rank_specs(self.lease, workers, backend=backend, return_all=self.options.return_all,
                            attempt=attempt)
         self._run_id = ranks[0][0].run_id
-        checkpoint = [self.info._checkpoint_ref] if self.info._checkpoint_ref is not None else []
+        checkpoint = [self.info.checkpoint_ref] if self.info.checkpoint_ref is not None else []
         launches = [(spec, (self.call_bytes, spec, checkpoint), worker) for spec, worker in ranks]
         follower = Follower(self.lease, launches, self.info, self.observer, launched=time.time(),
                             deadline=deadline, timeout_s=self.options.timeout_s, attempt=attempt,
@@ -202,9 +203,9 @@ class RunController:
         failed.error.args = (f"{failed.error.args[0]} It was not restarted: {why}.",)
         return FailureDecision(Action.RAISE, why)
 
-    def _resize(self, notice: dict) -> None:
+    def _resize(self, notice: Notice) -> None:
         """Continue at the size the broker asked for or offered, from the commit just made."""
-        self._move(RunState.RESIZING, notice["kind"])
+        self._move(RunState.RESIZING, notice.kind.value)
         where = resume_point(self.info)
         gpw = self.options.lease.gpus_per_worker
         sizes = resize.carry_out(self.lease, notice)
@@ -239,11 +240,11 @@ def _close_phases(info: RunInfo, lease, started: float) -> None:
 
 
 def _terminal_state(exc: BaseException) -> RunState:
-    from ..errors import LeaseRevoked, Preempted
+    from ..errors import LeaseRevoked, Preempted, RunCancelled
 
     if isinstance(exc, Preempted):
         return RunState.PREEMPTED
-    if isinstance(exc, (KeyboardInterrupt, LeaseRevoked)):
+    if isinstance(exc, (KeyboardInterrupt, LeaseRevoked, RunCancelled)):
         return RunState.STOPPED
     return RunState.FAILED
 
@@ -264,7 +265,7 @@ def _reset_run_fields(info: RunInfo, checkpoint_ref, checkpoint_step=None) -> No
     info.steps_lost = 0
     info.transitions = []
     info.rank_hosts = {}
-    info._checkpoint_ref, info._checkpoint_step = checkpoint_ref, checkpoint_step
+    info.checkpoint_ref, info.checkpoint_step = checkpoint_ref, checkpoint_step
 
 
 def run_function(lease, fn: Callable, args: tuple, kwargs: dict, *, info: RunInfo,

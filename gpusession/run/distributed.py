@@ -6,8 +6,10 @@ import inspect
 from typing import Any, Callable
 
 from ..errors import GPUSessionError
-from ..events import Fanout, RunInfo, default_observer
+from ..events import Fanout, RunInfo
+from ..renderer import default_observer
 from ..stepreport import StepToBroker
+from .background import Run
 from .controller import run_function
 from ..cluster.lease import Lease, _end_reason
 from ..options import RunOptions, validate_run_options
@@ -36,10 +38,26 @@ class DistributedFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._run(args, kwargs, checkpoint_ref=None)
 
+    def submit(self, *args: Any, **kwargs: Any) -> Run:
+        """Start the call in the background and return its `Run` at once (its own lease, within
+        your quota; queued behind others if the GPUs are busy). In a notebook the run's live view
+        stays in the cell that submitted it. `run.result()` waits and returns the value (or
+        raises the error the blocking call would); `run.cancel()` stops it; `gs.runs()` lists them."""
+        return self.start_background(args, kwargs)
+
+    def start_background(self, args: tuple, kwargs: dict, *, handle: type[Run] = Run, **extra: Any) -> Run:
+        """submit() with the handle's class chosen (a %%gpu --bg cell's handle can pull())."""
+        observer = self.observer or default_observer(self.options.lease.workers, background=True)
+
+        def start(run_observer, info: RunInfo) -> Any:
+            return self._run(args, kwargs, checkpoint_ref=None, observer=run_observer, info=info)
+
+        return handle(self.__name__, start, observer, **extra)._begin()
+
     def resume(self, *args: Any, **kwargs: Any) -> Any:
         """Run again from `last_run.checkpoint` (what gs.load_checkpoint() returns); with no
         arguments, the last call's arguments are used."""
-        if self.last_run is None or self.last_run._checkpoint_ref is None:
+        if self.last_run is None or self.last_run.checkpoint_ref is None:
             raise GPUSessionError(
                 f"{self.__name__}.resume() needs a checkpoint, but the last run saved none "
                 "(call gs.save_checkpoint(...) inside the function)."
@@ -47,13 +65,15 @@ class DistributedFunction:
         if not args and not kwargs and self._last_call is not None:
             args, kwargs = self._last_call
         last = self.last_run
-        return self._run(args, kwargs, checkpoint_ref=last._checkpoint_ref, checkpoint_step=last._checkpoint_step)
+        return self._run(args, kwargs, checkpoint_ref=last.checkpoint_ref, checkpoint_step=last.checkpoint_step)
 
-    def _run(self, args: tuple, kwargs: dict, *, checkpoint_ref, checkpoint_step=None) -> Any:
-        info = RunInfo()
+    def _run(self, args: tuple, kwargs: dict, *, checkpoint_ref, checkpoint_step=None,
+             observer: Any = None, info: RunInfo | None = None) -> Any:
+        info = info if info is not None else RunInfo()
         self.last_run, self._last_call = info, (args, kwargs)
         # beside the cell's renderer: the live step for JupyterLab's sidebar (gpusession.stepreport)
-        observer = Fanout(self.observer or default_observer(self.options.lease.workers), StepToBroker())
+        observer = Fanout(observer or self.observer or default_observer(self.options.lease.workers),
+                          StepToBroker())
         error: BaseException | None = None
         try:
             with Lease(self.options, observer=observer, info=info).acquire() as lease:

@@ -16,7 +16,9 @@ from ..errors import LeaseRevoked, Preempted, RunTimeout, WorkerFailed
 from ..events import Observer, RunInfo
 from . import commits, messages as m
 from .heartbeat import BeatMonitor, Loss
-from .policies import Fault, FaultKind, is_collective_fault, ranks_text, signal_name
+from .notices import notice_error
+from ..broker.notice import Notice, NoticeKind
+from .policies import Fault, FaultKind, is_collective_fault, ranks_text, run_began, signal_name
 from .resize import ResizeNeeded, deadline_to_act
 
 POLL_S = 0.2  # how often the loop looks at the clock when no rank says anything
@@ -57,6 +59,7 @@ class Follower:
         self.payload_kind: dict[int, str] = {}
         self.results: dict[int, Any] = {}
         self.started: set[int] = set()
+        self.started_at: dict[int, float] = {}  # rank -> its own clock when it entered the function
         self.run_started: float | None = None
         self.checkpoints = 0
         self.watched = False  # rank 0 called gs.should_checkpoint(): it commits when asked
@@ -146,7 +149,7 @@ class Follower:
             raise self._stopped(self.stop_at_checkpoint[1])
         if self.resize_at_checkpoint is not None and now >= self.resize_at_checkpoint[0]:
             notice = self.resize_at_checkpoint[1]
-            if notice["kind"] == "shrink":  # no commit in time: resume from the last one, smaller
+            if notice.kind is NoticeKind.SHRINK:  # no commit in time: resume from the last one, smaller
                 raise ResizeNeeded(notice)
             self.resize_at_checkpoint = None  # an offer not taken in time lapses; watch for the next
             self.lease.request_checkpoints("", wanted=False)
@@ -189,8 +192,8 @@ class Follower:
         """Rank 0's commit is ours: it becomes the checkpoint, its save_checkpoint returns, and a
         run told to stop or resize does so now."""
         if not (self.attempt and not self.reported):  # else the history still ends with redone steps
-            self.info._checkpoint_step = commits.last_step(self.info.history)
-        self.info._checkpoint_ref = held
+            self.info.checkpoint_step = commits.last_step(self.info.history)
+        self.info.checkpoint_ref = held
         self.checkpoints += 1
         self.rank_workers[rank].actor.checkpoint_kept.remote(self.run_id)
         if self.stop_at_checkpoint is not None:
@@ -246,9 +249,11 @@ class Follower:
 
     def _on_started(self, rank: int, message: m.Started) -> None:
         self.started.add(rank)
+        self.started_at[rank] = message.at
         self.info.rank_hosts[rank] = f"{message.host} ({message.address})" if message.address else message.host
         if len(self.started) == self.world_size:
-            self.run_started = time.time()
+            # when the ranks entered the function, not when this (maybe busy) kernel heard of it
+            self.run_started = run_began(list(self.started_at.values()), launched=self.launched, heard=time.time())
             if self.attempt == 0:
                 self.info.setup_s = self.run_started - (self.lease.granted_at or self.run_started)
             self.observer.running(self.info)
@@ -355,30 +360,26 @@ class Follower:
 
     # ----- the broker's notice --------------------------------------------------------------------
     def _on_notice(self) -> None:
-        from ..cluster.lease import notice_error
-
         notice = self.lease.notice()
         if notice is None:  # the broker was replaced; the lease now watches the new one
             return
-        if notice.get("kind") in ("shrink", "grow"):  # elastic: change size at the next commit
-            why = notice.get("reason") or notice["kind"]
-            self.lease.request_checkpoints(f"{notice['kind']} to {notice.get('to_gpus')} GPUs: {why}")
+        if notice.kind.is_resize:  # elastic: change size at the next commit
+            why = notice.reason or notice.kind.value
+            self.lease.request_checkpoints(f"{notice.kind.value} to {notice.to_gpus} GPUs: {why}")
             self.resize_at_checkpoint = (deadline_to_act(notice, received=time.time()), notice)
             return
-        if notice.get("kind") in ("preempt", "revoke") and notice.get("deadline"):  # graceful, then forced
-            why = "preempted" if notice["kind"] == "preempt" else "revoked"
-            self.lease.request_checkpoints(f"{why}: {notice.get('reason') or ''}".strip())
-            if self.checkpoints or self.watched or self.info._checkpoint_ref is not None:
+        if notice.kind in (NoticeKind.PREEMPT, NoticeKind.REVOKE) and notice.deadline:  # graceful, then forced
+            why = "preempted" if notice.kind is NoticeKind.PREEMPT else "revoked"
+            self.lease.request_checkpoints(f"{why}: {notice.reason or ''}".strip())
+            if self.checkpoints or self.watched or self.info.checkpoint_ref is not None:
                 # a function that commits: stop at its next commit, or just before the broker
                 # takes the GPUs; one that never does stops now, freeing them at once
-                self.stop_at_checkpoint = (notice["deadline"] - 1.0, notice)
+                self.stop_at_checkpoint = (notice.deadline - 1.0, notice)
                 return
-        raise notice_error(self.lease, notice, checkpointed=self.info._checkpoint_ref is not None)
+        raise notice_error(self.lease, notice, checkpointed=self.info.checkpoint_ref is not None)
 
-    def _stopped(self, notice: dict) -> Preempted | LeaseRevoked:
-        from ..cluster.lease import notice_error
-
-        return notice_error(self.lease, notice, checkpointed=self.info._checkpoint_ref is not None)
+    def _stopped(self, notice: Notice) -> Preempted | LeaseRevoked:
+        return notice_error(self.lease, notice, checkpointed=self.info.checkpoint_ref is not None)
 
 
 def _monitor(rank_workers: dict, silence_s: float) -> BeatMonitor | None:

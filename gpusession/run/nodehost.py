@@ -36,9 +36,9 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .. import __version__
 from .zygote import Zygote
-from .worker import ZYGOTE_START_TIMEOUT_S, Worker
+from .worker import NODE_HOST_NAMESPACE, ZYGOTE_START_TIMEOUT_S, Worker
 
-NAMESPACE = "gpusession"
+NAMESPACE = NODE_HOST_NAMESPACE
 IDLE_S_ENV = "GPUSESSION_NODE_HOST_IDLE_S"
 DEFAULT_IDLE_S = 600.0
 SPARES_ENV = "GPUSESSION_SPARE_WORKERS"

@@ -167,3 +167,9 @@ def workers_after_host_loss(size: int, lost: int, minimum: int | None) -> int:
     if minimum is not None and minimum < size and lost > 0 and survivors >= minimum:
         return survivors
     return size
+
+
+def run_began(rank_times: list[float], *, launched: float, heard: float) -> float:
+    """When every rank was running the function: the last rank's own timestamp (a loaded kernel
+    may hear of it seconds later), kept within [launched, heard] (another host's clock may be off)."""
+    return min(max(max(rank_times), launched), heard)

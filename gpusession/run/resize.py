@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from ..broker.notice import Notice, NoticeKind
 from ..errors import GPUSessionError, Preempted
 
 log = logging.getLogger("gpusession")
@@ -21,8 +22,8 @@ SHRINK_MARGIN_S = 2.0  # a run that has not committed this long before a shrink'
 class ResizeNeeded(Exception):
     """The attempt ends here so that the run continues at another size (`notice` says which)."""
 
-    def __init__(self, notice: dict) -> None:
-        super().__init__(f"{notice.get('kind')} to {notice.get('to_workers')} workers")
+    def __init__(self, notice: Notice) -> None:
+        super().__init__(f"{notice.kind.value} to {notice.to_workers} workers")
         self.notice = notice
 
 
@@ -32,33 +33,33 @@ class ResizeDecision:
     why: str
 
 
-def decide(notice: dict, *, current: int, minimum: int, full: int) -> ResizeDecision:
+def decide(notice: Notice, *, current: int, minimum: int, full: int) -> ResizeDecision:
     """PURE: the size to take for a shrink notice or an offer to grow: never below `minimum`
     (min_gpus), never above `full` (gpus), and a shrink never grows the run."""
-    target = int(notice["to_workers"])
-    if notice["kind"] == "shrink":
+    target = int(notice.to_workers)
+    if notice.kind is NoticeKind.SHRINK:
         workers = max(minimum, min(current, target))
         return ResizeDecision(workers, f"told to shrink to {target} workers")
-    if notice["kind"] == "grow":
+    if notice.kind is NoticeKind.GROW:
         workers = max(current, min(full, target))
         return ResizeDecision(workers, f"offered {target} workers")
-    raise ValueError(f"not a resize notice: {notice.get('kind')!r}")
+    raise ValueError(f"not a resize notice: {notice.kind.value!r}")
 
 
-def deadline_to_act(notice: dict, *, received: float) -> float:
+def deadline_to_act(notice: Notice, *, received: float) -> float:
     """PURE: when the run changes size even without a commit (a shrink must be made before the
     broker's deadline), or gives up an offer to grow that it did not take in time."""
-    period = max(0.0, notice["deadline"] - received)
-    return notice["deadline"] - min(SHRINK_MARGIN_S, period / 2)
+    period = max(0.0, notice.deadline - received)
+    return notice.deadline - min(SHRINK_MARGIN_S, period / 2)
 
 
-def resize_line(notice: dict, *, old_gpus: float, new_gpus: float, full_gpus: float, at: str | None) -> str:
+def resize_line(notice: Notice, *, old_gpus: float, new_gpus: float, full_gpus: float, at: str | None) -> str:
     """PURE: the cell's line, e.g. "preempted by lease 12 (alice, high): 4 -> 2 GPUs from the
     checkpoint after step 340" or "4 GPUs again from the checkpoint after step 610" (`at`: where
     the run goes on, as in a restart's line); `at` None: a held lease resized between runs."""
     when = f"from {at}" if at is not None else "between runs"
-    if notice["kind"] == "shrink":
-        by = notice.get("by") or {}
+    if notice.kind is NoticeKind.SHRINK:
+        by = notice.by
         who = f"lease {by.get('lease_id')} ({by.get('user')}, {by.get('priority')})" if by else "the broker"
         return f"preempted by {who}: {old_gpus:g} -> {new_gpus:g} GPUs {when}"
     if new_gpus >= full_gpus:
@@ -66,7 +67,7 @@ def resize_line(notice: dict, *, old_gpus: float, new_gpus: float, full_gpus: fl
     return f"free GPUs offered back: {old_gpus:g} -> {new_gpus:g} GPUs {when}"
 
 
-def carry_out(lease, notice: dict) -> tuple[int, int] | None:
+def carry_out(lease, notice: Notice) -> tuple[int, int] | None:
     """Make the resize on the lease (its ranks are stopped): (old, new) workers, or None when
     nothing changed (the offer was taken back before the run could take it)."""
     from ..broker import client
@@ -74,7 +75,7 @@ def carry_out(lease, notice: dict) -> tuple[int, int] | None:
     options = lease.options.lease
     decision = decide(notice, current=lease.size, minimum=options.min_workers or lease.size, full=options.workers)
     broker, auth, old = client.broker(), client.lease_auth(lease.identity), lease.size
-    if notice["kind"] == "grow":
+    if notice.kind is NoticeKind.GROW:
         try:  # first take the offer: from then on the broker holds those GPUs for this lease
             taken = client.call(broker.resize, lease.lease_id, decision.workers, None, auth=auth)
             lease.avoid_nodes(taken.get("avoid_nodes"))
@@ -87,8 +88,8 @@ def carry_out(lease, notice: dict) -> tuple[int, int] | None:
         client.call(broker.resize, lease.lease_id, decision.workers, lease.node_workers(), gpu_ids=lease.gpu_ids(),
                     auth=auth)
     except GPUSessionError as exc:
-        if notice["kind"] == "shrink":  # too late: the broker took the whole lease back
-            raise Preempted(f"Lease {lease.lease_id} was {notice.get('reason')} and could not shrink in time "
+        if notice.kind is NoticeKind.SHRINK:  # too late: the broker took the whole lease back
+            raise Preempted(f"Lease {lease.lease_id} was {notice.reason} and could not shrink in time "
                             f"({exc}). The run stopped at its last checkpoint (last_run.checkpoint); "
                             ".resume() continues from it.") from None
         raise
@@ -96,7 +97,7 @@ def carry_out(lease, notice: dict) -> tuple[int, int] | None:
     return old, decision.workers
 
 
-def resize_between_runs(lease, notice: dict) -> None:
+def resize_between_runs(lease, notice: Notice) -> None:
     """A held lease (gs.lease) with no run going: resize at once, nothing to commit. Counted in
     the lease's RunInfo (resizes, and the next run's transitions) like a resize during a run."""
     sizes = carry_out(lease, notice)

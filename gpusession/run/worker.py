@@ -29,6 +29,7 @@ from .spec import RankSpec, lease_scratch_dir, scratch_dir, scratch_root  # noqa
 ZYGOTE_START_TIMEOUT_S = 120.0  # a loaded node may take a while to import torch
 EXIT_STATUS_WAIT_S = 2.0
 WATCHDOG_POLL_S = 1.0
+NODE_HOST_NAMESPACE = "gpusession"  # the Ray namespace of the node hosts (nodehost.py), which this worker asks
 
 
 class _RankProcess(NamedTuple):
@@ -171,9 +172,7 @@ class Worker:
         if self._zygote_path is None:
             return Zygote.start()
         if restart:  # the node host starts its warm parent again, at the same socket path
-            from .nodehost import NAMESPACE
-
-            ray.get(ray.get_actor(self._host_name, namespace=NAMESPACE).ensure_zygote.remote())
+            ray.get(ray.get_actor(self._host_name, namespace=NODE_HOST_NAMESPACE).ensure_zygote.remote())
         return Zygote.connect(self._zygote_path, ZYGOTE_START_TIMEOUT_S)
 
     def _send(self, item, run_id: str | None = None) -> None:

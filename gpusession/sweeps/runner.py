@@ -145,7 +145,7 @@ class SweepRunner:
                 if not self.stop.reason:  # back in the queue, to continue from its checkpoint
                     record.state = TrialState.REQUEUED
                     self.board.changed(record)
-                    checkpoint = fn.last_run._checkpoint_ref or checkpoint  # kept in our object store
+                    checkpoint = fn.last_run.checkpoint_ref or checkpoint  # kept in our object store
                     continue
                 state = TrialState.INTERRUPTED
             except KeyboardInterrupt:

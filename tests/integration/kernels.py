@@ -15,6 +15,7 @@ from jupyter_client import KernelManager
 class Execution:
     messages: list[dict] = field(default_factory=list)  # iopub messages of this request, in order
     reply: dict | None = None
+    msg_id: str | None = None
 
     def of_type(self, *types: str) -> list[dict]:
         return [m for m in self.messages if m["msg_type"] in types]
@@ -47,16 +48,20 @@ class Kernel:
         self.client = self.manager.client()
         self.client.start_channels()
         self.client.wait_for_ready(timeout=120)
+        # iopub messages that arrived while another cell was awaited, by their cell's msg_id (a
+        # background run's view keeps updating the cell that started it)
+        self.late: dict[str, list[dict]] = {}
 
     def execute(self, code: str, *, timeout: float = 180.0,
                 on_message: Callable[[dict], None] | None = None) -> Execution:
         """Run a cell; on_message sees each of its iopub messages as it arrives."""
         msg_id = self.client.execute(code)
-        run = Execution()
+        run = Execution(msg_id=msg_id)
         deadline = time.monotonic() + timeout
         while True:
             msg = self._next(self.client.get_iopub_msg, deadline, code)
             if msg["parent_header"].get("msg_id") != msg_id:
+                self.late.setdefault(msg["parent_header"].get("msg_id"), []).append(msg)
                 continue
             run.messages.append(msg)
             if on_message is not None:
@@ -79,6 +84,16 @@ class Kernel:
         import ast
 
         return ast.literal_eval(self.ok(expression).result)
+
+    def drain(self, seconds: float) -> None:
+        """Take the iopub messages that arrive within `seconds` (no cell running) into `late`."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                msg = self.client.get_iopub_msg(timeout=left)
+            except queue.Empty:
+                return
+            self.late.setdefault(msg["parent_header"].get("msg_id"), []).append(msg)
 
     def reply_waiting(self) -> bool:
         return self.client.shell_channel.msg_ready()

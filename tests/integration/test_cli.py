@@ -10,6 +10,7 @@ import json
 import pytest
 
 import gpusession as gs
+from gpusession.broker.notice import NoticeKind
 from gpusession.identity import current_user
 
 from ..conftest import ROOT
@@ -62,7 +63,7 @@ def test_leases_shows_a_held_lease_and_revoke_ends_it(cluster, quiet):
         assert str(held.lease_id) in listed.stdout and "placed" in listed.stdout
         revoked = gpusession(cluster, "revoke", str(held.lease_id))
         assert revoked.returncode == 0 and "notified" in revoked.stdout
-        assert held.notice(wait=True)["kind"] == "revoke"
+        assert held.notice(wait=True).kind is NoticeKind.REVOKE
     finally:
         held.release("revoked")
 

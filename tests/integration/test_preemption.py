@@ -13,6 +13,7 @@ import ray
 import gpusession as gs
 
 from gpusession.broker import client
+from gpusession.broker.notice import NoticeKind
 from gpusession.identity import Identity
 from gpusession.cluster.lease import Lease
 from gpusession.options import validate_run_options
@@ -199,7 +200,7 @@ def test_a_higher_priority_request_preempts_a_lower_priority_lease(cluster, brok
         asked = time.monotonic()
         high = Lease(validate_run_options(gpus=2, priority="high"), identity=Identity(boss)).acquire()
         assert time.monotonic() - asked < GRACE_S + MARGIN_S
-        assert low.notice()["kind"] == "preempt" and "lower priority" in low.notice()["reason"]
+        assert low.notice().kind is NoticeKind.PREEMPT and "lower priority" in low.notice().reason
     finally:  # both, on every path: a lease left placed would starve every later test
         if high is not None:
             high.release()

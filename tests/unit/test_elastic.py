@@ -1,10 +1,13 @@
 """Elastic leases, the pure parts: a preemption shrinks an elastic lease by the fewest workers
 the preemptor needs, freed GPUs are offered back fairly and only when nobody with a better claim
 waits, a resize keeps the ledger's GPU-seconds right, and the run's own decision and lines."""
+from dataclasses import replace
+
 import pytest
 
 from gpusession.broker import elastic
-from gpusession.broker.books import Books, NoticeKind, PolicySettings
+from gpusession.broker.books import Books, PolicySettings
+from gpusession.broker.notice import Notice, NoticeKind
 from gpusession.broker.ledger import Ledger
 from gpusession.broker.model import (
     ActiveLease,
@@ -161,22 +164,23 @@ def test_an_offer_not_taken_in_time_is_withdrawn(books):
 
 
 # ----- the run's side -------------------------------------------------------------------------------
-SHRINK = {"kind": "shrink", "to_workers": 2, "deadline": 103.0,
-          "by": {"lease_id": 12, "user": "alice", "priority": "high"}}
+SHRINK = Notice(NoticeKind.SHRINK, to_workers=2, deadline=103.0,
+                by={"lease_id": 12, "user": "alice", "priority": "high"})
+GROW = Notice(NoticeKind.GROW)
 
 
 def test_the_run_never_shrinks_below_min_gpus_nor_grows_past_gpus():
     assert resize.decide(SHRINK, current=4, minimum=2, full=4).workers == 2
-    assert resize.decide({**SHRINK, "to_workers": 1}, current=4, minimum=2, full=4).workers == 2
-    assert resize.decide({"kind": "grow", "to_workers": 6}, current=2, minimum=2, full=4).workers == 4
-    assert resize.decide({**SHRINK, "to_workers": 3}, current=2, minimum=2, full=4).workers == 2
+    assert resize.decide(replace(SHRINK, to_workers=1), current=4, minimum=2, full=4).workers == 2
+    assert resize.decide(replace(GROW, to_workers=6), current=2, minimum=2, full=4).workers == 4
+    assert resize.decide(replace(SHRINK, to_workers=3), current=2, minimum=2, full=4).workers == 2
 
 
 def test_the_cell_says_who_preempted_the_run_and_when_it_is_whole_again():
     after = "the checkpoint after step 340"  # as in a restart's line: where the run goes on
     assert resize.resize_line(SHRINK, old_gpus=4, new_gpus=2, full_gpus=4, at=after) == \
         "preempted by lease 12 (alice, high): 4 -> 2 GPUs from the checkpoint after step 340"
-    assert resize.resize_line({"kind": "grow"}, old_gpus=2, new_gpus=4, full_gpus=4, at="the checkpoint after step 610") == \
+    assert resize.resize_line(GROW, old_gpus=2, new_gpus=4, full_gpus=4, at="the checkpoint after step 610") == \
         "4 GPUs again from the checkpoint after step 610"
     assert resize.resize_line(SHRINK, old_gpus=4, new_gpus=2, full_gpus=4, at=None) == \
         "preempted by lease 12 (alice, high): 4 -> 2 GPUs between runs"  # a held lease with no run going
@@ -184,4 +188,4 @@ def test_the_cell_says_who_preempted_the_run_and_when_it_is_whole_again():
 
 def test_a_shrink_is_made_before_the_deadline_even_without_a_commit():
     assert resize.deadline_to_act(SHRINK, received=100.0) == pytest.approx(101.5)
-    assert resize.deadline_to_act({**SHRINK, "deadline": 130.0}, received=100.0) == pytest.approx(128.0)
+    assert resize.deadline_to_act(replace(SHRINK, deadline=130.0), received=100.0) == pytest.approx(128.0)

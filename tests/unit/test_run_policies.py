@@ -72,8 +72,8 @@ def test_the_restart_line_names_the_rank_the_host_the_cause_and_the_attempt():
 
 def test_a_restart_names_the_checkpoint_by_the_step_reported_last_before_it_or_says_there_is_none():
     assert resume_point(RunInfo()) == "the start (no checkpoint yet)"
-    assert resume_point(RunInfo(_checkpoint_ref=object())) == "the last checkpoint"  # nothing reported a step
-    assert resume_point(RunInfo(_checkpoint_ref=object(), _checkpoint_step=5)) == "the checkpoint after step 5"
+    assert resume_point(RunInfo(checkpoint_ref=object())) == "the last checkpoint"  # nothing reported a step
+    assert resume_point(RunInfo(checkpoint_ref=object(), checkpoint_step=5)) == "the checkpoint after step 5"
     assert last_step([{"step": 4}, {"step": 5, "loss": 0.1}, {"loss": 0.2}, {"step": True}]) == 5
     assert last_step([{"loss": 0.2}]) is None
 
