@@ -33,6 +33,7 @@ class RunInfo:
     state: str | None = None  # the run's state (run.policies.RunState value)
     end_reason: str | None = None  # finished | failed | interrupted | timeout | revoked | preempted
     released: bool = False
+    communication: Any = None  # comm_options.CommReport: grad compression, precision, bytes per step
     _checkpoint_ref: Any = field(default=None, repr=False)
     _checkpoint_step: Any = field(default=None, repr=False)  # rank 0's last reported step before it
 
