@@ -28,7 +28,7 @@ _warnings.filterwarnings("ignore", message="IProgress not found", module=r"tqdm\
 _EXPORTS = {
     "context": "run.context", "load_checkpoint": "run.context", "prepare_loader": "run.context",
     "prepare_model": "run.context", "report": "run.context", "save_checkpoint": "run.context",
-    "unwrap": "run.context", "should_checkpoint": "run.context",
+    "unwrap": "run.context", "should_checkpoint": "run.context", "step": "run.context",
     "DistributedFunction": "run.distributed", "distributed": "run.distributed",
     "Run": "run.background", "RunStatus": "run.background", "runs": "run.background",
     "RunCancelled": "errors",
@@ -58,7 +58,7 @@ __all__ = [
     "distributed", "DistributedFunction", "Run", "RunStatus", "runs", "RunCancelled", "lease", "Lease", "status", "Status", "RunInfo",
     "context", "report", "save_checkpoint", "load_checkpoint", "prepare_model", "prepare_loader",
     "unwrap", "GPUSessionError", "QuotaExceeded", "Infeasible", "QueueTimeout", "LeaseRevoked",
-    "Preempted", "WorkerFailed", "RunTimeout", "should_checkpoint",
+    "Preempted", "WorkerFailed", "RunTimeout", "should_checkpoint", "step",
     "sweep", "uniform", "loguniform", "choice", "randint", "SweepResult", "SweepFailed",
 ]
 

@@ -33,6 +33,7 @@ class RunInfo:
     state: str | None = None  # the run's state (run.policies.RunState value)
     end_reason: str | None = None  # finished | failed | interrupted | cancelled | timeout | revoked | preempted
     released: bool = False
+    communication: Any = None  # comm_options.CommReport: grad compression, precision, bytes per step
     # rank 0's last committed checkpoint, held in Ray's object store (`checkpoint` fetches it;
     # `.resume()` and a restarted attempt continue from it)
     checkpoint_ref: Any = field(default=None, repr=False)

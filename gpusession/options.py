@@ -8,6 +8,7 @@ from numbers import Real
 from typing import Any
 
 from .broker.model import Placement, Priority
+from .comm_options import CommOptions, validate_comm_options
 
 BACKENDS = ("nccl", "gloo")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m|h|d)?\s*$")
@@ -82,6 +83,7 @@ class RunOptions:
     return_all: bool = False
     runtime_env: dict | None = None
     retry_exceptions: bool | tuple[str, ...] = False  # qualified class names when a tuple
+    comm: CommOptions = field(default_factory=CommOptions)  # what gs.prepare_model applies
 
 
 def validate_lease_options(
@@ -139,6 +141,9 @@ def validate_run_options(
     return_all: Any = False,
     runtime_env: Any = None,
     retry_exceptions: Any = False,
+    grad_compression: Any = None,
+    bucket_mb: Any = None,
+    precision: Any = None,
 ) -> RunOptions:
     timeout_s = parse_duration(timeout, field_name="timeout")
     lease = validate_lease_options(
@@ -175,6 +180,7 @@ def validate_run_options(
         return_all=return_all,
         runtime_env=dict(runtime_env) if runtime_env else None,
         retry_exceptions=_retry_exceptions(retry_exceptions),
+        comm=validate_comm_options(grad_compression=grad_compression, bucket_mb=bucket_mb, precision=precision),
     )
 
 

@@ -29,6 +29,8 @@ def costs(info, *, hosts: bool = True) -> str:
         parts.append(f"{info.steps_lost} step{'s' if info.steps_lost != 1 else ''} lost")
     if info.over_quota:
         parts.append("on borrowed GPUs (over quota)")
+    if getattr(info, "communication", None) is not None:
+        parts.append(info.communication.summary())
     ranks = last_ranks(info)
     if hosts and len(set(ranks.values())) > 1:
         parts.append(ranks_on_hosts(ranks))

@@ -118,5 +118,43 @@ def dumps(obj: Any) -> bytes:
         return cloudpickle_dumps(obj)
 
 
+NESTED_OBJECT_REF = (
+    "An argument holds a Ray ObjectRef inside {where}: a rank is not a Ray worker and cannot fetch it. "
+    "Pass the ObjectRef itself as an argument (the caller fetches it before the call) or ray.get() it first."
+)
+
+
 def pickle_call(fn: Any, args: tuple, kwargs: dict) -> bytes:
+    """The call as the ranks get it; ObjectRef arguments are fetched here by the caller."""
+    if "ray" in sys.modules:  # no ObjectRef can exist in a process that never imported ray
+        args, kwargs = resolve_object_refs(args, kwargs)
     return dumps((fn, args, kwargs))
+
+
+def resolve_object_refs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Each ObjectRef argument becomes its value (as Ray does for a task's arguments); one held
+    inside a list, dict or object is refused, as Ray would pass it on unresolved."""
+    import ray
+
+    def resolved(value: Any, where: str) -> Any:
+        if isinstance(value, ray.ObjectRef):
+            return ray.get(value)
+        if _holds_object_ref(value, ray.ObjectRef):
+            raise TypeError(NESTED_OBJECT_REF.format(where=where))
+        return value
+
+    return (tuple(resolved(a, f"argument {i}") for i, a in enumerate(args)),
+            {k: resolved(v, f"argument {k!r}") for k, v in kwargs.items()})
+
+
+def _holds_object_ref(value: Any, ref_type: type, depth: int = 0) -> bool:
+    """An ObjectRef in plain containers (lists, tuples, sets, dict values), a few levels deep."""
+    if isinstance(value, ref_type):
+        return True
+    if depth > 3:
+        return False
+    if isinstance(value, dict):
+        return any(_holds_object_ref(v, ref_type, depth + 1) for v in value.values())
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return any(_holds_object_ref(v, ref_type, depth + 1) for v in value)
+    return False

@@ -57,7 +57,7 @@ def _names(text: str) -> tuple[str, ...]:
 class GPUMagics(Magics):
     @magic_arguments(name="%gpu")
     @kwds(usage="%(prog)s [N] [--min N] [--priority P] [--timeout T] [--queue-timeout T] [--out a,b] [--no-out] "
-                "[--bg [-o NAME]]")
+                "[--grad-compression C] [--bucket-mb MB] [--precision P] [--bg [-o NAME]]")
     @argument("gpus", nargs="?", default=1, type=_gpu_count, metavar="N",
               help="GPUs to lease for this cell, one worker per GPU (default 1).")
     @argument("--min", dest="min_gpus", type=_gpu_count, metavar="N",
@@ -80,6 +80,14 @@ class GPUMagics(Magics):
                    "notebook stays usable. NAME.pull() assigns the cell's names when it is done.")
     @argument("-o", dest="handle", metavar="NAME",
               help="With --bg: the name the run's handle gets in the notebook (default: _run).")
+    @argument("--grad-compression", choices=("fp16", "bf16", "powersgd"), metavar="C",
+              help="Compress the gradients gs.prepare_model's DDP all-reduces: fp16 or bf16 (half the bytes) "
+                   "or powersgd (rank 2, after 10 plain steps). Default: fp32, as DDP. Helps on slow links only.")
+    @argument("--bucket-mb", type=float, metavar="MB",
+              help="DDP's gradient bucket size in MB (bucket_cap_mb), e.g. 50. Default: DDP's 25.")
+    @argument("--precision", choices=("bf16", "fp16"), metavar="P",
+              help="Run the forward pass of gs.prepare_model's model under autocast in bf16 or fp16 (fp16 "
+                   "also scales the loss in gs.step). Default: fp32.")
     @cell_magic("gpu")
     def gpu_cell(self, line: str, cell: str) -> Any:
         """
@@ -220,7 +228,8 @@ def _run_options(args: argparse.Namespace):
     if args.out is not None and args.no_out:
         raise UsageError(BOTH_OUT_FLAGS)
     chosen = {"gpus": args.gpus, "min_gpus": args.min_gpus, "priority": args.priority,
-              "timeout": args.timeout, "queue_timeout": args.queue_timeout}
+              "timeout": args.timeout, "queue_timeout": args.queue_timeout,
+              "grad_compression": args.grad_compression, "bucket_mb": args.bucket_mb, "precision": args.precision}
     try:
         return parse_options(chosen, where="%%gpu")
     except (ValueError, TypeError) as exc:

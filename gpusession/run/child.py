@@ -108,7 +108,8 @@ def _call(launch: m.Launch, channel: Channel):
         group.install()  # the script's own init_process_group call then finds the group ready
         fn, args, kwargs = cloudpickle.loads(launch.call)
         group.join()
-        run = ctx_module._Run(_make_context(spec), channel, launch.checkpoint, launch.loader_epochs)
+        run = ctx_module._Run(_make_context(spec), channel, launch.checkpoint, launch.loader_epochs,
+                              comm_options=spec.comm)
         ctx_module._current = run
         channel.send(m.Started(time.time(), socket.gethostname(), spec.address, os.getpid()))
         result = fn(*args, **kwargs)
@@ -119,13 +120,15 @@ def _call(launch: m.Launch, channel: Channel):
     # The process group is not destroyed: the process exits right after sending its result (as a
     # torchrun script that returns without destroy_process_group does), which closes its sockets
     # and frees its GPU memory; destroying it first would add ~20 ms to every call.
+    report = ctx_module.communication_report(run) if spec.rank == 0 else None
+    before = (m.Communication(report),) if report is not None else ()
     if not spec.return_value:
-        return (m.Result(False),)
+        return (*before, m.Result(False))
     try:
         data = cloudpickle.dumps(result)
     except Exception as exc:
         return _error(TypeError(f"The function's return value could not be pickled: {exc}"), spec)
-    return (m.Result(True), m.Pickled(data))
+    return (*before, m.Result(True), m.Pickled(data))
 
 
 def _error(exc: BaseException, spec) -> m.RankError:
@@ -152,6 +155,9 @@ def _set_environment(spec) -> None:
         "CUDA_VISIBLE_DEVICES": ",".join(spec.node_gpu_ids),
         "GPUSESSION_LEASE_ID": str(spec.lease_id), "GPUSESSION_ATTEMPT": str(spec.attempt),
     })
+    from .ray_guard import install
+
+    install()  # ray.* inside the function fails at once, saying what to use instead
     if spec.logical_gpus:
         for key, value in ACCELERATE_CPU_ENV.items():
             os.environ.setdefault(key, value)

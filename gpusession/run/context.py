@@ -47,6 +47,8 @@ class _Run:
     loaders_prepared: int = 0
     loaders: list = field(default_factory=list)  # rank 0: weak refs to the loaders prepared before its first commit
     watching: bool = False  # rank 0 called should_checkpoint() (the caller was told)
+    comm_options: Any = None  # comm_options.CommOptions of the run: what prepare_model applies
+    comm: Any = None  # comm_hooks.RankComm once prepare_model applied them
 
 
 _current: _Run | None = None
@@ -59,7 +61,9 @@ def _run(name: str) -> _Run:
 
 
 def context() -> RunContext:
-    """This worker's rank, world size, device(s), lease id and scratch directory."""
+    """This worker's rank, world size, device(s), lease id, scratch directory, and where it runs:
+    .host, .address (the Ray node IP) and .node_id (the Ray node id). Use these, not Ray's
+    API: a rank is a plain process, not a Ray worker (ray.* inside it raises RayInRank)."""
     return _run("gs.context").context
 
 
@@ -126,17 +130,48 @@ def should_checkpoint() -> bool:
 
 
 def prepare_model(model, **ddp_options: Any):
-    """Move the model to this worker's device and wrap it in DistributedDataParallel."""
+    """Move the model to this worker's device and wrap it in DistributedDataParallel, with the
+    run's grad_compression, bucket_mb and precision applied (see gs.step for fp16)."""
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    ctx = context()
+    run = _run("gs.prepare_model")
+    ctx = run.context
     model = model.to(ctx.device)
     if not dist.is_initialized():
         raise GPUSessionError("prepare_model() needs the process group, which gpusession initialises per run.")
     if ctx.device.type == "cuda" and len(ctx.devices) == 1:
         ddp_options.setdefault("device_ids", [ctx.device])
-    return DistributedDataParallel(model, **ddp_options)
+    options = run.comm_options
+    if options is None or options.is_default:
+        return DistributedDataParallel(model, **ddp_options)
+    from . import comm_hooks
+
+    comm_hooks.apply_to_ddp_options(options, ddp_options)
+    ddp = DistributedDataParallel(model, **ddp_options)
+    run.comm = run.comm or comm_hooks.RankComm(options)
+    comm_hooks.apply_to_model(ddp, run.comm, ctx.device)
+    return ddp
+
+
+def step(loss, optimizer) -> None:
+    """`loss.backward(); optimizer.step(); optimizer.zero_grad()`, with the loss scaled when the
+    run has precision='fp16' (torch.amp.GradScaler: a step whose gradients overflowed is
+    skipped and the scale lowered). Without fp16 it is exactly those three calls."""
+    from . import comm_hooks
+
+    comm_hooks.step(loss, optimizer, _run("gs.step").comm)
+
+
+def communication_report(run: _Run):
+    """Rank 0's CommReport for the caller, or None when the run asked for DDP's defaults."""
+    if run.comm_options is None or run.comm_options.is_default:
+        return None
+    if run.comm is not None:
+        return run.comm.report()
+    from ..comm_options import CommReport
+
+    return CommReport(options=run.comm_options, applied=False)
 
 
 def unwrap(model):

@@ -18,6 +18,7 @@ from typing import Any, Callable
 import ray
 
 from ..errors import GPUSessionError
+from ..comm_options import CommOptions
 from ..events import Observer, RunInfo
 from ..shipping import pickle_call
 from .spec import RankSpec
@@ -40,7 +41,8 @@ def resolve_backend(requested: str | None, *, logical: bool, gpus_per_worker: fl
     return "nccl" if not logical and gpus_per_worker >= 1 else "gloo"
 
 
-def rank_specs(lease, workers, *, backend: str, return_all: bool, attempt: int = 0) -> list[RankSpec]:
+def rank_specs(lease, workers, *, backend: str, return_all: bool, attempt: int = 0,
+               comm: CommOptions = CommOptions()) -> list[RankSpec]:
     """One spec per worker, ranks grouped by node (contiguous local ranks, like torchrun); rank 0
     is on the first node. Returns [(spec, worker)] in rank order."""
     node_order: list[str] = []
@@ -68,7 +70,7 @@ def rank_specs(lease, workers, *, backend: str, return_all: bool, attempt: int =
             logical_gpus=lease.logical_gpus, return_value=return_all or rank == 0,
             caller_host=caller_host, caller_cwd=caller_cwd, pg_timeout_s=pg_timeout,
             run_id=run_id, group_id=lease.group_id, attempt=attempt, address=slot.address,
-            node_id=slot.node_id, cluster=cluster,
+            node_id=slot.node_id, cluster=cluster, comm=comm,
         ), worker))
     return specs
 
@@ -136,7 +138,7 @@ class RunController:
     def _attempt(self, backend: str, attempt: int, deadline: float | None) -> dict:
         workers = self.lease.acquire_workers(self.options.runtime_env)
         ranks = rank_specs(self.lease, workers, backend=backend, return_all=self.options.return_all,
-                           attempt=attempt)
+                           attempt=attempt, comm=self.options.comm)
         self._run_id = ranks[0][0].run_id
         checkpoint = [self.info.checkpoint_ref] if self.info.checkpoint_ref is not None else []
         launches = [(spec, (self.call_bytes, spec, checkpoint), worker) for spec, worker in ranks]
@@ -265,6 +267,7 @@ def _reset_run_fields(info: RunInfo, checkpoint_ref, checkpoint_step=None) -> No
     info.steps_lost = 0
     info.transitions = []
     info.rank_hosts = {}
+    info.communication = None
     info.checkpoint_ref, info.checkpoint_step = checkpoint_ref, checkpoint_step
 
 

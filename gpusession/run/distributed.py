@@ -102,8 +102,9 @@ def distributed(fn: Callable | None = None, /, **options: Any):
     In [2]: state = train(0.1)      # waits for 2 GPUs, runs on 2 workers, releases, returns
 
     Options (keyword only): gpus, gpus_per_worker, min_gpus, priority, timeout, queue_timeout,
-    backend, placement, max_failures, return_all, runtime_env. Bad options raise here, before
-    anything is leased."""
+    backend, placement, max_failures, return_all, runtime_env, and what gs.prepare_model applies:
+    grad_compression (None, "fp16", "bf16", "powersgd"), bucket_mb, precision (None, "bf16",
+    "fp16"; see gpusession/comm_options.py). Bad options raise here, before anything is leased."""
     run_options = parse_options(options, where="gs.distributed()")
 
     def wrap(function: Callable) -> DistributedFunction:

@@ -217,6 +217,8 @@ class Follower:
             self.payload_kind[rank] = "checkpoint"
         elif isinstance(message, m.WatchesCheckpoints):
             self.watched = True
+        elif isinstance(message, m.Communication):
+            self.info.communication = message.report
         elif isinstance(message, m.Result):
             if message.has_value:
                 self.payload_kind[rank] = "result"

@@ -37,6 +37,14 @@ class Started:
 
 
 @dataclass(frozen=True)
+class Communication:
+    """Rank 0's function returned: what it applied of the run's communication options and the
+    bytes it all-reduced per step (comm_options.CommReport); sent before its Result."""
+
+    report: Any
+
+
+@dataclass(frozen=True)
 class CheckpointSaved:
     """Rank 0 committed a checkpoint; the next stream item is its CheckpointData."""
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from ..comm_options import CommOptions
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ class RankSpec:
     address: str = ""  # this rank's Ray node IP
     node_id: str = ""  # this rank's Ray node id
     cluster: str = ""  # the Ray session's name: unique per cluster (and per start of it)
+    comm: CommOptions = field(default_factory=CommOptions)  # what gs.prepare_model applies
 
 
 SCRATCH_ROOT = "gpusession-scratch"

@@ -107,12 +107,13 @@ class SimCluster:
         return self.all_hosts + self.added
 
     # ---- start and stop ------------------------------------------------------------------
-    def start(self) -> "SimCluster":
+    def start(self, *, nodes: bool = True) -> "SimCluster":
+        """The network and hosts; with nodes=False no Ray node is started (to try the network)."""
         remove_leftovers()
         try:
             self._network()
             self.set_resolution(self.resolve)
-            for host in self.all_hosts:  # one at a time: starting nodes at once slows them all
+            for host in self.all_hosts if nodes else ():  # one at a time: starting nodes at once slows them all
                 self.start_node(host)
         except BaseException:
             self.stop()
@@ -364,6 +365,21 @@ class SimCluster:
     def restore_link(self, host: SimHost) -> None:
         _run(["ip", "link", "set", host.veth, "up"])
 
+    def shape_link(self, host: SimHost, *, rate_mbit: float) -> None:
+        """The host's link at `rate_mbit` megabits per second each way, as a slower network card:
+        a tbf qdisc on both ends of its veth (the bridge side shapes what reaches the host, the
+        inner side what it sends). Deleting the namespace (stop, remove_host) removes both."""
+        rate = f"{rate_mbit:g}mbit"
+        for argv in (["tc"], ["ip", "netns", "exec", host.netns, "tc"]):
+            device = host.veth if len(argv) == 1 else INNER_IF
+            _run([*argv, "qdisc", "replace", "dev", device, "root", "tbf", "rate", rate,
+                  "burst", str(tbf_burst_bytes(rate_mbit)), "latency", f"{TBF_LATENCY_MS}ms"])
+
+    def unshape_link(self, host: SimHost) -> None:
+        """The host's link back at the bridge's own speed."""
+        _run(["tc", "qdisc", "del", "dev", host.veth, "root"], check=False)
+        _run(["ip", "netns", "exec", host.netns, "tc", "qdisc", "del", "dev", INNER_IF, "root"], check=False)
+
     def restart_host(self, host: SimHost) -> None:
         """The host back again, with a fresh Ray node (a new node id) and its link up."""
         kill_namespace(host.netns)
@@ -372,6 +388,15 @@ class SimCluster:
 
 
 # ---- helpers, also for cleaning up after a run that was killed --------------------------
+TBF_LATENCY_MS = 50  # how long a packet may wait in the shaper's queue before it is dropped
+
+
+def tbf_burst_bytes(rate_mbit: float) -> int:
+    """tbf needs a bucket of at least rate / HZ bytes to reach its rate (HZ may be 100): 1/100 s
+    of traffic, and never less than 64 KB (a few jumbo segments of veth's GSO)."""
+    return max(64_000, int(rate_mbit * 1e6 / 8 / 100))
+
+
 def can_run() -> str | None:
     """None if this machine can host a simulated cluster, else why not (a skip reason)."""
     if sys.platform != "linux":

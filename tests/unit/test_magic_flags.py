@@ -55,6 +55,28 @@ def test_good_flags_become_run_options():
     assert options.lease.queue_timeout_s == 30
 
 
+def test_communication_flags_become_run_options():
+    options = _run_options(parse_argstring(GPUMagics.gpu_cell, "2 --grad-compression powersgd --bucket-mb 50 "
+                                                               "--precision bf16"))
+    assert options.comm.grad_compression.value == "powersgd" and options.comm.bucket_mb == 50
+    assert options.comm.precision.value == "bf16"
+
+
+@pytest.mark.parametrize("line, says", [
+    ("--grad-compression int8", "invalid choice: 'int8'"),
+    ("--precision fp8", "invalid choice: 'fp8'"),
+    ("--bucket-mb big", "invalid float value: 'big'"),
+])
+def test_bad_communication_flags_are_usage_errors(line, says):
+    with pytest.raises(UsageError, match=says):
+        parse_argstring(GPUMagics.gpu_cell, line)
+
+
+def test_a_bucket_of_no_size_is_refused_by_the_options():
+    with pytest.raises(UsageError, match="bucket_mb must be more than 0"):
+        _run_options(parse_argstring(GPUMagics.gpu_cell, "--bucket-mb 0"))
+
+
 def test_min_below_n_makes_an_elastic_run():
     options = _run_options(parse_argstring(GPUMagics.gpu_cell, "4 --min 2"))
     assert (options.lease.workers, options.lease.min_workers) == (4, 2)

@@ -1,0 +1,71 @@
+"""The DDP script benchmarks/scaling.py runs under torchrun (one launcher per host): a seeded
+regression on a model where the link matters (link: three 1024x1024 layers, 12.6 MB of fp32
+gradients a step) or does not (compute: batches of 2048 through sixteen 64-wide layers, 0.27 MB of
+gradients), with the communication option gpusession would apply (its own hook, run/comm_hooks).
+
+    torchrun ... benchmarks/_scaling_train.py MODEL COMPRESSION STEPS WARMUP
+prints, on rank 0, `RESULT {"samples_per_s": ..., "loss": ..., "bytes_per_step": ...}`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from gpusession.comm_options import validate_comm_options  # noqa: E402
+from gpusession.run import comm_hooks  # noqa: E402
+
+BATCH = {"link": 64, "compute": 2048}  # per rank
+WIDTH = {"link": 1024, "compute": 64}
+
+
+def model(kind: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    width = WIDTH[kind]
+    depth = 3 if kind == "link" else 16  # compute: a deep narrow stack, much arithmetic, few parameters
+    inner = [layer for _ in range(depth) for layer in (torch.nn.Linear(width, width), torch.nn.Tanh())]
+    return torch.nn.Sequential(*inner, torch.nn.Linear(width, 1))
+
+
+def batch(kind: str, step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(BATCH[kind], WIDTH[kind], generator=generator)
+    teacher = torch.Generator().manual_seed(7)
+    w = torch.randn(WIDTH[kind], 1, generator=teacher) / WIDTH[kind] ** 0.5
+    return x, torch.tanh(x @ w)
+
+
+def main(kind: str, compression: str, steps: int, warmup: int) -> None:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ddp = DistributedDataParallel(model(kind))
+    comm = comm_hooks.RankComm(validate_comm_options(grad_compression=None if compression == "none" else compression))
+    if compression != "none":
+        comm_hooks.apply_to_model(ddp, comm, torch.device("cpu"))
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.2)
+    started = None
+    for step in range(warmup + steps):
+        if step == warmup:
+            dist.barrier()
+            started = time.perf_counter()
+        x, y = batch(kind, step, rank)
+        comm_hooks.step(torch.nn.functional.mse_loss(ddp(x), y), optimizer, comm)
+    dist.barrier()
+    took = time.perf_counter() - started
+    x, y = batch(kind, 10**6, 0)
+    with torch.no_grad():
+        loss = torch.nn.functional.mse_loss(ddp.module(x), y).item()
+    if rank == 0:
+        print("RESULT " + json.dumps({"samples_per_s": steps * BATCH[kind] * world / took, "loss": loss,
+                                      "bytes_per_step": comm.counted.last, "seconds": took}), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
