@@ -25,7 +25,7 @@ from .spec import RankSpec
 from ..broker.notice import Notice
 from .follower import AttemptFailed, Follower
 from .heartbeat import silence_timeout
-from .policies import (Action, FailureDecision, FailurePolicy, FaultKind, RunState, can_move, restart_line,
+from .policies import (Action, FailureDecision, FailurePolicy, FaultKind, RunState, check_move, restart_line,
                        workers_after_host_loss)
 from . import resize
 from .commits import resume_point
@@ -223,11 +223,8 @@ class RunController:
         self._move(RunState.STARTING, "resized" if sizes else "offer lapsed")
 
     def _move(self, target: RunState, why: str) -> None:
-        if not can_move(self.state, target):
-            log.debug("Run of lease %s: unexpected move %s -> %s", self.lease.lease_id, self.state.value,
-                      target.value)
         log.debug("Run of lease %s: %s -> %s (%s)", self.lease.lease_id, self.state.value, target.value, why)
-        self.state = target
+        self.state = check_move(self.state, target)
         self.info.state = target.value
 
 

@@ -42,6 +42,18 @@ def can_move(current: RunState, target: RunState) -> bool:
     return target in _ALLOWED.get(current, set())
 
 
+class IllegalRunMove(RuntimeError):
+    """The controller tried a state move a run cannot make: a bug in gpusession, never the user's."""
+
+
+def check_move(current: RunState, target: RunState) -> RunState:
+    """`target`, if a run may move there from `current`; else IllegalRunMove (as the broker's
+    lease states do)."""
+    if not can_move(current, target):
+        raise IllegalRunMove(f"A run cannot move from {current.value} to {target.value}.")
+    return target
+
+
 class FaultKind(enum.Enum):
     USER_ERROR = "user error"  # the user's code raised: a bug, not a fault of the cluster
     PROCESS_DIED = "process died"  # a rank's process ended without a result (killed, OOM, segfault)

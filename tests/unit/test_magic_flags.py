@@ -88,3 +88,21 @@ def test_line_magic_takes_status_or_release():
         parse_argstring(GPUMagics.gpu_line, "")
     with pytest.raises(UsageError, match="invalid choice"):
         parse_argstring(GPUMagics.gpu_line, "stop")
+
+
+@pytest.mark.parametrize("line, says", [
+    ("2 -o run1", "-o NAME names a background run's handle: use it with --bg"),
+    ("2 --bg -o 1run", "'1run' is not a Python name"),
+])
+def test_a_background_handle_name_is_checked_before_anything_is_leased(line, says):
+    from gpusession.notebook.magics import _handle_name
+
+    with pytest.raises(UsageError, match=says):
+        _handle_name(parse_argstring(GPUMagics.gpu_cell, line))
+
+
+def test_a_background_cell_gets_its_handle_name_or_the_default():
+    from gpusession.notebook.magics import DEFAULT_HANDLE, _handle_name
+
+    assert _handle_name(parse_argstring(GPUMagics.gpu_cell, "2 --bg -o run1")) == "run1"
+    assert _handle_name(parse_argstring(GPUMagics.gpu_cell, "2 --bg")) == DEFAULT_HANDLE == "_run"

@@ -149,3 +149,11 @@ def test_a_runtime_error_from_torch_without_those_words_is_the_users():
     torch_frame = "/venv/lib/python3.11/site-packages/torch/nn/functional.py"
     assert not is_collective_fault("RuntimeError", "mat1 and mat2 shapes cannot be multiplied",
                                    _traceback(torch_frame))
+
+
+def test_an_illegal_run_move_raises_and_a_legal_one_returns_the_target():
+    from gpusession.run.policies import IllegalRunMove, check_move
+
+    assert check_move(RunState.RUNNING, RunState.RESIZING) is RunState.RESIZING
+    with pytest.raises(IllegalRunMove, match="from finished to running"):
+        check_move(RunState.FINISHED, RunState.RUNNING)
