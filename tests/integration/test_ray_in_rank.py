@@ -3,15 +3,14 @@ use instead; gs.context() names the rank's host, IP and Ray node; an ObjectRef a
 by the caller before the call."""
 from __future__ import annotations
 
-import time
-
 import pytest
 import ray
 
 import gpusession as gs
 
 # Without the guard the same call waited ~70 s per attempt for Ray's node info, then failed.
-FAST_S = 30.0  # whole call, lease and start included, on a loaded 2-core machine
+FAST_S = 10.0  # from the function's start (all ranks running) to its error; the guard itself takes
+# milliseconds, the rest is margin for a loaded 2-core machine (load average ~30 seen)
 
 
 @pytest.mark.slow
@@ -22,13 +21,12 @@ def test_ray_inside_a_rank_fails_at_once_naming_what_to_use(cluster, quiet):
 
         return ray_in_rank.get_runtime_context().get_node_id()
 
-    started = time.monotonic()
     with pytest.raises(gs.WorkerFailed) as failure:
         asks_ray()
-    took = time.monotonic() - started
+    took = asks_ray.last_run.run_s  # the function's span: it began, called Ray, and failed
     assert failure.value.remote_type == "RayInRank"
     assert "not a Ray worker" in failure.value.remote_message and "gs.context()" in failure.value.remote_message
-    assert took < FAST_S, f"the call took {took:.1f} s from the call to the error (bound {FAST_S:.0f} s)"
+    assert 0 < took < FAST_S, f"the function ran {took:.1f} s from its start to the error (bound {FAST_S:.0f} s)"
 
 
 @pytest.mark.slow
