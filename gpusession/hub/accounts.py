@@ -35,8 +35,8 @@ def prepare_directories(layout: HubLayout, account: pwd.struct_passwd) -> None:
     _directory(layout.state, 0, 0, 0o755)
     _directory(layout.hub_dir, 0, 0, 0o700)
     _directory(layout.cluster_dir, account.pw_uid, account.pw_gid, 0o700)
-    # Users' drivers reach the raylet by TCP and read nothing here, but they must be able to
-    # enter the session directory Ray names to them: traversable, not listable.
+    # Users' kernels are Ray drivers on this machine: they reach the raylet's sockets and write
+    # their logs in the session directory below (Ray makes its own directories there for all).
     _directory(layout.ray_tmp, account.pw_uid, account.pw_gid, 0o711)
 
 

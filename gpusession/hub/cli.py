@@ -11,7 +11,8 @@ from .plan import DEFAULT_PREFIX, DEFAULT_SERVICE_USER, DEFAULT_STATE, HubLayout
 QUICK_START = """quick start (as root, on the GPU machine):
   scripts/setup --hub && useradd -m alice && passwd alice
   gpusession hub --admin alice          # then open the URL it prints and log in as alice"""
-CONFIG_KEYS = {"admins": "user names, e.g. [\"alice\"]", "default_quota": "e.g. {\"max_gpus\": 2}"}
+CONFIG_KEYS = {"admins": "user names, e.g. [\"alice\"]", "default_quota": "e.g. {\"max_gpus\": 2}",
+               "allow_borrowing": "true or false: whether users may run past max_gpus on idle GPUs"}
 
 
 def register(subparsers) -> None:
@@ -24,7 +25,8 @@ def register(subparsers) -> None:
     hub.add_argument("--admin", action="append", default=[], metavar="USER",
                      help="a gpusession and JupyterHub admin (repeat for several)")
     hub.add_argument("--config", type=Path, default=None, metavar="FILE",
-                     help='JSON file with "admins" and "default_quota" (the broker\'s quota for users without their own)')
+                     help='JSON file with "admins", "default_quota" (the quota of users without their own) and '
+                         '"allow_borrowing"')
     hub.add_argument("--ip", default="0.0.0.0", help="address the Hub listens on (default all: 0.0.0.0)")
     hub.add_argument("--port", type=int, default=8000, help="the Hub's port (default 8000)")
     hub.add_argument("--gpus", type=int, default=4, metavar="N",
@@ -42,7 +44,7 @@ def options_from(args: argparse.Namespace) -> tuple[HubLayout, HubOptions]:
     """The layout and options the arguments ask for; ValueError names the bad field."""
     config = _read_config(args.config) if args.config else {}
     admins = tuple(sorted({*args.admin, *config.get("admins", [])}))
-    policy = {"default_quota": config["default_quota"]} if config.get("default_quota") else {}
+    policy = {key: config[key] for key in ("default_quota", "allow_borrowing") if key in config}
     layout = HubLayout(args.prefix, args.state_dir, args.service_user)
     return layout, HubOptions(args.ip, args.port, admins, args.gpus, _free_port(), _free_port(), policy)
 
@@ -59,6 +61,8 @@ def _read_config(path: Path) -> dict:
     admins = config.get("admins", [])
     if not isinstance(admins, list) or not all(isinstance(a, str) and a for a in admins):
         raise ValueError(f"--config {path}: admins must be a list of user names, e.g. [\"alice\"].")
+    if not isinstance(config.get("allow_borrowing", False), bool):
+        raise ValueError(f"--config {path}: allow_borrowing must be true or false.")
     return config
 
 

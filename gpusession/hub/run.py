@@ -80,8 +80,10 @@ def start_service(layout: HubLayout, options: HubOptions, account, ray_token: st
     log = open(layout.hub_dir / "service.log", "w")
     command = [str(layout.python), "-m", "gpusession.hub.service", str(options.gpus),
                json.dumps(broker_policy(layout, options))]
+    # umask 000 for Ray's own files and sockets, which users' drivers must reach; its workers
+    # take 077 back (private_files/sitecustomize.py)
     proc = subprocess.Popen(command, env=env, cwd=str(layout.cluster_dir), user=account.pw_uid,
-                            group=account.pw_gid, extra_groups=[], umask=0o077, stdin=subprocess.PIPE,
+                            group=account.pw_gid, extra_groups=[], umask=0o000, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
     log.close()
     line = _first_line(proc, timeout_s)

@@ -14,12 +14,16 @@ import os
 import signal
 import sys
 import threading
+import time
+from pathlib import Path
 
 from jupyter_ext.brokerlink import BrokerLink
 
+from ..broker import secrets
 from ..cluster import localhead
 
 log = logging.getLogger("gpusession.hub.service")
+PRIVATE_FILES = Path(__file__).parent / "private_files"  # its sitecustomize: workers use umask 077
 
 
 def serve(gpus: int, policy: dict) -> int:
@@ -29,7 +33,9 @@ def serve(gpus: int, policy: dict) -> int:
     threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
     head = link = None
     try:
+        os.environ["PYTHONPATH"] = str(PRIVATE_FILES)  # Ray's workers create files for this account only
         head, _ = localhead.start(gpus=gpus)
+        open_session_to_drivers()
         link = BrokerLink(env={**os.environ, **head.client_env()}, policy=policy, log=log)
         info = link.start()
         _say({"ready": {"address": head.address, "gpus": head.gpus, "logical": head.logical,
@@ -42,9 +48,37 @@ def serve(gpus: int, policy: dict) -> int:
         return 1
     finally:
         if link is not None:
+            _close_leases(link, policy["db_path"])
             link.stop()
         if head is not None:
             localhead.stop(pid=head.pid)
+
+
+def open_session_to_drivers() -> None:
+    """Users' kernels join Ray as drivers on this machine, and a driver writes its event log into
+    the session's logs/events; Ray makes that directory 0755 (its other ones 0777): make it
+    writable by all, sticky so no one removes another's files, as /tmp is."""
+    logs = Path(os.environ["RAY_TMPDIR"]) / "ray" / "session_latest" / "logs"
+    for name in ("events", "export_events"):
+        (logs / name).mkdir(exist_ok=True)
+        os.chmod(logs / name, 0o1777)
+
+
+def _close_leases(link: BrokerLink, db_path: str) -> None:
+    """Close every lease still open (the users' servers, and so their kernels, are gone by now):
+    the ledger ends them by the broker's clock and Ray frees their GPUs before the head stops."""
+    started = time.monotonic()
+    try:
+        auth = {"token": secrets.admin_token(db_path), "user": "gpusession hub"}
+        open_leases = [lease for lease in link.call("leases", auth).result(30) if lease["state"] != "ended"]
+        for lease in open_leases:
+            link.call("release", lease["lease_id"], "hub stopped", auth=auth).result(30)
+            log.info("Closed lease %d of %s (the hub stopped)", lease["lease_id"], lease["user"])
+        free = link.call("cluster").result(30)
+        log.info("Closed %d leases in %.1f s; Ray shows %g of %g GPUs free", len(open_leases),
+                 time.monotonic() - started, free["gpus_free"], free["gpus_total"])
+    except Exception:  # the head stops anyway; the broker closes them at its next start
+        log.exception("Could not close the open leases before stopping")
 
 
 def _say(message: dict) -> None:

@@ -129,11 +129,13 @@ def hub():
     try:
         passwords = [_add_account(name) for name in names[:3]]
         port = _free_port()
+        config = state / "hub.json"  # no borrowing: a user over quota waits (the quota test shows it)
+        config.write_text('{"allow_borrowing": false}')
         output = state / "hub-output.txt"
         with open(output, "w") as out:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "gpusession.cli", "hub", "--ip", "127.0.0.1", "--port", str(port),
-                 "--admin", names[0], "--prefix", str(PREFIX), "--state-dir", str(layout.state),
+                 "--admin", names[0], "--config", str(config), "--prefix", str(PREFIX), "--state-dir", str(layout.state),
                  "--service-user", layout.service_user], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
         wait_for_line(output, "gpusession hub: ready:", proc, READY_TIMEOUT_S)
         url = f"http://127.0.0.1:{port}"
