@@ -35,6 +35,7 @@ def prepare_directories(layout: HubLayout, account: pwd.struct_passwd) -> None:
     _directory(layout.state, 0, 0, 0o755)
     _directory(layout.hub_dir, 0, 0, 0o700)
     _directory(layout.cluster_dir, account.pw_uid, account.pw_gid, 0o700)
+    _directory(layout.cluster_dir / "tmp", account.pw_uid, account.pw_gid, 0o700)
     # Users' kernels are Ray drivers on this machine: they reach the raylet's sockets and write
     # their logs in the session directory below (Ray makes its own directories there for all).
     _directory(layout.ray_tmp, account.pw_uid, account.pw_gid, 0o711)

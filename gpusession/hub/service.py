@@ -34,7 +34,7 @@ def serve(gpus: int, policy: dict) -> int:
     head = link = None
     try:
         os.environ["PYTHONPATH"] = str(PRIVATE_FILES)  # Ray's workers create files for this account only
-        head, _ = localhead.start(gpus=gpus)
+        head = _start_head(gpus)
         open_session_to_drivers()
         link = BrokerLink(env={**os.environ, **head.client_env()}, policy=policy, log=log)
         info = link.start()
@@ -52,6 +52,19 @@ def serve(gpus: int, policy: dict) -> int:
             link.stop()
         if head is not None:
             localhead.stop(pid=head.pid)
+
+
+def _start_head(gpus: int, attempts: int = 3) -> localhead.LocalHead:
+    """The head; `ray start` gives its raylet a fixed 30 s to register, which a loaded machine
+    sometimes misses: try again (each failure is logged with the head's log tail)."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return localhead.start(gpus=gpus)[0]
+        except localhead.LocalHeadError as exc:
+            if attempt == attempts:
+                raise
+            log.warning("The Ray head did not start (attempt %d of %d), trying again: %s", attempt, attempts, exc)
+    raise AssertionError("unreachable")
 
 
 def open_session_to_drivers() -> None:
