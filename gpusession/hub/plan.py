@@ -10,7 +10,6 @@
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -116,7 +115,8 @@ def jupyterhub_config(layout: HubLayout, options: HubOptions, *, user_env: dict[
         "Spawner.cmd": [str(layout.bin_dir / "jupyterhub-singleuser")],
         "Spawner.default_url": "/lab",
         "Spawner.environment": user_env,
-        "Spawner.args": [f"--GPUSession.admin_users={json.dumps(admins)}"],
+        # one flag per admin: jupyterhub-singleuser reads a JSON list as one name
+        "Spawner.args": [f"--GPUSession.admin_users={name}" for name in admins],
         "Spawner.start_timeout": 300, "Spawner.http_timeout": 300,  # a loaded machine starts servers slowly
     }
     lines = ["# Written by `gpusession hub` at each start; edit its options instead.",
