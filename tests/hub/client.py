@@ -32,7 +32,8 @@ class HubUser:
 
     def start_server(self, timeout_s: float = 300.0) -> None:
         """Log in, make an API token, start the server and wait until it answers."""
-        assert self.login().status_code == 302, f"{self.name} could not log in"
+        answer = self.login()
+        assert answer.status_code == 302, f"{self.name} could not log in: {answer.status_code} {answer.text[-300:]}"
         made = self.http.post(f"{self.url}/hub/api/users/{self.name}/tokens", json={"note": "tests"}, timeout=30,
                               headers={"X-XSRFToken": self.http.cookies.get("_xsrf", "")})
         made.raise_for_status()

@@ -143,9 +143,10 @@ def test_stopping_the_hub_mid_run_closes_the_lease_and_leaves_no_process(hub):
 
     from .conftest import stop_hub
 
-    if hub.bob.kernel_id is None:
-        hub.bob.start_server()
-        assert hub.bob.run(SETUP).error is None
+    for user in (hub.admin, hub.bob):
+        if user.kernel_id is None:
+            user.start_server()
+            assert user.run(SETUP).error is None
     pool = Pool(1)
     pool.submit(hub.bob.run, LONG_CELL, 120)
     held = _wait_for(lambda: [l for l in hub.admin.api("GET", "gpusession/api/leases").json()
