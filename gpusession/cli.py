@@ -87,6 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
         register = None
     if register is not None:
         register(sub)
+    from .hub.cli import register as register_hub  # argparse only: the hub's machinery loads when it runs
+
+    register_hub(sub)
     return parser
 
 

@@ -7,6 +7,7 @@ answers broker calls, one JSON object per line, several at a time:
 
     stdout, first line:  {"ready": {"version": ..., "db_path": ..., "address": ...}}  or  {"failed": "..."}
     stdin:               {"id": 7, "method": "leases", "args": [{"user": "alice", "signature": "..."}]}
+                         (and "kwargs": {...} for keyword arguments, e.g. release's auth)
     stdout:              {"id": 7, "result": [...]}  or  {"id": 7, "error": {"type": "NotAuthorized", "message": "..."}}
 
 It exits when its stdin closes, so it never outlives the server.
@@ -20,7 +21,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 METHODS = frozenset({"info", "cluster", "status", "leases", "revoke", "quotas", "quota", "set_quota",
-                     "reset_quota", "usage", "signing_key", "stats"})
+                     "reset_quota", "usage", "signing_key", "stats",
+                     "release"})  # `gpusession hub` closes what is left open when it stops (needs the token)
 CALL_TIMEOUT_S = 30.0
 
 
@@ -56,7 +58,8 @@ def answer(channel: Channel, request: dict) -> None:
         if method not in METHODS:
             raise ValueError(f"The bridge does not offer {method!r}; it offers {', '.join(sorted(METHODS))}.")
         handle = client.broker()
-        result = client.call(getattr(handle, method), *request.get("args", []), timeout=CALL_TIMEOUT_S)
+        result = client.call(getattr(handle, method), *request.get("args", []), timeout=CALL_TIMEOUT_S,
+                             **request.get("kwargs", {}))
         channel.send({"id": request.get("id"), "result": result})
     except Exception as exc:  # every failure goes back to the caller as a typed error
         kind = error_type(exc)

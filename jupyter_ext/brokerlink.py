@@ -68,7 +68,7 @@ class BrokerLink:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def call(self, method: str, *args: Any) -> Future:
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Future:
         future: Future = Future()
         with self.lock:
             if not self.alive:
@@ -77,7 +77,8 @@ class BrokerLink:
             request_id = next(self.ids)
             self.pending[request_id] = future
             try:
-                self.proc.stdin.write(json.dumps({"id": request_id, "method": method, "args": args}) + "\n")
+                message = {"id": request_id, "method": method, "args": args, **({"kwargs": kwargs} if kwargs else {})}
+                self.proc.stdin.write(json.dumps(message) + "\n")
             except OSError:
                 self.pending.pop(request_id, None)
                 settle(future, error=BrokerUnavailable(self._gone()))

@@ -86,7 +86,10 @@ def start(*, gpus: int | None = None, timeout_s: float = 120.0,
     log_path = home / "local-head.log"
     command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
                f"--node-ip-address={address.rpartition(':')[0]}", f"--port={address.rpartition(':')[2]}",
-               "--include-dashboard=false", "--disable-usage-stats"]
+               "--include-dashboard=false", "--disable-usage-stats",
+               # Ray's fixed default (52365) is taken when another head runs on this machine (another
+               # user's, or a hub's), and the agent then fails after a few retries: take a free one
+               f"--dashboard-agent-listen-port={_free_port()}"]
     if not real:
         command.append(f"--num-gpus={count}")
     auth_mode = os.environ.get("RAY_AUTH_MODE") or "token"  # Ray's default for a new cluster

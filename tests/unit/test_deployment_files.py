@@ -31,16 +31,19 @@ def test_the_jupyterhub_values_point_user_servers_at_the_head_service():
     assert config["admin_users"]
 
 
-def test_the_hub_signs_each_user_as_the_broker_verifies_and_gives_only_admins_the_token():
+def test_the_hub_signs_each_user_as_the_broker_verifies_and_gives_only_admins_the_token(tmp_path):
     from types import SimpleNamespace
 
     from gpusession.identity import Identity, verify
 
     values = yaml.safe_load((CLUSTER / "jupyterhub-values.yaml").read_text())
-    files = {"/etc/gpusession/identity_key": "k3y\n", "/etc/gpusession/admin_token": "t0ken\n"}
+    (tmp_path / "identity_key").write_text("k3y\n")
+    (tmp_path / "admin_token").write_text("t0ken\n")
+    snippet = values["hub"]["extraConfig"]["gpusession"]
+    assert snippet.count("/etc/gpusession/") == 2  # the mounted secret's two files, read from here below
     config = SimpleNamespace(Spawner=SimpleNamespace())
-    namespace = {"c": config, "open": lambda path: SimpleNamespace(read=lambda: files[path])}
-    exec(values["hub"]["extraConfig"]["gpusession"], namespace)
+    namespace = {"c": config}
+    exec(snippet.replace("/etc/gpusession/", f"{tmp_path}/"), namespace)
     environments = {}
     for name in ("alice", "bob"):
         spawner = SimpleNamespace(user=SimpleNamespace(name=name), environment={})

@@ -1,0 +1,83 @@
+"""`gpusession hub`'s command line: options (and an optional JSON config file) to a plan, then run."""
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+from pathlib import Path
+
+from .plan import DEFAULT_PREFIX, DEFAULT_SERVICE_USER, DEFAULT_STATE, HubLayout, HubOptions
+
+QUICK_START = """quick start (as root, on the GPU machine):
+  scripts/setup --hub && useradd -m alice && passwd alice
+  gpusession hub --admin alice          # then open the URL it prints and log in as alice"""
+CONFIG_KEYS = {"admins": "user names, e.g. [\"alice\"]", "default_quota": "e.g. {\"max_gpus\": 2}",
+               "allow_borrowing": "true or false: whether users may run past max_gpus on idle GPUs"}
+
+
+def register(subparsers) -> None:
+    hub = subparsers.add_parser(
+        "hub", help="a JupyterHub for a team on this machine: one server per Unix user, one shared cluster",
+        description="Start JupyterHub (PAM logins, each user's server run as that Unix user) in front of one "
+                    "Ray head and broker run by a service account, with gpusession in every user's server. "
+                    "Runs as root. Ctrl-C stops the users' servers, then the cluster.",
+        epilog=QUICK_START, formatter_class=argparse.RawDescriptionHelpFormatter)
+    hub.add_argument("--admin", action="append", default=[], metavar="USER",
+                     help="a gpusession and JupyterHub admin (repeat for several)")
+    hub.add_argument("--config", type=Path, default=None, metavar="FILE",
+                     help='JSON file with "admins", "default_quota" (the quota of users without their own) and '
+                         '"allow_borrowing"')
+    hub.add_argument("--ip", default="0.0.0.0", help="address the Hub listens on (default all: 0.0.0.0)")
+    hub.add_argument("--port", type=int, default=8000, help="the Hub's port (default 8000)")
+    hub.add_argument("--gpus", type=int, default=4, metavar="N",
+                     help="logical GPUs when the machine has none (default 4); a machine's real GPUs are all used")
+    hub.add_argument("--prefix", type=Path, default=DEFAULT_PREFIX,
+                     help=f"where scripts/setup --hub installed the hub's environment (default {DEFAULT_PREFIX})")
+    hub.add_argument("--state-dir", type=Path, default=DEFAULT_STATE,
+                     help=f"the ledger, secrets, JupyterHub's database and logs (default {DEFAULT_STATE})")
+    hub.add_argument("--service-user", default=DEFAULT_SERVICE_USER,
+                     help=f"the account that runs Ray and the broker, made if missing (default {DEFAULT_SERVICE_USER})")
+    hub.set_defaults(handler=_hub)
+
+
+def options_from(args: argparse.Namespace) -> tuple[HubLayout, HubOptions]:
+    """The layout and options the arguments ask for; ValueError names the bad field."""
+    config = _read_config(args.config) if args.config else {}
+    admins = tuple(sorted({*args.admin, *config.get("admins", [])}))
+    policy = {key: config[key] for key in ("default_quota", "allow_borrowing") if key in config}
+    layout = HubLayout(args.prefix, args.state_dir, args.service_user)
+    return layout, HubOptions(args.ip, args.port, admins, args.gpus, _free_port(), _free_port(), policy)
+
+
+def _read_config(path: Path) -> dict:
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--config {path}: cannot read it as JSON ({exc}).") from None
+    unknown = sorted(set(config) - set(CONFIG_KEYS)) if isinstance(config, dict) else ["(not an object)"]
+    if unknown:
+        known = "; ".join(f"{k}: {v}" for k, v in CONFIG_KEYS.items())
+        raise ValueError(f"--config {path}: unknown field {unknown[0]!r}; the fields are {known}.")
+    admins = config.get("admins", [])
+    if not isinstance(admins, list) or not all(isinstance(a, str) and a for a in admins):
+        raise ValueError(f"--config {path}: admins must be a list of user names, e.g. [\"alice\"].")
+    if not isinstance(config.get("allow_borrowing", False), bool):
+        raise ValueError(f"--config {path}: allow_borrowing must be true or false.")
+    return config
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _hub(args: argparse.Namespace) -> int:
+    from .run import run_hub, say
+
+    try:
+        layout, options = options_from(args)
+    except ValueError as exc:
+        say(str(exc))
+        return 2
+    return run_hub(layout, options)

@@ -1,0 +1,165 @@
+"""`gpusession hub`: start the cluster service as the service account, then JupyterHub as root;
+print the URL once the Hub answers; on Ctrl-C or SIGTERM stop JupyterHub (it stops every user's
+server first), then the cluster service (the broker's bridge, then the Ray head)."""
+from __future__ import annotations
+
+import json
+import selectors
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from ..cluster.localhead import terminate
+from . import accounts
+from .plan import NOT_SET_UP, HubLayout, HubOptions, broker_policy, jupyterhub_config, user_environment
+
+STOP_TIMEOUT_S = 60.0
+
+
+class HubStopped(Exception):
+    """SIGTERM arrived: stop as on Ctrl-C."""
+
+
+def say(line: str) -> None:
+    print(f"gpusession hub: {line}", flush=True)
+
+
+def run_hub(layout: HubLayout, options: HubOptions, *, ready_timeout_s: float = 600.0) -> int:
+    problem = _refusal(layout)
+    if problem:
+        say(problem)
+        return 2
+    signal.signal(signal.SIGTERM, _raise_stopped)
+    service = hub = None
+    try:
+        account = accounts.ensure_service_user(layout.service_user, layout.cluster_dir)
+        accounts.prepare_directories(layout, account)
+        token = accounts.ray_token(layout)
+        say(f"starting the cluster as {layout.service_user} (its log: {layout.hub_dir / 'service.log'})...")
+        service, ready = start_service(layout, options, account, token, ready_timeout_s)
+        kind = "logical GPUs (training runs on the CPU)" if ready["logical"] else "GPUs"
+        say(f"cluster ready: {ready['gpus']} {kind}, Ray at {ready['address']}, run as {layout.service_user}")
+        layout.config_path.write_text(jupyterhub_config(
+            layout, options, user_env=user_environment(layout, ray_address=ready["address"], ray_token=token)))
+        hub = start_jupyterhub(layout)
+        url = f"http://{options.ip}:{options.port}/"
+        if not wait_answering(hub, f"{url}hub/api/", ready_timeout_s):
+            say(f"JupyterHub did not come up; the end of its log ({layout.hub_dir / 'jupyterhub.log'}):\n"
+                f"{_tail(layout.hub_dir / 'jupyterhub.log')}")
+            return 1
+        say(f"ready: {url} (admins: {', '.join(sorted(options.admins)) or 'none'}; users log in with their "
+            "Unix name and password)")
+        say("Ctrl-C stops every user's server, then the cluster.")
+        return hub.wait()
+    except (KeyboardInterrupt, HubStopped):
+        say("stopping the users' servers, then the cluster...")
+        return 0
+    except (accounts.HubSetupError, ServiceFailed) as exc:
+        say(str(exc))
+        return 1
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
+        stop(hub, service)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+class ServiceFailed(RuntimeError):
+    """The cluster service did not come up."""
+
+
+def start_service(layout: HubLayout, options: HubOptions, account, ray_token: str,
+                  timeout_s: float) -> tuple[subprocess.Popen, dict]:
+    env = {"PATH": f"{layout.bin_dir}:/usr/bin:/bin", "HOME": str(layout.cluster_dir), "LANG": "C.UTF-8",
+           "GPUSESSION_HOME": str(layout.cluster_dir), "RAY_TMPDIR": str(layout.ray_tmp),
+           "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": ray_token, "USER": account.pw_name}
+    log = open(layout.hub_dir / "service.log", "w")
+    command = [str(layout.python), "-m", "gpusession.hub.service", str(options.gpus),
+               json.dumps(broker_policy(layout, options))]
+    # umask 000 for Ray's own files and sockets, which users' drivers must reach; its workers
+    # take 077 back (private_files/sitecustomize.py)
+    proc = subprocess.Popen(command, env=env, cwd=str(layout.cluster_dir), user=account.pw_uid,
+                            group=account.pw_gid, extra_groups=[], umask=0o000, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
+    log.close()
+    line = _first_line(proc, timeout_s)
+    answer = json.loads(line) if line.strip().startswith("{") else {"failed": line.strip() or "no answer"}
+    if "ready" not in answer:
+        stop(None, proc)
+        raise ServiceFailed(f"The cluster did not start: {answer.get('failed')}. The service's log: "
+                            f"{layout.hub_dir / 'service.log'}\n{_tail(layout.hub_dir / 'service.log')}")
+    return proc, answer["ready"]
+
+
+def start_jupyterhub(layout: HubLayout) -> subprocess.Popen:
+    log = open(layout.hub_dir / "jupyterhub.log", "w")
+    env = {**os.environ, "PATH": f"{layout.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    for secret in ("RAY_AUTH_TOKEN", "GPUSESSION_ADMIN_TOKEN"):
+        env.pop(secret, None)
+    proc = subprocess.Popen([str(layout.python), "-m", "jupyterhub", "-f", str(layout.config_path)],
+                            cwd=str(layout.hub_dir), env=env, stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    log.close()
+    return proc
+
+
+def wait_answering(proc: subprocess.Popen, url: str, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            with urllib.request.urlopen(url, timeout=5):
+                return True
+        except urllib.error.HTTPError:
+            return True
+        except OSError:
+            time.sleep(0.5)
+    return False
+
+
+def stop(hub: subprocess.Popen | None, service: subprocess.Popen | None) -> None:
+    """JupyterHub first (SIGTERM: it stops the users' servers and its proxy), then the service."""
+    if hub is not None and hub.poll() is None:
+        hub.send_signal(signal.SIGTERM)
+        try:
+            hub.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            terminate(hub.pid, timeout_s=1)
+    if service is not None and service.poll() is None:
+        try:
+            service.stdin.close()  # the service stops the bridge, then the Ray head
+            service.wait(timeout=STOP_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired):
+            terminate(service.pid, timeout_s=5)
+
+
+def _refusal(layout: HubLayout) -> str | None:
+    if os.geteuid() != 0:
+        return ("gpusession hub runs as root (it starts each user's server as that user, as JupyterHub's "
+                "LocalProcessSpawner needs): run it with sudo.")
+    for path in layout.missing():
+        if not Path(path).exists():
+            return NOT_SET_UP.format(path=path, prefix=layout.prefix)
+    return None
+
+
+def _first_line(proc: subprocess.Popen, timeout_s: float) -> str:
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        if not sel.select(timeout=timeout_s):
+            return f"no answer within {timeout_s:.0f} s"
+    return proc.stdout.readline()
+
+
+def _raise_stopped(signum, frame) -> None:
+    raise HubStopped()
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""

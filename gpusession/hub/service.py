@@ -1,0 +1,103 @@
+"""`python -m gpusession.hub.service GPUS POLICY_JSON`: the hub's cluster service, one process
+run as the service account (never root, never a user): a local Ray head (so every rank runs as
+this account) and the broker, created here with the hub's policy before any user can reach it.
+
+    stdout, one line once both are up:  {"ready": {"address": ..., "gpus": 4, "logical": true, "db_path": ...}}
+                                   or:  {"failed": "..."}
+It stops the broker's bridge and the head when its stdin closes or it gets SIGTERM / SIGINT.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+from jupyter_ext.brokerlink import BrokerLink
+
+from ..broker import secrets
+from ..cluster import localhead
+
+log = logging.getLogger("gpusession.hub.service")
+PRIVATE_FILES = Path(__file__).parent / "private_files"  # its sitecustomize: workers use umask 077
+
+
+def serve(gpus: int, policy: dict) -> int:
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
+    head = link = None
+    try:
+        os.environ["PYTHONPATH"] = str(PRIVATE_FILES)  # Ray's workers create files for this account only
+        head = _start_head(gpus)
+        open_session_to_drivers()
+        link = BrokerLink(env={**os.environ, **head.client_env()}, policy=policy, log=log)
+        info = link.start()
+        _say({"ready": {"address": head.address, "gpus": head.gpus, "logical": head.logical,
+                        "db_path": info.get("db_path") or policy.get("db_path"), "pid": head.pid}})
+        stop.wait()
+        return 0
+    except Exception as exc:  # one line for the hub; the service's log has the traceback
+        log.exception("The hub's cluster service failed")
+        _say({"failed": f"{type(exc).__name__}: {exc}"})
+        return 1
+    finally:
+        if link is not None:
+            _close_leases(link, policy["db_path"])
+            link.stop()
+        if head is not None:
+            localhead.stop(pid=head.pid)
+
+
+def _start_head(gpus: int, attempts: int = 3) -> localhead.LocalHead:
+    """The head; `ray start` gives its raylet a fixed 30 s to register, which a loaded machine
+    sometimes misses: try again (each failure is logged with the head's log tail)."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return localhead.start(gpus=gpus)[0]
+        except localhead.LocalHeadError as exc:
+            if attempt == attempts:
+                raise
+            log.warning("The Ray head did not start (attempt %d of %d), trying again: %s", attempt, attempts, exc)
+    raise AssertionError("unreachable")
+
+
+def open_session_to_drivers() -> None:
+    """Users' kernels join Ray as drivers on this machine, and a driver writes its event log into
+    the session's logs/events; Ray makes that directory 0755 (its other ones 0777): make it
+    writable by all, sticky so no one removes another's files, as /tmp is."""
+    logs = Path(os.environ["RAY_TMPDIR"]) / "ray" / "session_latest" / "logs"
+    for name in ("events", "export_events"):
+        (logs / name).mkdir(exist_ok=True)
+        os.chmod(logs / name, 0o1777)
+
+
+def _close_leases(link: BrokerLink, db_path: str) -> None:
+    """Close every lease still open (the users' servers, and so their kernels, are gone by now):
+    the ledger ends them by the broker's clock and Ray frees their GPUs before the head stops."""
+    started = time.monotonic()
+    try:
+        auth = {"token": secrets.admin_token(db_path), "user": "gpusession hub"}
+        open_leases = [lease for lease in link.call("leases", auth).result(30) if lease["state"] != "ended"]
+        for lease in open_leases:
+            link.call("release", lease["lease_id"], "hub stopped", auth=auth).result(30)
+            log.info("Closed lease %d of %s (the hub stopped)", lease["lease_id"], lease["user"])
+        free = link.call("cluster").result(30)
+        log.info("Closed %d leases in %.1f s; Ray shows %g of %g GPUs free", len(open_leases),
+                 time.monotonic() - started, free["gpus_free"], free["gpus_total"])
+    except Exception:  # the head stops anyway; the broker closes them at its next start
+        log.exception("Could not close the open leases before stopping")
+
+
+def _say(message: dict) -> None:
+    print(json.dumps(message), flush=True)
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    raise SystemExit(serve(int(sys.argv[1]), json.loads(sys.argv[2])))

@@ -1,0 +1,45 @@
+"""The one place a Hub signs who a user server belongs to: `gpusession hub` and the shipped z2jh
+values (cluster/jupyterhub-values.yaml) both install `pre_spawn_hook` from here.
+
+The Hub reads the broker's identity key when it spawns a server and puts the user's signed name
+into the server's environment; the server (running as the user, who can read its environment)
+never holds the key, so it can vouch only for its own user. Admins' servers also get the broker's
+admin token: an admin can act for anyone anyway.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from ..identity import SIGNATURE_ENV, USER_ENV, sign
+
+ADMIN_TOKEN_ENV = "GPUSESSION_ADMIN_TOKEN"
+
+
+def identity_environment(user: str, *, key: bytes, admin_token: str | None) -> dict[str, str]:
+    """PURE: the variables a server of `user` gets: its name, its signature, the token if admin."""
+    env = {USER_ENV: user, SIGNATURE_ENV: sign(user, key)}
+    if admin_token is not None:
+        env[ADMIN_TOKEN_ENV] = admin_token
+    return env
+
+
+def sign_spawner(spawner, *, key_path: str | Path, admin_token_path: str | Path, admins: Iterable[str]) -> None:
+    """Put the signed identity of `spawner.user` (and, for an admin, the admin token) into the
+    environment JupyterHub gives the server it is about to spawn. The files are read at each
+    spawn, so a key rotated on disk applies to the next server."""
+    user = spawner.user.name
+    key = Path(key_path).read_text().strip().encode()
+    token = Path(admin_token_path).read_text().strip() if user in set(admins) else None
+    spawner.environment.update(identity_environment(user, key=key, admin_token=token))
+
+
+def pre_spawn_hook(*, key_path: str | Path, admin_token_path: str | Path,
+                   admins: Iterable[str]) -> Callable[[object], None]:
+    """A `c.Spawner.pre_spawn_hook` that signs every server JupyterHub spawns (sign_spawner)."""
+    admin_names = frozenset(admins)
+
+    def gpusession_identity(spawner) -> None:
+        sign_spawner(spawner, key_path=key_path, admin_token_path=admin_token_path, admins=admin_names)
+
+    return gpusession_identity

@@ -1,0 +1,147 @@
+"""One `gpusession hub` for the module's tests, on loopback, with three Unix accounts made for
+it (an admin and two users) and its own service account; everything is removed on every path.
+Needs root (useradd, and the Hub spawns servers as other users) and `scripts/setup --hub`."""
+from __future__ import annotations
+
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from gpusession.hub.plan import DEFAULT_PREFIX, HubLayout
+
+from ..conftest import ROOT
+from .client import HubUser
+
+PREFIX = Path(os.environ.get("GPUSESSION_HUB_PREFIX", DEFAULT_PREFIX))
+READY_TIMEOUT_S = 600.0
+
+
+@dataclass
+class Hub:
+    url: str
+    proc: subprocess.Popen
+    layout: HubLayout
+    output: Path
+    admin: HubUser
+    alice: HubUser
+    bob: HubUser
+
+    @property
+    def accounts(self) -> list[str]:
+        return [self.admin.name, self.alice.name, self.bob.name, self.layout.service_user]
+
+    def processes(self) -> list[psutil.Process]:
+        """Every process the hub's accounts run (users' servers and kernels, Ray, the broker)."""
+        uids = {_uid(name) for name in self.accounts} - {None}
+        return [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real in uids]
+
+
+def needs_root_and_setup() -> str | None:
+    if os.geteuid() != 0:
+        return "the hub tests make Unix accounts and the Hub spawns servers as them: run them as root"
+    for path in HubLayout(PREFIX, Path("/"), "x").missing():
+        if not Path(path).exists():
+            return f"{path} is missing: run `scripts/setup --hub` first"
+    return None
+
+
+def _uid(name: str) -> int | None:
+    try:
+        return pwd.getpwnam(name).pw_uid
+    except KeyError:
+        return None
+
+
+def _add_account(name: str) -> str:
+    password = secrets.token_urlsafe(12)
+    subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name], check=True, capture_output=True)
+    subprocess.run(["chpasswd"], input=f"{name}:{password}", text=True, check=True, capture_output=True)
+    return password
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_line(path: Path, text: str, proc: subprocess.Popen, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if text in path.read_text(errors="replace"):
+            return
+        if proc.poll() is not None:
+            raise RuntimeError(f"gpusession hub exited ({proc.returncode}):\n{path.read_text()[-3000:]}")
+        time.sleep(0.5)
+    raise TimeoutError(f"gpusession hub did not say {text!r} in {timeout_s:.0f} s:\n{path.read_text()[-3000:]}")
+
+
+def stop_hub(hub_proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
+    if hub_proc.poll() is None:
+        hub_proc.send_signal(signal.SIGINT)  # as Ctrl-C in its terminal
+        try:
+            hub_proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            hub_proc.kill()
+            hub_proc.wait()
+
+
+def _remove_everything(prefix: str, names: list[str], state: Path, layout: HubLayout) -> None:
+    """Processes of the test accounts (by pid), the accounts with their homes, the directories."""
+    uids = {_uid(name) for name in names} - {None}
+    for proc in psutil.process_iter(["uids"]):
+        if proc.info["uids"] and proc.info["uids"].real in uids:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+    for name in names:
+        if _uid(name) is not None:
+            subprocess.run(["userdel", "--remove", "--force", name], capture_output=True)
+        subprocess.run(["groupdel", name], capture_output=True)
+    shutil.rmtree(state, ignore_errors=True)
+    shutil.rmtree(layout.ray_tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def hub():
+    reason = needs_root_and_setup()
+    if reason:
+        pytest.skip(reason)
+    prefix = f"gsh{os.getpid() % 100000}"
+    names = [f"{prefix}a", f"{prefix}b", f"{prefix}c", f"{prefix}s"]
+    state = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir="/tmp"))
+    os.chmod(state, 0o755)
+    layout = HubLayout(PREFIX, state / "state", names[3])
+    proc = None
+    try:
+        passwords = [_add_account(name) for name in names[:3]]
+        port = _free_port()
+        config = state / "hub.json"  # no borrowing: a user over quota waits (the quota test shows it)
+        config.write_text('{"allow_borrowing": false}')
+        output = state / "hub-output.txt"
+        with open(output, "w") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "gpusession.cli", "hub", "--ip", "127.0.0.1", "--port", str(port),
+                 "--admin", names[0], "--config", str(config), "--prefix", str(PREFIX), "--state-dir", str(layout.state),
+                 "--service-user", layout.service_user], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        wait_for_line(output, "gpusession hub: ready:", proc, READY_TIMEOUT_S)
+        url = f"http://127.0.0.1:{port}"
+        users = [HubUser(url, name, password) for name, password in zip(names, passwords)]
+        yield Hub(url, proc, layout, output, *users)
+    finally:
+        if proc is not None:
+            stop_hub(proc)
+        _remove_everything(prefix, names, state, layout)

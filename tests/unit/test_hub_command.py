@@ -1,0 +1,83 @@
+"""`gpusession hub`'s pure parts: its help, its options and config file, the JupyterHub config it writes."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpusession.cli import build_parser
+from gpusession.hub import run as hub_run
+from gpusession.hub.cli import options_from
+from gpusession.hub.plan import HubLayout, HubOptions, broker_policy, jupyterhub_config, user_environment
+
+LAYOUT = HubLayout(Path("/opt/gsh"), Path("/var/lib/gsh"), "gpusvc")
+
+
+def test_hub_help_starts_with_a_two_line_quick_start():
+    out = subprocess.run([sys.executable, "-m", "gpusession.cli", "hub", "--help"], capture_output=True,
+                         text=True, check=True).stdout
+    quick = out[out.index("quick start"):].splitlines()[1:3]
+    assert quick[0].strip().startswith("scripts/setup --hub") and "useradd" in quick[0]
+    assert quick[1].strip().startswith("gpusession hub --admin")
+
+
+def test_admins_come_from_the_command_line_and_the_config_file(tmp_path):
+    config = tmp_path / "hub.json"
+    config.write_text(json.dumps({"admins": ["carol"], "default_quota": {"max_gpus": 2}}))
+    args = build_parser().parse_args(["hub", "--admin", "alice", "--config", str(config)])
+    layout, options = options_from(args)
+    assert options.admins == ("alice", "carol")
+    assert broker_policy(layout, options) == {"default_quota": {"max_gpus": 2}, "require_signed_identity": True,
+                                              "db_path": str(layout.cluster_dir / "ledger.db")}
+
+
+@pytest.mark.parametrize("content, field", [('{"admin": ["x"]}', "'admin'"), ('{"admins": "x"}', "admins"),
+                                            ("not json", "JSON")])
+def test_a_bad_config_file_is_refused_naming_the_field(tmp_path, content, field):
+    config = tmp_path / "hub.json"
+    config.write_text(content)
+    with pytest.raises(ValueError, match=field):
+        options_from(build_parser().parse_args(["hub", "--config", str(config)]))
+
+
+def test_the_jupyterhub_config_signs_every_spawn_and_runs_servers_as_their_users():
+    options = HubOptions("127.0.0.1", 8000, ("alice",), 4, 8081, 8001)
+    env = user_environment(LAYOUT, ray_address="10.0.0.1:6379", ray_token="t")
+    text = jupyterhub_config(LAYOUT, options, user_env=env)
+    c = _Config()
+    exec(text.replace("from gpusession.hub.spawnhook import pre_spawn_hook", ""),
+         {"c": c, "pre_spawn_hook": lambda **kw: ("hook", kw)})
+    assert c.values["JupyterHub.authenticator_class"] == "pam"
+    assert c.values["JupyterHub.spawner_class"] == "localprocess"
+    assert c.values["Authenticator.admin_users"] == ["alice"]
+    assert c.values["Spawner.cmd"] == ["/opt/gsh/venv/bin/jupyterhub-singleuser"]
+    assert c.values["Spawner.environment"]["RAY_ADDRESS"] == "10.0.0.1:6379"
+    assert c.values["Spawner.pre_spawn_hook"] == ("hook", {"key_path": "/var/lib/gsh/cluster/identity_key",
+                                                           "admin_token_path": "/var/lib/gsh/cluster/admin_token",
+                                                           "admins": ["alice"]})
+
+
+def test_the_hub_refuses_to_start_without_root_or_its_environment(monkeypatch, capsys):
+    monkeypatch.setattr(hub_run.os, "geteuid", lambda: 1000)
+    assert "run it with sudo" in hub_run._refusal(LAYOUT)
+    monkeypatch.setattr(hub_run.os, "geteuid", lambda: 0)
+    assert "scripts/setup --hub" in hub_run._refusal(LAYOUT)
+
+
+class _Config:
+    """`c` of a config file: c.Section.name = value, recorded as "Section.name"."""
+
+    def __init__(self) -> None:
+        self.values: dict = {}
+
+    def __getattr__(self, section):
+        values = self.values
+
+        class Section:
+            def __setattr__(self, name, value):
+                values[f"{section}.{name}"] = value
+
+        return Section()
