@@ -68,8 +68,9 @@ def ratio_cell(row: dict) -> str:
 
 def machine_cell(machine: dict) -> str:
     load = machine.get("loadavg") or ["?"]
+    shown_load = f"{load[0]:.1f}" if isinstance(load[0], (int, float)) else load[0]
     when = str(machine.get("when", "?"))[:10]
-    return (f"{machine.get('cores', '?')} cores, load {load[0]}, {when}, "
+    return (f"{machine.get('cores', '?')} cores, load {shown_load}, {when}, "
             f"{machine.get('gpusession_commit') or '?'}")
 
 
