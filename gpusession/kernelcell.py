@@ -5,13 +5,16 @@ on disk; gpusession's server extension adds its root directory (NOTEBOOK_ROOT_EN
 names the notebook as the server's contents API does ("work/train.ipynb"). The cell: JupyterLab
 sends each cell's id in its execute request's metadata (`cellId`), which the kernel keeps as the
 request's parent message. None outside a kernel, or for a front end that sends neither.
+Whether a background run asks: its thread marks its own copy of the caller's context.
 """
 from __future__ import annotations
 
+import contextvars
 import os
 import sys
 
 NOTEBOOK_ROOT_ENV = "GPUSESSION_NOTEBOOK_ROOT"
+_IN_BACKGROUND: contextvars.ContextVar[bool] = contextvars.ContextVar("gpusession_in_background", default=False)
 
 
 def notebook_path(session_name: str | None, root: str | None) -> str | None:
@@ -37,3 +40,12 @@ def asking_cell_id() -> str | None:
     parent = kernel.get_parent() or {}
     cell = (parent.get("metadata") or {}).get("cellId")
     return cell if isinstance(cell, str) else None
+
+
+def mark_background() -> None:
+    """Called first in a background run's thread, whose context is a copy: the caller stays unmarked."""
+    _IN_BACKGROUND.set(True)
+
+
+def asking_in_background() -> bool:
+    return _IN_BACKGROUND.get()

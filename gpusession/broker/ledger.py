@@ -26,7 +26,7 @@ LEASE_COLUMNS = (
     "id request_id user job_id gpus workers gpus_per_worker min_workers priority placement "
     "max_hold_s queue_timeout_s state over_quota requested_at granted_at placed_at released_at "
     "end_reason gpu_seconds node_workers notice preempted_for sweep_id gpu_ids full_workers sized_at "
-    "gpu_seconds_before notebook cell_id"
+    "gpu_seconds_before notebook cell_id background"
 ).split()
 NUMBER_COLUMNS = ("gpus", "gpus_per_worker", "max_hold_s", "queue_timeout_s", "requested_at", "granted_at",
                   "placed_at", "released_at", "gpu_seconds", "sized_at", "gpu_seconds_before")
@@ -122,6 +122,12 @@ def m007_notebook(db: sqlite_utils.Database) -> None:
     """The notebook and cell a lease was asked from (NULL: not from a Jupyter server's kernel)."""
     db.execute("alter table leases add column notebook text")
     db.execute("alter table leases add column cell_id text")
+
+
+@migration
+def m008_background(db: sqlite_utils.Database) -> None:
+    """Whether a background run asked for the lease (0 for every lease asked before)."""
+    db.execute("alter table leases add column background integer not null default 0")
 
 
 @dataclass(frozen=True)

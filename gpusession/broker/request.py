@@ -57,6 +57,13 @@ def number(value: Any, field: str, *, low: float, high: float, allowed: str | No
     return result
 
 
+def flag(value: Any, field: str) -> bool:
+    """True or False only: 1, "yes" and None are refused (a label must not guess)."""
+    if not isinstance(value, bool):
+        raise _refuse(field, "True or False", value)
+    return value
+
+
 def seconds(value: Any, field: str, *, high: float = MAX_SECONDS) -> float | None:
     if value is None:
         return None
@@ -106,6 +113,7 @@ class LeaseRequest:
     sweep_id: str | None = None  # trials of one sweep share it (lease views and the admin page group by it)
     notebook: str | None = None  # the notebook the request comes from (JupyterLab's sidebar opens it)
     cell_id: str | None = None  # the notebook cell that asked (nbformat cell id: the sidebar selects it)
+    background: bool = False  # asked by a background run (train.submit, %%gpu --bg): the sidebar says so
 
     @property
     def gpus(self) -> float:
@@ -146,6 +154,7 @@ class LeaseRequest:
                           optional=True),
             notebook=text(spec.get("notebook"), "notebook", _NOTEBOOK, NOTEBOOK_ALLOWED, optional=True),
             cell_id=text(spec.get("cell_id"), "cell_id", _ID, CELL_ALLOWED, optional=True),
+            background=flag(spec.get("background", False), "background"),
         )
 
     def check_fits(self, nodes: Sequence[NodeCapacity]) -> None:

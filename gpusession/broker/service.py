@@ -129,7 +129,7 @@ class BrokerService(AdminMethods, ResizeMethods, RelocateMethods, ProgressMethod
             "workers": req.workers, "gpus_per_worker": req.gpus_per_worker, "min_workers": req.min_workers,
             "priority": int(req.priority), "placement": req.placement.value, "max_hold_s": req.max_hold_s,
             "queue_timeout_s": req.queue_timeout_s, "sweep_id": req.sweep_id,
-            "notebook": req.notebook, "cell_id": req.cell_id,
+            "notebook": req.notebook, "cell_id": req.cell_id, "background": int(req.background),
         }
         now = time.time()
         lease_id, effects = self.books.add_request(fields, self.snapshot.nodes_for(self.books.active()), now)

@@ -43,6 +43,7 @@ def lease_view(row: dict, *, waiting: Waiting | None, version: int, now: float) 
         "sweep_id": row.get("sweep_id"),
         "notebook": row.get("notebook"),
         "cell_id": row.get("cell_id"),
+        "background": bool(row.get("background")),
     }
 
 

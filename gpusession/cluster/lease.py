@@ -25,7 +25,7 @@ from ..errors import ERRORS_BY_NAME, GPUSessionError, Infeasible, LeaseRevoked, 
 from ..events import Observer, RunInfo
 from ..identity import Identity, current_identity
 from ..interrupts import deferred_interrupts
-from ..kernelcell import asking_cell_id, asking_notebook
+from ..kernelcell import asking_cell_id, asking_in_background, asking_notebook
 from ..options import RunOptions, validate_run_options
 from ..run.notices import notice_error
 from ..run.pool import WorkerHandle, pool
@@ -232,7 +232,7 @@ class Lease:
             "priority": lease.priority.label, "placement": lease.placement.value,
             "max_hold_s": lease.max_hold_s, "queue_timeout_s": lease.queue_timeout_s,
             "sweep_id": lease.sweep_id, "notebook": notebook_label(asking_notebook()),
-            "cell_id": cell_label(asking_cell_id()),
+            "cell_id": cell_label(asking_cell_id()), "background": asking_in_background(),
         }).to_dict()
 
     def _wait_in_queue(self, broker, view: dict, requested: float) -> dict:

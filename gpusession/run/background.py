@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from ..errors import GPUSessionError, RunCancelled
 from ..events import Fanout, Observer, RunInfo
+from ..kernelcell import mark_background
 
 
 class RunStatus(enum.Enum):
@@ -133,6 +134,7 @@ class Run:
         return self
 
     def _main(self, start: Callable[[Observer, RunInfo], Any], observer: Observer) -> None:
+        mark_background()  # its lease request says so (the JupyterLab sidebar labels it)
         try:
             value = start(observer, self.info)
         except BaseException as exc:  # noqa: BLE001 - handed to whoever asks for the result

@@ -34,6 +34,7 @@ def spec(**changes) -> dict:
     ("sweep_id", ""), ("sweep_id", "a/b"), ("sweep_id", "x" * 65), ("request_id", None), ("user", ""),
     ("notebook", ""), ("notebook", "a\nb.ipynb"), ("notebook", "x" * 513), ("notebook", 3),
     ("cell_id", ""), ("cell_id", "a b"), ("cell_id", "x" * 65),
+    ("background", 1), ("background", "yes"), ("background", None),
 ])
 def test_a_nonsense_value_is_refused_naming_its_field_within_milliseconds(field, value):
     started = time.perf_counter()
@@ -65,6 +66,11 @@ def test_a_request_names_its_notebook_and_a_strange_session_name_is_no_label():
     assert [notebook_label(v) for v in (None, "", "a\tb", "x" * 513, 7)] == [None] * 5
     assert LeaseRequest.parse(spec(cell_id="8f0c-4b_a")).cell_id == "8f0c-4b_a"
     assert [cell_label(v) for v in ("8f0c-4b", None, "a b", 3)] == ["8f0c-4b", None, None, None]
+
+
+def test_a_request_says_whether_a_background_run_asked_and_is_not_one_by_default():
+    assert LeaseRequest.parse(spec()).background is False
+    assert LeaseRequest.parse(spec(background=True)).to_dict()["background"] is True
 
 
 def test_a_valid_request_round_trips_through_its_wire_form():
