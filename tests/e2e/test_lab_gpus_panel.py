@@ -21,7 +21,7 @@ from gpusession.options import validate_run_options
 
 from ..conftest import CLUSTER_GPUS, free_gpus, wait_for
 from .conftest import lab_server, screenshot
-from .test_lab_notebook import cell, run_first_cell, wait_for_line
+from .test_lab_notebook import KERNEL_IDLE, accept_kernel_dialog, cell, run_first_cell, wait_for_line
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 NOTEBOOK = "gpus-panel.ipynb"
@@ -175,6 +175,129 @@ def test_stop_in_the_sidebar_frees_the_runs_gpus_in_ray_within_1_s_and_the_cell_
     wait_for_line(lab, 3, "revoked", timeout_ms=30_000)
     run_entry(lab, lease["lease_id"]).filter(has_text="revoked").wait_for(timeout=10_000)
     print(f"stop from the sidebar: GPUs free in Ray {freed:.2f} s after Enter")
+
+
+TWO_NOTEBOOKS = ("holder-nb.ipynb", "waiter-nb.ipynb")
+HOLDER_CELLS = ["%load_ext gpusession\nimport gpusession as gs",
+                f"%%gpu {CLUSTER_GPUS}\nimport time\nfor step in range(100000):\n    gs.report(step=step)\n    time.sleep(0.1)"]
+WAITER_CELLS = ["%load_ext gpusession", "%%gpu 2\nprint('granted', flush=True)"]
+
+
+def notebook_panel(page, name: str) -> str:
+    """The id of the open notebook's panel (Lab's tab carries its widget's id as data-id)."""
+    tab = page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text=name)
+    tab.wait_for(timeout=60_000)
+    return tab.get_attribute("data-id")
+
+
+def panel_cell(page, panel: str, index: int):
+    return page.locator(f'[id="{panel}"] .jp-Cell').nth(index)
+
+
+def run_panel_cell(page, panel: str, index: int) -> None:
+    """Select the cell of this notebook and press Shift+Enter; answer "Select Kernel" if it comes up."""
+    panel_cell(page, panel, index).locator(".jp-InputPrompt").click()
+    page.keyboard.press("Shift+Enter")
+    accept_kernel_dialog(page)
+
+
+def run_load_ext(page, panel: str) -> None:
+    """The notebook's first cell run once its kernel is idle (a press that ran nothing is repeated,
+    as run_first_cell does: under load the session can have no kernel yet)."""
+    prompt = panel_cell(page, panel, 0).locator(".jp-InputPrompt", has_text=re.compile(r"\[\d+\]"))
+    for _ in range(8):
+        try:
+            accept_kernel_dialog(page)
+            page.get_by_text(KERNEL_IDLE).wait_for(timeout=30_000)
+            run_panel_cell(page, panel, 0)
+            prompt.wait_for(timeout=30_000)
+            return
+        except PlaywrightTimeout:
+            continue
+    pytest.fail(f"the first cell of {panel} never ran")
+
+
+def lease_of(jupyter, notebook: str, since: float) -> dict:
+    leases = [l for l in api(jupyter, "leases?all=true") if l["notebook"] == notebook and l["requested_at"] >= since - 1]
+    assert leases, f"no lease names {notebook}"
+    return max(leases, key=lambda l: l["lease_id"])
+
+
+def switch_to(page, name: str) -> None:
+    page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text=name).click()
+
+
+def test_two_notebooks_a_run_queued_behind_the_other_shows_its_position_and_stop_works_on_both(browser, jupyter):
+    """Notebook 1 holds every GPU; notebook 2's `%%gpu 2` waits behind it (no GPU held by the test
+    process). The sidebar lists both; Stop on the queued one takes it out of the queue, Stop on the
+    running one frees its GPUs in Ray within 1 s of the click and its cell says it was stopped."""
+    holder_nb, waiter_nb = TWO_NOTEBOOKS
+    jupyter.put_notebook(holder_nb, HOLDER_CELLS)
+    jupyter.put_notebook(waiter_nb, WAITER_CELLS)
+    context = browser.new_context(color_scheme="light", viewport={"width": 1280, "height": 900})
+    page = context.new_page()
+    try:
+        page.goto(jupyter.lab(holder_nb))
+        holder = notebook_panel(page, holder_nb)
+        panel_cell(page, holder, 1).wait_for(timeout=120_000)
+        run_load_ext(page, holder)
+        started = time.time()
+        run_panel_cell(page, holder, 1)
+        page.locator(".gs-statusitem", has_text=re.compile(rf"{CLUSTER_GPUS} GPUs · step \d")).wait_for(timeout=180_000)
+        running = lease_of(jupyter, holder_nb, started)
+        assert free_gpus() == 0, "the first notebook's run holds every GPU"
+
+        files = page.locator('.lm-TabBar-tab[data-id="filebrowser"]')
+        if "lm-mod-current" not in (files.get_attribute("class") or ""):
+            files.click()  # a click on the current tab would close the file browser
+        page.locator(".jp-DirListing-item", has_text=waiter_nb).dblclick()
+        waiter = notebook_panel(page, waiter_nb)
+        panel_cell(page, waiter, 1).wait_for(timeout=120_000)
+        run_load_ext(page, waiter)
+        queued_at = time.time()
+        run_panel_cell(page, waiter, 1)
+        page.locator(".gs-statusitem", has_text="GPUs: queued #1").wait_for(timeout=60_000)
+        queued = lease_of(jupyter, waiter_nb, queued_at)
+
+        open_sidebar(page)
+        queued_entry, running_entry = run_entry(page, queued["lease_id"]), run_entry(page, running["lease_id"])
+        queued_entry.filter(has_text="queued #1").wait_for(timeout=10_000)
+        running_entry.filter(has_text=re.compile(r"running · step \d")).wait_for(timeout=10_000)
+        assert waiter_nb in queued_entry.inner_text() and holder_nb in running_entry.inner_text()
+        screenshot(page, "lab-sidebar-two-notebooks")
+
+        queued_entry.get_by_role("button", name=f"stop lease {queued['lease_id']}").click()
+        queued_entry.filter(has_text="revoked").wait_for(timeout=10_000)
+        wait_for_scoped_line(page, waiter, 1, "revoked")
+        assert "granted" not in panel_cell(page, waiter, 1).locator(".jp-OutputArea").inner_text()
+        assert free_gpus() == 0, "stopping the queued run left the running one alone"
+        running_entry.filter(has_text=re.compile(r"running · step \d")).wait_for(timeout=5_000)
+
+        stop = running_entry.get_by_role("button", name=f"stop lease {running['lease_id']}")
+        clicked = time.monotonic()
+        stop.click()
+        wait_for(lambda: free_gpus() == CLUSTER_GPUS, timeout=30, message="the running notebook's GPUs free in Ray")
+        freed = time.monotonic() - clicked
+        assert freed <= FREED_WITHIN_S, f"Ray showed the GPUs free {freed:.2f} s after the click (bound {FREED_WITHIN_S} s)"
+        switch_to(page, holder_nb)
+        wait_for_scoped_line(page, holder, 1, "revoked")
+        running_entry.filter(has_text="revoked").wait_for(timeout=10_000)
+        print(f"two notebooks: stop from the sidebar freed the GPUs in Ray {freed:.2f} s after the click")
+    finally:
+        context.close()
+        stop_open_leases(jupyter, TWO_NOTEBOOKS)
+
+
+def stop_open_leases(jupyter, notebooks: tuple[str, ...]) -> None:
+    """A failed test leaves no run holding GPUs for the next one (closing the page keeps its kernels)."""
+    for lease in api(jupyter, "leases?all=true"):
+        if lease["notebook"] in notebooks and lease["state"] != "ended":
+            api(jupyter, f"leases/{lease['lease_id']}", method="DELETE")
+
+
+def wait_for_scoped_line(page, panel: str, index: int, text: str) -> None:
+    line = panel_cell(page, panel, index).locator(".gpusession-status-text")
+    line.filter(has_text=text).wait_for(state="attached", timeout=30_000)
 
 
 def test_the_panels_log_no_console_errors(lab):
