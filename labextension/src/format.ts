@@ -34,8 +34,13 @@ export function elapsed(lease: LeaseView, now: number): number {
   return Math.max(0, (lease.released_at ?? now) - start);
 }
 
-/** One line for a run's state: "queued #2 (reason)", "running · step 340", "finished". */
+/** One line for a run's state: "queued #2 (reason)", "running · step 340", "finished"; a
+ * background run's line starts with "background · ". */
 export function stateText(lease: LeaseView): string {
+  return (lease.background ? 'background · ' : '') + plainStateText(lease);
+}
+
+function plainStateText(lease: LeaseView): string {
   if (lease.state === 'queued') {
     return `queued #${lease.position ?? '?'}${lease.reason ? ` (${lease.reason})` : ''}`;
   }

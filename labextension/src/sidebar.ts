@@ -91,7 +91,7 @@ export class GPUsSidebar extends Widget {
       'data-focus-key': `stop-${lease.lease_id}`, onclick: () => void this._stop(lease)
     });
     const facts = `${gpus(lease.gpus)} · ${duration(elapsed(lease, now))} · ${gpuSeconds(lease, now).toFixed(0)} GPU-s`;
-    return el('li', { class: `gs-run gs-state-${lease.state}`, 'data-lease': String(lease.lease_id) }, [
+    return el('li', { class: `gs-run gs-state-${lease.state}${lease.background ? ' gs-background' : ''}`, 'data-lease': String(lease.lease_id) }, [
       el('div', { class: 'gs-run-head' }, [open, stop]),
       el('div', { class: 'gs-run-state', text: `#${lease.lease_id} ${stateText(lease)}` }),
       el('div', { class: 'gs-muted', text: facts })

@@ -40,6 +40,7 @@ export interface LeaseView {
   cell_id: string | null;
   step: number | null;
   sweep_id: string | null;
+  background: boolean; // asked by a background run (train.submit, %%gpu --bg)
 }
 
 export interface QuotaView {
