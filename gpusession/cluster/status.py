@@ -35,7 +35,9 @@ class Status:
                      else f"{lease['state']}, {lease['age_s']:.0f} s")
             step = f", step {lease['step']}" if lease.get("step") is not None else ""
             notebook = f", {lease['notebook']}" if lease.get("notebook") else ""
-            lines.append(f"  lease {lease['lease_id']}: {lease['gpus']:g} GPUs, {lease['priority']}, {where}{step}{notebook}")
+            background = ", background" if lease.get("background") else ""  # as the sidebar labels it
+            lines.append(f"  lease {lease['lease_id']}: {lease['gpus']:g} GPUs, {lease['priority']}, {where}{step}"
+                         f"{notebook}{background}")
         return "\n".join(lines)
 
 

@@ -42,3 +42,5 @@ def test_gpusession_status_prints_each_node_and_each_runs_step_and_notebook_as_t
     assert text[1] == "  node a1b2c3d4: 4 GPUs · 2 in use · 2 free · 0 lent"
     assert text[2] == "  node ffee: 2 GPUs · 0 in use · 0 free · 0 lent · lost (10.0.0.7)"
     assert text[-1] == "  lease 1: 2 GPUs, normal, placed, 12 s, step 340, work/train.ipynb"
+    background = str(Status(user="alice", cluster=cluster, quota=quota, leases=[{**run, "background": True}]))
+    assert background.splitlines()[-1] == "  lease 1: 2 GPUs, normal, placed, 12 s, step 340, work/train.ipynb, background"
