@@ -18,7 +18,8 @@ from .model import NodeCapacity, Placement, Priority
 
 PROTOCOL = 4  # the broker's calling convention; 2: lease methods take auth=..., release takes no time;
 #              3: relocate/relocated (a run that lost a host moves its share), grants name lost hosts;
-#              4: requests name their notebook and cell, `progress` carries a run's live step
+#              4: requests name their notebook and cell and say whether a background run asked,
+#                 `progress` carries a run's live step
 MIN_GPUS_PER_WORKER = 0.01  # below this a "GPU share" is a typo (1e-9), not a plan
 MAX_WORKERS = 10_000  # far beyond any cluster; keeps the policy's loops bounded
 MAX_SECONDS = 10 * 366 * 86400.0  # timeouts and holds: finite and at most ten years

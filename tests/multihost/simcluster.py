@@ -13,6 +13,7 @@ could clean up.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import secrets
@@ -27,6 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "gsmh"
+_INSTANCES = itertools.count()
 RAY_PORT = 6379
 READY_LINE = "Ray runtime started"
 STARTUP_NICE = -10
@@ -73,8 +75,11 @@ class SimCluster:
     def __post_init__(self) -> None:
         if self.resolve not in RESOLVE_MODES:
             raise ValueError(f"resolve must be one of {RESOLVE_MODES}, not {self.resolve!r}")
-        self.tag = f"{PREFIX}{os.getpid()}"
-        self.subnet = f"10.213.{os.getpid() % 250}"  # private: this bridge is on no other network
+        # one process may hold several clusters at once (the multihost session's and a shaped-link
+        # test's): a letter per instance keeps their bridges, namespaces and subnets apart
+        instance = next(_INSTANCES)
+        self.tag = f"{PREFIX}{os.getpid()}{chr(ord('a') + instance % 26)}"
+        self.subnet = f"10.213.{(os.getpid() + 37 * instance) % 250}"  # private: this bridge is on no other network
         self.bridge = f"{self.tag}br"
         self.base = Path(tempfile.mkdtemp(prefix=f"{self.tag}-", dir="/tmp"))  # short: Ray's socket paths
         self.token = secrets.token_hex(16)
@@ -447,22 +452,22 @@ def kill_namespace(netns: str, timeout_s: float = 5.0) -> int:
 def remove_leftovers() -> None:
     """Namespaces, bridges and files of earlier simulated clusters whose process is gone."""
     listed = _run(["ip", "netns", "list"], check=False).stdout
-    for name in re.findall(rf"^({PREFIX}(\d+)-\S+)", listed, flags=re.M):
+    for name in re.findall(rf"^({PREFIX}(\d+)[a-z]?-\S+)", listed, flags=re.M):
         netns, pid = name
         if not _alive(int(pid)):
             kill_namespace(netns)
             _run(["ip", "netns", "del", netns], check=False)
             shutil.rmtree(f"/etc/netns/{netns}", ignore_errors=True)
     for path in Path("/etc/netns").glob(f"{PREFIX}*-*"):
-        match = re.match(rf"{PREFIX}(\d+)-", path.name)
+        match = re.match(rf"{PREFIX}(\d+)[a-z]?-", path.name)
         if match and not _alive(int(match.group(1))):
             shutil.rmtree(path, ignore_errors=True)
     links = _run(["ip", "-o", "link", "show", "type", "bridge"], check=False).stdout
-    for bridge, pid in re.findall(rf"\d+: ({PREFIX}(\d+)br)[:@]", links):
+    for bridge, pid in re.findall(rf"\d+: ({PREFIX}(\d+)[a-z]?br)[:@]", links):
         if not _alive(int(pid)):
             _run(["ip", "link", "del", bridge], check=False)
     for path in Path("/tmp").glob(f"{PREFIX}*-*"):
-        match = re.match(rf"{PREFIX}(\d+)-", path.name)
+        match = re.match(rf"{PREFIX}(\d+)[a-z]?-", path.name)
         if match and not _alive(int(match.group(1))):
             shutil.rmtree(path, ignore_errors=True)
 
