@@ -51,9 +51,13 @@ class HubUser:
         return requests.request(method, f"{self.url}/hub/api/{path}", timeout=60,
                                 headers={"Authorization": f"token {self.token}"}, **kwargs)
 
+    def server_path(self, user: str | None = None) -> str:
+        """Where a user server (this user's by default) is under the Hub's URL."""
+        return f"/user/{user or self.name}"
+
     def api(self, method: str, path: str, user: str | None = None, **kwargs) -> requests.Response:
         """A request to a user server (this user's by default) with this user's token."""
-        return requests.request(method, f"{self.url}/user/{user or self.name}/{path}", timeout=60,
+        return requests.request(method, f"{self.url}{self.server_path(user)}/{path}", timeout=60,
                                 allow_redirects=False, headers={"Authorization": f"token {self.token}"}, **kwargs)
 
     def run(self, code: str, timeout_s: float = 300.0) -> Ran:
@@ -62,7 +66,7 @@ class HubUser:
             started = self.api("POST", "api/kernels", json={"name": "python3"})
             started.raise_for_status()
             self.kernel_id = started.json()["id"]
-        ws_url = self.url.replace("http", "ws", 1) + f"/user/{self.name}/api/kernels/{self.kernel_id}/channels"
+        ws_url = self.url.replace("http", "ws", 1) + f"{self.server_path()}/api/kernels/{self.kernel_id}/channels"
         ws = websocket.create_connection(ws_url, header=[f"Authorization: token {self.token}"], timeout=timeout_s)
         try:
             msg_id = uuid.uuid4().hex
