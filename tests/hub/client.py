@@ -31,13 +31,10 @@ class HubUser:
             "username": self.name, "password": self.password, "_xsrf": self.http.cookies.get("_xsrf", "")})
 
     def start_server(self, timeout_s: float = 300.0) -> None:
-        """Log in, make an API token, start the server and wait until it answers."""
-        answer = self.login()
-        assert answer.status_code == 302, f"{self.name} could not log in: {answer.status_code} {answer.text[-300:]}"
-        made = self.http.post(f"{self.url}/hub/api/users/{self.name}/tokens", json={"note": "tests"}, timeout=30,
-                              headers={"X-XSRFToken": self.http.cookies.get("_xsrf", "")})
-        made.raise_for_status()
-        self.token = made.json()["token"]
+        """Log in and make an API token (once: a second login would hold two _xsrf cookies), start
+        the server and wait until it answers."""
+        if self.token is None:
+            self.token = self._log_in_for_a_token()
         self.hub_api("POST", f"users/{self.name}/server")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -46,6 +43,14 @@ class HubUser:
                     return
             time.sleep(1)
         raise TimeoutError(f"the server of {self.name} did not start within {timeout_s:.0f} s")
+
+    def _log_in_for_a_token(self) -> str:
+        answer = self.login()
+        assert answer.status_code == 302, f"{self.name} could not log in: {answer.status_code} {answer.text[-300:]}"
+        made = self.http.post(f"{self.url}/hub/api/users/{self.name}/tokens", json={"note": "tests"}, timeout=30,
+                              headers={"X-XSRFToken": self.http.cookies.get("_xsrf", "")})
+        made.raise_for_status()
+        return made.json()["token"]
 
     def hub_api(self, method: str, path: str, **kwargs) -> requests.Response:
         return requests.request(method, f"{self.url}/hub/api/{path}", timeout=60,
