@@ -1,5 +1,6 @@
 """`gpusession hub`: start the cluster service as the service account, then JupyterHub as root;
-print the URL once the Hub answers; on Ctrl-C or SIGTERM stop JupyterHub (it stops every user's
+print the URL once the Hub answers; on Ctrl-C or SIGTERM the cluster service closes every open
+lease at once (users' GPUs are free in Ray within seconds), JupyterHub stops (it stops every user's
 server first), then the cluster service (the broker's bridge, then the Ray head)."""
 from __future__ import annotations
 
@@ -121,7 +122,11 @@ def wait_answering(proc: subprocess.Popen, url: str, timeout_s: float) -> bool:
 
 
 def stop(hub: subprocess.Popen | None, service: subprocess.Popen | None) -> None:
-    """JupyterHub first (SIGTERM: it stops the users' servers and its proxy), then the service."""
+    """JupyterHub first (SIGTERM: it stops the users' servers and its proxy), then the service.
+    The service closes every lease as JupyterHub starts stopping (SIGUSR1): stopping the users'
+    servers takes seconds, and their GPUs must be free in Ray within 5 s of the stop (issue 19)."""
+    if service is not None and service.poll() is None:
+        service.send_signal(signal.SIGUSR1)
     if hub is not None and hub.poll() is None:
         hub.send_signal(signal.SIGTERM)
         try:

@@ -5,6 +5,8 @@ this account) and the broker, created here with the hub's policy before any user
     stdout, one line once both are up:  {"ready": {"address": ..., "gpus": 4, "logical": true, "db_path": ...}}
                                    or:  {"failed": "..."}
 It stops the broker's bridge and the head when its stdin closes or it gets SIGTERM / SIGINT.
+SIGUSR1 closes every open lease at once (the hub is stopping: users' GPUs are freed while
+JupyterHub still stops their servers) and keeps the head up until then.
 """
 from __future__ import annotations
 
@@ -27,9 +29,10 @@ PRIVATE_FILES = Path(__file__).parent / "private_files"  # its sitecustomize: wo
 
 
 def serve(gpus: int, policy: dict) -> int:
-    stop = threading.Event()
+    stop, close_now = threading.Event(), threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
+    signal.signal(signal.SIGUSR1, lambda *_: close_now.set())
     threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
     head = link = None
     try:
@@ -40,7 +43,7 @@ def serve(gpus: int, policy: dict) -> int:
         info = link.start()
         _say({"ready": {"address": head.address, "gpus": head.gpus, "logical": head.logical,
                         "db_path": info.get("db_path") or policy.get("db_path"), "pid": head.pid}})
-        stop.wait()
+        _wait_for_stop(stop, close_now, link, policy["db_path"])
         return 0
     except Exception as exc:  # one line for the hub; the service's log has the traceback
         log.exception("The hub's cluster service failed")
@@ -52,6 +55,14 @@ def serve(gpus: int, policy: dict) -> int:
             link.stop()
         if head is not None:
             localhead.stop(pid=head.pid)
+
+
+def _wait_for_stop(stop: threading.Event, close_now: threading.Event, link: BrokerLink, db_path: str) -> None:
+    """Until stdin closes or SIGTERM: on SIGUSR1 close the leases and go on waiting."""
+    while not stop.wait(0.1):
+        if close_now.is_set():
+            close_now.clear()
+            _close_leases(link, db_path)
 
 
 def _start_head(gpus: int, attempts: int = 3) -> localhead.LocalHead:

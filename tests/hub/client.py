@@ -31,13 +31,10 @@ class HubUser:
             "username": self.name, "password": self.password, "_xsrf": self.http.cookies.get("_xsrf", "")})
 
     def start_server(self, timeout_s: float = 300.0) -> None:
-        """Log in, make an API token, start the server and wait until it answers."""
-        answer = self.login()
-        assert answer.status_code == 302, f"{self.name} could not log in: {answer.status_code} {answer.text[-300:]}"
-        made = self.http.post(f"{self.url}/hub/api/users/{self.name}/tokens", json={"note": "tests"}, timeout=30,
-                              headers={"X-XSRFToken": self.http.cookies.get("_xsrf", "")})
-        made.raise_for_status()
-        self.token = made.json()["token"]
+        """Log in and make an API token (once: a second login would hold two _xsrf cookies), start
+        the server and wait until it answers."""
+        if self.token is None:
+            self.token = self._log_in_for_a_token()
         self.hub_api("POST", f"users/{self.name}/server")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -47,13 +44,25 @@ class HubUser:
             time.sleep(1)
         raise TimeoutError(f"the server of {self.name} did not start within {timeout_s:.0f} s")
 
+    def _log_in_for_a_token(self) -> str:
+        answer = self.login()
+        assert answer.status_code == 302, f"{self.name} could not log in: {answer.status_code} {answer.text[-300:]}"
+        made = self.http.post(f"{self.url}/hub/api/users/{self.name}/tokens", json={"note": "tests"}, timeout=30,
+                              headers={"X-XSRFToken": self.http.cookies.get("_xsrf", "")})
+        made.raise_for_status()
+        return made.json()["token"]
+
     def hub_api(self, method: str, path: str, **kwargs) -> requests.Response:
         return requests.request(method, f"{self.url}/hub/api/{path}", timeout=60,
                                 headers={"Authorization": f"token {self.token}"}, **kwargs)
 
+    def server_path(self, user: str | None = None) -> str:
+        """Where a user server (this user's by default) is under the Hub's URL."""
+        return f"/user/{user or self.name}"
+
     def api(self, method: str, path: str, user: str | None = None, **kwargs) -> requests.Response:
         """A request to a user server (this user's by default) with this user's token."""
-        return requests.request(method, f"{self.url}/user/{user or self.name}/{path}", timeout=60,
+        return requests.request(method, f"{self.url}{self.server_path(user)}/{path}", timeout=60,
                                 allow_redirects=False, headers={"Authorization": f"token {self.token}"}, **kwargs)
 
     def run(self, code: str, timeout_s: float = 300.0) -> Ran:
@@ -62,7 +71,7 @@ class HubUser:
             started = self.api("POST", "api/kernels", json={"name": "python3"})
             started.raise_for_status()
             self.kernel_id = started.json()["id"]
-        ws_url = self.url.replace("http", "ws", 1) + f"/user/{self.name}/api/kernels/{self.kernel_id}/channels"
+        ws_url = self.url.replace("http", "ws", 1) + f"{self.server_path()}/api/kernels/{self.kernel_id}/channels"
         ws = websocket.create_connection(ws_url, header=[f"Authorization: token {self.token}"], timeout=timeout_s)
         try:
             msg_id = uuid.uuid4().hex

@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import psutil
@@ -46,6 +47,16 @@ class Hub:
         """Every process the hub's accounts run (users' servers and kernels, Ray, the broker)."""
         uids = {_uid(name) for name in self.accounts} - {None}
         return [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real in uids]
+
+    def descendants(self) -> list[psutil.Process]:
+        """Every process `gpusession hub` started that is running now (by pid and start time)."""
+        return psutil.Process(self.proc.pid).children(recursive=True)
+
+
+def logged_at(line: str) -> float:
+    """The epoch time of a log line written with logging's default asctime (local time, ms)."""
+    stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+    return stamp.timestamp()
 
 
 def needs_root_and_setup() -> str | None:
@@ -145,3 +156,16 @@ def hub():
         if proc is not None:
             stop_hub(proc)
         _remove_everything(prefix, names, state, layout)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's chromium, as tests/e2e drives it (module-scoped for the same reason)."""
+    from playwright.sync_api import sync_playwright
+
+    from ..e2e.conftest import CHROMIUM, CHROMIUM_ARGS
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
