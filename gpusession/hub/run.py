@@ -109,16 +109,25 @@ def start_jupyterhub(layout: HubLayout) -> subprocess.Popen:
 
 
 def wait_answering(proc: subprocess.Popen, url: str, timeout_s: float) -> bool:
+    """True once the Hub's root API answers THROUGH the proxy (200 and its JSON version).
+
+    The proxy answers before the Hub has added its own route: until then every request gets the
+    proxy's 404, a login included. "Ready" printed on that 404 sent the first users to a hub that
+    could not log them in, so only the Hub's own answer counts."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            with urllib.request.urlopen(url, timeout=5):
-                return True
-        except urllib.error.HTTPError:
+        if hub_answers(url):
             return True
-        except OSError:
-            time.sleep(0.5)
+        time.sleep(0.5)
     return False
+
+
+def hub_answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            return answer.status == 200 and "version" in json.loads(answer.read() or b"{}")
+    except (OSError, ValueError):  # HTTPError (the proxy's 404/503) is an OSError
+        return False
 
 
 def stop(hub: subprocess.Popen | None, service: subprocess.Popen | None) -> None:

@@ -81,3 +81,40 @@ class _Config:
                 values[f"{section}.{name}"] = value
 
         return Section()
+
+
+def test_the_hub_counts_as_ready_only_when_its_own_api_answers_through_the_proxy():
+    """A real HTTP server in place of the proxy: its 404 (no route to the Hub yet) and a 200 that
+    is not the Hub's API are not "ready"; the Hub's root API answer (200, JSON with a version) is."""
+    import http.server
+    import threading
+
+    answers = iter([(404, b"404 Not Found"), (503, b"Service Unavailable"), (200, b"<html>not the hub</html>"),
+                    (200, b'{"version": "6.1.1"}')])
+    seen: list[int] = []
+
+    class Proxy(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            status, body = next(answers)
+            seen.append(status)
+            self.send_response(status)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Proxy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/hub/api/"
+    try:
+        running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        try:
+            assert hub_run.wait_answering(running, url, timeout_s=30)
+        finally:
+            running.kill()
+            running.wait()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert seen == [404, 503, 200, 200], "ready came before the Hub's own answer"
