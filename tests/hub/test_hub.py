@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
+from playwright.sync_api import expect
 
 from ..conftest import ROOT
 
@@ -23,6 +24,15 @@ import getpass, torch.distributed as dist
 total = torch.ones(1) * (gs.context().rank + 1)
 dist.all_reduce(total)
 rank_user = getpass.getuser()"""
+
+
+def _ready(*users) -> None:
+    """Each user's server started and a kernel with gpusession loaded (once per user per module)."""
+    for user in users:
+        if user.kernel_id is None:
+            user.start_server()
+            setup = user.run(SETUP)
+            assert setup.error is None, f"{user.name}: {setup}"
 
 
 def test_each_user_runs_a_gpu_cell_at_once_on_the_shared_cluster(hub):
@@ -63,10 +73,7 @@ ATTEMPTS = {
 
 
 def test_bob_cannot_act_as_alice_or_admin_and_nothing_changes(hub):
-    for user in (hub.admin, hub.alice, hub.bob):
-        if user.kernel_id is None:
-            user.start_server()
-            assert user.run(SETUP).error is None
+    _ready(hub.admin, hub.alice, hub.bob)
     lease = hub.alice.run(ALICE_HOLDS)
     assert lease.error is None, lease
     before = ledger(hub)
@@ -83,10 +90,7 @@ def test_bob_cannot_act_as_alice_or_admin_and_nothing_changes(hub):
 
 
 def test_the_admin_page_opens_for_admins_only_and_shows_every_user(hub):
-    for user in (hub.admin, hub.alice, hub.bob):
-        if user.kernel_id is None:
-            user.start_server()
-            assert user.run(SETUP).error is None
+    _ready(hub.admin, hub.alice, hub.bob)
     assert hub.alice.run("mine = gs.lease(gpus=1)\nmine.__enter__()").error is None
     assert hub.bob.run("mine = gs.lease(gpus=1)\nmine.__enter__()").error is None
     try:
@@ -103,29 +107,37 @@ def test_the_admin_page_opens_for_admins_only_and_shows_every_user(hub):
             user.run("mine.__exit__(None, None, None)")
 
 
-def test_a_quota_set_on_the_admin_page_holds_bob_back_until_raised(hub):
+def test_a_quota_set_on_the_admin_page_holds_bob_back_until_raised(hub, browser):
     """SPEC: asking for more than max_gpus is Infeasible at once; a request within the ceiling that
     would take the user's leases past it waits for quota. So bob holds 1 GPU, the admin sets his
-    max_gpus to 2, and his `%%gpu 2` (1 + 2 > 2) waits until the admin raises it to 3."""
-    for user in (hub.admin, hub.bob):
-        if user.kernel_id is None:
-            user.start_server()
-            assert user.run(SETUP).error is None
+    max_gpus to 2 on the admin page (in chromium, through the Hub), and bob's `%%gpu 2` (1 + 2 > 2)
+    waits, saying so in his cell, until the admin raises it to 3 on the same page."""
+    _ready(hub.admin, hub.bob)
     quota = f"gpusession/api/quotas/{hub.bob.name}"
-    assert hub.admin.api("PUT", quota, json={"max_gpus": 2}).status_code == 200
-    assert hub.bob.run("mine = gs.lease(gpus=1)\nmine.__enter__()").error is None
+    admin = logged_in_page(browser, hub, hub.admin)
     try:
+        admin.goto(f"{hub.url}/user/{hub.admin.name}/gpusession/admin")
+        admin.fill("#gs-add-user", hub.bob.name)
+        admin.fill("#gs-add-max-gpus", "2")
+        admin.click("#gs-add")
+        expect(admin.locator("#gs-banner")).to_contain_text(f"Saved the quota of {hub.bob.name}")
+        assert hub.admin.api("GET", quota).json()["max_gpus"] == 2
+        assert hub.bob.run("mine = gs.lease(gpus=1)\nmine.__enter__()").error is None
         with ThreadPoolExecutor(1) as pool:
             running = pool.submit(hub.bob.run, GPU_CELL)
             waiting = _wait_for(lambda: [l for l in hub.admin.api("GET", "gpusession/api/leases").json()
                                          if l["user"] == hub.bob.name and l["state"] == "queued"])
             assert waiting and "quota" in (waiting[0]["reason"] or ""), waiting
-            assert hub.admin.api("PUT", quota, json={"max_gpus": 3}).status_code == 200
+            row = admin.locator("#gs-quotas tbody tr").filter(has=admin.locator("span.user", has_text=hub.bob.name))
+            row.get_by_label(f"max GPUs of {hub.bob.name}").fill("3")
+            row.get_by_role("button", name="Save").click()
+            expect(admin.locator("#gs-banner")).to_contain_text(f"Saved the quota of {hub.bob.name}")
             ran = running.result(timeout=300)
         assert ran.error is None, ran
         shown = " ".join(str(data.get("text/plain", "")) + str(data.get("text/html", "")) for data in ran.outputs)
-        assert "waiting for quota" in shown
+        assert "waiting for quota" in shown, shown[-2000:]
     finally:
+        admin.context.close()
         hub.bob.run("mine.__exit__(None, None, None)")
         hub.admin.api("DELETE", quota)
 
@@ -171,10 +183,7 @@ def test_two_users_log_in_through_the_hub_page_and_run_gpu_2_cells_at_once_in_ju
 
 
 def test_the_admin_page_through_the_hub_in_the_browser_opens_for_the_admin_only(hub, browser):
-    for user in (hub.admin, hub.alice, hub.bob):
-        if user.kernel_id is None:
-            user.start_server()
-            assert user.run(SETUP).error is None
+    _ready(hub.admin, hub.alice, hub.bob)
     assert hub.alice.run("mine = gs.lease(gpus=1)\nmine.__enter__()").error is None
     assert hub.bob.run("mine = gs.lease(gpus=1)\nmine.__enter__()").error is None
     try:
@@ -264,10 +273,7 @@ def test_stopping_the_hub_mid_run_frees_the_gpus_within_5_s_and_leaves_no_proces
 
     from .conftest import logged_at, stop_hub
 
-    for user in (hub.admin, hub.bob):
-        if user.kernel_id is None:
-            user.start_server()
-            assert user.run(SETUP).error is None
+    _ready(hub.admin, hub.bob)
     pool = Pool(1)
     pool.submit(hub.bob.run, LONG_CELL, 120)
     held = _wait_for(lambda: [l for l in hub.admin.api("GET", "gpusession/api/leases").json()
