@@ -133,8 +133,13 @@ def _call(launch: m.Launch, channel: Channel):
 
 def _error(exc: BaseException, spec) -> m.RankError:
     names = tuple(f"{c.__module__}.{c.__qualname__}" for c in type(exc).__mro__)
+    message = str(exc)
+    if isinstance(exc, PermissionError):
+        from .rank_account import permission_hint, this_account
+
+        message += permission_hint(this_account(), getattr(spec, "caller_account", ""))
     return m.RankError(
-        rank=spec.rank, host=socket.gethostname(), type=type(exc).__name__, message=str(exc),
+        rank=spec.rank, host=socket.gethostname(), type=type(exc).__name__, message=message,
         traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
         at=time.time(), mro=names,
     )

@@ -21,6 +21,7 @@ from ..errors import GPUSessionError
 from ..comm_options import CommOptions
 from ..events import Observer, RunInfo
 from ..shipping import pickle_call
+from .rank_account import this_account
 from .spec import RankSpec
 from ..broker.notice import Notice
 from .follower import AttemptFailed, Follower
@@ -52,7 +53,7 @@ def rank_specs(lease, workers, *, backend: str, return_all: bool, attempt: int =
     ordered = sorted(zip(lease.slots, workers), key=lambda pair: (node_order.index(pair[0].node_id), pair[0].index))
     pg_timeout = float(os.environ.get(PG_TIMEOUT_ENV, DEFAULT_PG_TIMEOUT_S))
     master_addr, master_port = ray.get(ordered[0][1].actor.open_rendezvous.remote(len(ordered), pg_timeout))
-    caller_host, caller_cwd = socket.gethostname(), os.getcwd()
+    caller_host, caller_cwd, caller_account = socket.gethostname(), os.getcwd(), this_account()
     run_id = uuid.uuid4().hex
     cluster = ray.get_runtime_context().get_session_name()
     local_counts = {n: sum(1 for s in lease.slots if s.node_id == n) for n in node_order}
@@ -70,7 +71,7 @@ def rank_specs(lease, workers, *, backend: str, return_all: bool, attempt: int =
             logical_gpus=lease.logical_gpus, return_value=return_all or rank == 0,
             caller_host=caller_host, caller_cwd=caller_cwd, pg_timeout_s=pg_timeout,
             run_id=run_id, group_id=lease.group_id, attempt=attempt, address=slot.address,
-            node_id=slot.node_id, cluster=cluster, comm=comm,
+            node_id=slot.node_id, cluster=cluster, comm=comm, caller_account=caller_account,
         ), worker))
     return specs
 

@@ -37,6 +37,7 @@ class RankSpec:
     node_id: str = ""  # this rank's Ray node id
     cluster: str = ""  # the Ray session's name: unique per cluster (and per start of it)
     comm: CommOptions = field(default_factory=CommOptions)  # what gs.prepare_model applies
+    caller_account: str = ""  # the caller's Unix account: under the hub, ranks run as another one
 
 
 SCRATCH_ROOT = "gpusession-scratch"

@@ -68,6 +68,23 @@ def needs_root_and_setup() -> str | None:
     return None
 
 
+def installed_matches_checkout(layout: HubLayout) -> str | None:
+    """The hub runs the gpusession that `scripts/setup --hub` installed (not editable: every
+    account must read it), so after a change here the tests would run the old code. None when
+    the installed package's sources are this checkout's; else what to do."""
+    found = subprocess.run([str(layout.python), "-c", "import gpusession, os; print(os.path.dirname(gpusession.__file__))"],
+                           capture_output=True, text=True, cwd="/")
+    installed = Path(found.stdout.strip())
+    ours = ROOT / "gpusession"
+    differ = [str(path.relative_to(ours)) for path in sorted(ours.rglob("*.py"))
+              if not (installed / path.relative_to(ours)).is_file()
+              or (installed / path.relative_to(ours)).read_bytes() != path.read_bytes()]
+    if found.returncode != 0 or differ:
+        return (f"the hub's environment ({layout.prefix}) holds another gpusession than this checkout "
+                f"({', '.join(differ[:3]) or found.stderr[-300:]} differ): run `scripts/setup --hub` again")
+    return None
+
+
 def _uid(name: str) -> int | None:
     try:
         return pwd.getpwnam(name).pw_uid
@@ -131,6 +148,9 @@ def hub():
     reason = needs_root_and_setup()
     if reason:
         pytest.skip(reason)
+    stale = installed_matches_checkout(HubLayout(PREFIX, Path("/"), "x"))
+    if stale:
+        pytest.fail(stale)
     prefix = f"gsh{os.getpid() % 100000}"
     names = [f"{prefix}a", f"{prefix}b", f"{prefix}c", f"{prefix}s"]
     state = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir="/tmp"))

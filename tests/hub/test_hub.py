@@ -49,6 +49,35 @@ def test_each_user_runs_a_gpu_cell_at_once_on_the_shared_cluster(hub):
         assert seen.stdout.split() == ["3.0", hub.layout.service_user], seen  # 1 + 2 over 2 ranks
 
 
+MY_FILE = "import os\npath = os.path.expanduser('~/mine.txt')\nopen(path, 'w').write('42')\nos.chmod(path, 0o600)"
+RANK_READS_IT = "%%gpu 2\nseen = open(path).read()"
+NOTEBOOK_READS_IT = "data = open(path).read()"
+RANK_USES_IT = "%%gpu 2\nseen = data\nwhere = gs.context().scratch_dir"
+
+
+def test_a_rank_cannot_read_its_users_home_says_why_and_keeps_scratch_private(hub):
+    """README "What a user's code runs as": ranks run as the service account, so a file in the
+    user's home that only they may read (0600) fails in the rank with PermissionError naming the path and
+    whose account the ranks run as; reading it in the
+    notebook and using the name in the cell works; the rank's scratch directory lies in the service
+    account's private directory, which another user's kernel cannot even list."""
+    _ready(hub.alice, hub.bob)
+    assert hub.alice.run(MY_FILE).error is None
+    refused = hub.alice.run(RANK_READS_IT)
+    said = refused.error or ""
+    assert said.startswith("WorkerFailed") and "raised PermissionError" in said and "mine.txt" in said, refused
+    assert f"run as the Unix account {hub.layout.service_user!r}, not as {hub.alice.name!r}" in said, said
+    assert hub.alice.run(NOTEBOOK_READS_IT).error is None
+    ran = hub.alice.run(RANK_USES_IT)
+    assert ran.error is None, ran
+    shown = hub.alice.run("print(seen, where)").stdout.split()
+    assert shown[0] == "42", shown
+    private = hub.layout.cluster_dir / "tmp"
+    assert shown[1].startswith(f"{private}/"), f"the rank's scratch {shown[1]} is not under {private}"
+    peeked = hub.bob.run(f"import os\nos.listdir({str(private)!r})")
+    assert peeked.error and peeked.error.startswith("PermissionError"), peeked
+
+
 ALICE_HOLDS = "held = gs.lease(gpus=1)\nheld.__enter__()\nprint(held.lease_id)"
 
 
