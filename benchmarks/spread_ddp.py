@@ -34,6 +34,12 @@ def phase_medians(calls: list[dict]) -> dict:
     return {k: round(v, 3) for k, v in out.items()}
 
 
+def described(phases: dict) -> str:
+    names = {"to_function_s": "to the function", "prepare_model_s": "prepare_model", "steps_s": "5 steps",
+             "collectives_s": "2 collectives", "after_last_rank_s": "call's end after the last rank"}
+    return ", ".join(f"{names[k]} {v:g}" for k, v in phases.items())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--samples", type=int, default=5)
@@ -64,8 +70,9 @@ def main() -> None:
               alternative_samples=[c["wall_s"] for c in packed_calls],
               configured="simulated hosts (network namespaces), 4 logical GPUs on each of 2 hosts, gloo on CPU; "
                          "one warm-up call each, then spread and packed calls alternated",
-              goal="<= 1.5", note=f"per phase, median of the slowest rank: {json.dumps(phases)}; "
-                                  f"first calls (cold nodes) {json.dumps(first)} s")
+              goal="<= 1.5", note=f"slowest rank's phases, median s: spread {described(phases['spread'])}; "
+                                  f"packed {described(phases['packed'])}; first calls (cold nodes): "
+                                  f"spread {first['spread']:g} s, packed {first['pack']:g} s")
     path = write("spread_ddp", [row], loadavg_before=loadavg_before)
     for name, calls in (("spread", spread_calls), ("packed", packed_calls)):
         print(f"{name}: {spread([c['wall_s'] for c in calls])} s; phases {phases[name if name == 'spread' else 'packed']}")
