@@ -21,6 +21,7 @@ import ctypes
 import fcntl
 import os
 import random
+import re
 import select
 import signal
 import socket
@@ -97,12 +98,30 @@ def open_port(ifname: str) -> socket.socket:
 
 
 class Counts:
+    """The relay's tally, told on one line when it stops ("forwarded N dropped M")."""
+
     def __init__(self) -> None:
         self.forwarded = 0
         self.dropped = 0
 
     def line(self) -> str:
         return f"forwarded {self.forwarded} dropped {self.dropped}"
+
+
+@dataclass(frozen=True)
+class RelayCounts:
+    """What a relay did to a link's frames, both directions together."""
+    forwarded: int
+    dropped: int
+
+    @classmethod
+    def parse(cls, line: str) -> "RelayCounts | None":
+        match = re.fullmatch(r"forwarded (\d+) dropped (\d+)", line.strip())
+        return cls(int(match[1]), int(match[2])) if match else None
+
+    @property
+    def frames(self) -> int:
+        return self.forwarded + self.dropped
 
 
 def relay(veth: str, tap: str, impairment: Impairment) -> None:
@@ -214,9 +233,9 @@ def start(*, veth: str, tap: str, bridge: str, netns: str, inner_if: str,
     return proc
 
 
-def stop(proc: subprocess.Popen, *, veth: str, bridge: str) -> str:
-    """The veth back on the bridge, then the relay ended (its TAP goes with it). Returns the
-    relay's counts ("forwarded N dropped M"), or "" if it had ended already."""
+def stop(proc: subprocess.Popen, *, veth: str, bridge: str) -> RelayCounts | None:
+    """The veth back on the bridge, then the relay ended (its TAP goes with it). Returns what the
+    relay counted, or None if it had ended already."""
     subprocess.run(["ip", "link", "set", veth, "master", bridge], capture_output=True)  # up or down as it was
     counts = ""
     if proc.poll() is None:
@@ -228,7 +247,7 @@ def stop(proc: subprocess.Popen, *, veth: str, bridge: str) -> str:
             proc.communicate()
     elif proc.stdout is not None:
         proc.stdout.close()
-    return counts.splitlines()[-1] if counts else ""
+    return RelayCounts.parse(counts.splitlines()[-1]) if counts else None
 
 
 def _rest(proc: subprocess.Popen) -> str:

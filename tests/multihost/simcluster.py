@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import linkrelay
-from .linkrelay import Impairment
+from .linkrelay import Impairment, RelayCounts
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "gsmh"
@@ -404,13 +404,13 @@ class SimCluster:
             _run([*argv, "qdisc", "replace", "dev", device, "root", "tbf", "rate", rate,
                   "burst", str(tbf_burst_bytes(rate_mbit)), "latency", f"{TBF_LATENCY_MS}ms"])
 
-    def unshape_link(self, host: SimHost) -> str:
-        """The host's link back at the bridge's own speed, with no delay or loss. Returns the
-        relay's counts ("forwarded N dropped M") if it had one, else ""."""
+    def unshape_link(self, host: SimHost) -> RelayCounts | None:
+        """The host's link back at the bridge's own speed, with no delay or loss. Returns what its
+        relay counted if it had one, else None."""
         _run(["tc", "qdisc", "del", "dev", host.veth, "root"], check=False)
         _run(["ip", "netns", "exec", host.netns, "tc", "qdisc", "del", "dev", INNER_IF, "root"], check=False)
         proc = self.relays.pop(host.name, None)
-        return linkrelay.stop(proc, veth=host.veth, bridge=self.bridge) if proc is not None else ""
+        return linkrelay.stop(proc, veth=host.veth, bridge=self.bridge) if proc is not None else None
 
     def _index(self, host: SimHost) -> int:
         return self._every_host().index(host)

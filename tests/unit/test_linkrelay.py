@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from tests.multihost.linkrelay import Impairment, Schedule
+from tests.multihost.linkrelay import Impairment, RelayCounts, Schedule
 
 FRAMES = 100_000
 
@@ -49,3 +49,9 @@ def test_a_relay_is_needed_only_for_a_delay_or_a_loss():
 def test_a_bad_setting_is_refused_naming_it(field, value):
     with pytest.raises(ValueError, match=rf"^{field} must be .*got {value!r}"):
         Impairment(**{field: value})
+
+
+def test_the_relays_tally_is_read_once_into_numbers():
+    counts = RelayCounts.parse("forwarded 4923 dropped 50\n")
+    assert counts == RelayCounts(forwarded=4923, dropped=50) and counts.frames == 4973
+    assert RelayCounts.parse("Traceback (most recent call last):") is None
