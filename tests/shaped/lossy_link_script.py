@@ -1,12 +1,12 @@
 """A user's script on the head of a simulated cluster (RAY_ADDRESS is set): a 2-rank run spread
 over both hosts, one rank on each, so every gradient crosses the shaped link.
 
-    python lossy_link_script.py train SEED STEPS      # RESULT: each rank's final weights, the run's record
+    python lossy_link_script.py train SEED STEPS [MARKER]  # RESULT: each rank's final weights, the run's record
     python lossy_link_script.py until_cut MARKER      # RESULT: the error the caller saw once a link was cut
 
 `train` is deterministic for a seed: the same weights on any link that delivers every byte.
-`until_cut` runs steps until a host is lost under it (max_failures=0: no restart); each rank
-writes MARKER-rank<r> once the run is in its stride, for the test to cut a link then.
+`until_cut` runs steps until a host is lost under it (max_failures=0: no restart). With a MARKER,
+each rank writes MARKER-rank<r> once the run is in its stride, for the test to cut a link then.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ WIDTH = 128  # 16 K weights: 64 KB of gradients a step, many frames for the link
 STEP_PAUSE_S = 0.2  # the run lasts a few heartbeat silences, so a false "host lost" has time to show
 
 
-def train(seed: int, steps: int):
+def train(seed: int, steps: int, marker: str | None = None):
     import socket
 
     import torch
@@ -31,9 +31,12 @@ def train(seed: int, steps: int):
     model = gs.prepare_model(torch.nn.Linear(WIDTH, WIDTH))  # DDP: rank 0's initial weights on both
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     data = torch.Generator().manual_seed(seed * 100 + ctx.rank)  # each rank its own batches
-    for _ in range(steps):
+    for step in range(steps):
         x = torch.randn(16, WIDTH, generator=data)
         gs.step((model(x) - x).pow(2).mean(), opt)
+        if marker and step == 10:
+            with open(f"{marker}-rank{ctx.rank}", "w") as f:
+                f.write(socket.gethostname())
         time.sleep(STEP_PAUSE_S)
     return {"rank": ctx.rank, "host": socket.gethostname(),
             "weights": [p.detach().flatten().tolist() for p in gs.unwrap(model).parameters()]}
@@ -71,7 +74,7 @@ def main() -> None:
     result: dict = {}
     if mode == "train":
         call = gs.distributed(gpus=2, placement="spread", return_all=True, timeout="240s")(train)
-        result["ranks"] = call(int(sys.argv[2]), int(sys.argv[3]))
+        result["ranks"] = call(int(sys.argv[2]), int(sys.argv[3]), *sys.argv[4:5])
     else:
         call = gs.distributed(gpus=2, placement="spread", max_failures=0, timeout="240s")(steps_until_lost)
         try:
