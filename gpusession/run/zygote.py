@@ -39,9 +39,13 @@ FORK, KILL = b"F", b"K"
 PID_BYTES = 8
 REAP_EVERY_S = 0.05
 # What every rank needs, imported once here. Not Ray: a rank is not a Ray worker (see spec.py).
-PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "cloudpickle", "psutil", "gpusession.run.child",
-           "gpusession.run.process_group", "gpusession.run.spec", "gpusession.run.context", "gpusession.capture",
-           "gpusession.cluster.netif", "gpusession.errors")
+# torch._dynamo: DistributedDataParallel's constructor reads torch._dynamo.utils, and torch imports
+# it lazily on that first touch: ~800 modules (sympy, mpmath), 2-6 s in every fresh rank, which
+# was most of a warm gs.prepare_model call. Imported here it costs the parent once, and starts
+# no thread (the fork stays safe).
+PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "cloudpickle", "psutil",
+           "gpusession.run.child", "gpusession.run.process_group", "gpusession.run.spec", "gpusession.run.context",
+           "gpusession.capture", "gpusession.cluster.netif", "gpusession.errors")
 
 
 # ----- the zygote process ------------------------------------------------------------------------

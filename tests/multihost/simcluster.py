@@ -26,6 +26,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import linkrelay
+from .linkrelay import Impairment, RelayCounts
+
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "gsmh"
 _INSTANCES = itertools.count()
@@ -91,6 +94,7 @@ class SimCluster:
         ]
         self.added: list[SimHost] = []  # hosts of add_host(): on the bridge, in no one's `workers`
         self.started: list[subprocess.Popen] = []
+        self.relays: dict[str, subprocess.Popen] = {}  # host name -> its link's relay (shape_link)
 
     # ---- the cluster's shape -------------------------------------------------------------
     @property
@@ -126,7 +130,11 @@ class SimCluster:
         return self
 
     def stop(self) -> None:
-        """Every process of every host, the namespaces, the bridge and the files; never raises."""
+        """Every process of every host, the links' relays, the namespaces, the bridge and the
+        files; never raises."""
+        for name, proc in list(self.relays.items()):
+            linkrelay.stop(proc, veth=self.host(name).veth, bridge=self.bridge)
+        self.relays.clear()
         for host in self._every_host():
             kill_namespace(host.netns)
         for proc in self.started:
@@ -184,6 +192,7 @@ class SimCluster:
 
     def remove_host(self, host: SimHost) -> None:
         """Every process of an added host, its namespace (and with it its link) and its files."""
+        self.unshape_link(host)
         kill_namespace(host.netns)
         _run(["ip", "netns", "del", host.netns], check=False)
         shutil.rmtree(f"/etc/netns/{host.netns}", ignore_errors=True)
@@ -370,20 +379,41 @@ class SimCluster:
     def restore_link(self, host: SimHost) -> None:
         _run(["ip", "link", "set", host.veth, "up"])
 
-    def shape_link(self, host: SimHost, *, rate_mbit: float) -> None:
-        """The host's link at `rate_mbit` megabits per second each way, as a slower network card:
-        a tbf qdisc on both ends of its veth (the bridge side shapes what reaches the host, the
-        inner side what it sends). Deleting the namespace (stop, remove_host) removes both."""
+    def shape_link(self, host: SimHost, *, rate_mbit: float | None = None, delay_ms: float = 0.0,
+                   loss: float = 0.0, seed: int = 0) -> None:
+        """The host's link as a slower or worse network, each way: at `rate_mbit` megabits per
+        second (a tbf qdisc on both ends of its veth: the bridge side shapes what reaches the host,
+        the inner side what it sends), every frame held `delay_ms` and dropped with probability
+        `loss` (seeded: the same frames' fates on every run), by a relay process (linkrelay.py:
+        this kernel has no netem). Replaces any earlier shaping; bad values raise before anything
+        changes. Deleting the namespace (stop, remove_host) removes the qdiscs; stop() the relay."""
+        impairment = Impairment(delay_ms=delay_ms, loss=loss, seed=seed)
+        if rate_mbit is not None and not 0 < rate_mbit <= MAX_RATE_MBIT:
+            raise ValueError(f"rate_mbit must be from above 0 to {MAX_RATE_MBIT} (megabits per second each way), "
+                             f"or None for the bridge's own speed; got {rate_mbit!r}")
+        self.unshape_link(host)
+        if impairment.needed:
+            self.relays[host.name] = linkrelay.start(veth=host.veth, tap=f"{self.tag}t{self._index(host)}",
+                                                     bridge=self.bridge, netns=host.netns, inner_if=INNER_IF,
+                                                     impairment=impairment)
+        if rate_mbit is None:
+            return
         rate = f"{rate_mbit:g}mbit"
         for argv in (["tc"], ["ip", "netns", "exec", host.netns, "tc"]):
             device = host.veth if len(argv) == 1 else INNER_IF
             _run([*argv, "qdisc", "replace", "dev", device, "root", "tbf", "rate", rate,
                   "burst", str(tbf_burst_bytes(rate_mbit)), "latency", f"{TBF_LATENCY_MS}ms"])
 
-    def unshape_link(self, host: SimHost) -> None:
-        """The host's link back at the bridge's own speed."""
+    def unshape_link(self, host: SimHost) -> RelayCounts | None:
+        """The host's link back at the bridge's own speed, with no delay or loss. Returns what its
+        relay counted if it had one, else None."""
         _run(["tc", "qdisc", "del", "dev", host.veth, "root"], check=False)
         _run(["ip", "netns", "exec", host.netns, "tc", "qdisc", "del", "dev", INNER_IF, "root"], check=False)
+        proc = self.relays.pop(host.name, None)
+        return linkrelay.stop(proc, veth=host.veth, bridge=self.bridge) if proc is not None else None
+
+    def _index(self, host: SimHost) -> int:
+        return self._every_host().index(host)
 
     def restart_host(self, host: SimHost) -> None:
         """The host back again, with a fresh Ray node (a new node id) and its link up."""
@@ -393,6 +423,7 @@ class SimCluster:
 
 
 # ---- helpers, also for cleaning up after a run that was killed --------------------------
+MAX_RATE_MBIT = 100_000
 TBF_LATENCY_MS = 50  # how long a packet may wait in the shaper's queue before it is dropped
 
 
