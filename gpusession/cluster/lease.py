@@ -380,17 +380,24 @@ class Lease:
         remove_group_and_wait(self._pg, ours, lease_id=self.lease_id)
 
     def _release(self, reason: str) -> None:
-        self.crew.give_back(self.lease_id)
+        self.crew.clean_up(self.lease_id)
         released = time.time()
-        if self._pg is not None:
-            self._remove_group_and_wait()
-        if self.lease_id is not None:
-            try:
-                client.call(client.broker().release, self.lease_id, reason, auth=client.lease_auth(self.identity),
-                            timeout=10.0)
-            except Exception as exc:  # Ray already freed the group; the broker reconciles later
-                log.warning("Could not tell the broker lease %s ended (%s); it will notice by itself.",
-                            self.lease_id, exc)
+        told = self.lease_id is None
+        try:
+            if self._pg is not None:
+                self._remove_group_and_wait()
+            if self.lease_id is not None:
+                try:
+                    client.call(client.broker().release, self.lease_id, reason,
+                                auth=client.lease_auth(self.identity), timeout=10.0)
+                    told = True
+                except Exception as exc:  # Ray already freed the group; the broker reconciles later
+                    log.warning("Could not tell the broker lease %s ended (%s); it will notice by itself.",
+                                self.lease_id, exc)
+        finally:
+            # Only now may another lease of this process take the workers: until the broker heard
+            # the end, it could take this lease back and kill the workers it knows as this lease's.
+            self.crew.give_back(broker_told=told)
         if self.granted_at is not None and self.slots:  # as the broker bills: only a lease Ray placed
             self.info.gpu_seconds = self._gpu_seconds_before + self.gpus * (released - (self._sized_at or released))
         self.info.released = True

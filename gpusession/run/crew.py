@@ -69,16 +69,23 @@ class Crew:
         for worker in self.handles:
             worker.actor.request_checkpoint.remote(reason, wanted)
 
-    def give_back(self, lease_id: int | None) -> None:
-        """The lease ends: its scratch directories go, and the workers go back to the pool warm
-        (they never run user code: each rank is a process of its own that has exited; a dead one
-        is replaced at its next checkout)."""
-        if not self.handles:
-            return
-        if self.ready:  # only workers that ran made a scratch directory
+    def clean_up(self, lease_id: int | None) -> None:
+        """The lease ends: its scratch directories go (before anything may kill a worker)."""
+        if self.handles and self.ready:  # only workers that ran made a scratch directory
             cleanups = [worker.actor.cleanup.remote(lease_id) for worker in self.handles]
-            ray.wait(cleanups, num_returns=len(cleanups), timeout=CLEANUP_TIMEOUT_S)  # before any kill
-        pool().give_back(self.handles)
+            ray.wait(cleanups, num_returns=len(cleanups), timeout=CLEANUP_TIMEOUT_S)
+
+    def give_back(self, *, broker_told: bool) -> None:
+        """The workers go back to the pool warm (they never run user code: each rank is a process
+        of its own that has exited; a dead one is replaced at its next checkout) once the broker
+        knows the lease ended. Until then the broker may still take the lease back and kill the
+        workers it was told of, which by then could be another lease's: so workers of a lease
+        whose end the broker did not hear are killed here instead."""
+        if self.handles:
+            if broker_told:
+                pool().give_back(self.handles)
+            else:
+                pool().discard(self.handles)
         self.handles, self.ready = [], False
 
 
