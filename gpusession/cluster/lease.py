@@ -10,8 +10,6 @@ import atexit
 import collections
 import dataclasses
 import logging
-import os
-import socket
 import threading
 import time
 import uuid
@@ -448,7 +446,3 @@ def release_all(reason: str = "released") -> int:
 def _release_at_exit() -> None:
     if ray.is_initialized():
         release_all("caller exited")
-
-
-def caller_location() -> tuple[str, str]:
-    return socket.gethostname(), os.getcwd()
