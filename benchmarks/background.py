@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import platform
 import statistics
@@ -53,12 +54,30 @@ def blocking(train, steps: int, step_s: float) -> float:
     return time.perf_counter() - started
 
 
+PHASES: list[list[dict]] = []  # per background sample: each run's queued/setup/run seconds
+
+
 def background(train, steps: int, step_s: float) -> float:
     started = time.perf_counter()
     runs = [train.submit(steps, step_s) for _ in range(TRAININGS)]
     for run in runs:
         run.result()
-    return time.perf_counter() - started
+    elapsed = time.perf_counter() - started
+    PHASES.append([{"queued_s": round(r.info.queued_s, 2), "setup_s": round(r.info.setup_s, 2),
+                    "run_s": round(r.info.run_s, 2)} for r in runs])
+    return elapsed
+
+
+class SlowReleases(logging.Handler):
+    """Counts releases that waited the full bound for Ray's view (cluster/bundles.py's warning)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "after release" in record.getMessage():
+            self.count += 1
 
 
 def machine() -> dict:
@@ -82,10 +101,14 @@ def main() -> None:
     from gpusession import events
 
     events.set_observer_factory(lambda world_size: events.Observer())  # measure the runs, not printing
+    slow_releases = SlowReleases()
+    logging.getLogger("gpusession").addHandler(slow_releases)
     with local_cluster(gpus=CLUSTER_GPUS):
         train = gs.distributed(gpus=GPUS_EACH)(training)
         background(train, 1, 0.0)  # warm-up, alike for both sides: workers up and torch imported
         blocking(train, 1, 0.0)
+        PHASES.clear()
+        slow_releases.count = 0
         load_before = os.getloadavg()
         sides: dict[str, list[float]] = {"blocking": [], "background": []}
         for sample in range(args.samples):
@@ -105,13 +128,18 @@ def main() -> None:
                           "time + a 1 MB gloo all_reduce; warm workers on both sides"),
            "spread": {"gpusession": round(max(sides["background"]) - min(sides["background"]), 3),
                       "alternative": round(max(sides["blocking"]) - min(sides["blocking"]), 3)},
-           "ratio": round(ratio, 3), "goal": "<= 0.55", "simulated": True}
+           "ratio": round(ratio, 3), "goal": "<= 0.55", "simulated": True,
+           "background_phases": PHASES, "releases_that_waited_5s": slow_releases.count}
     results = {"benchmark": "background", "command": "python benchmarks/background.py " + " ".join(sys.argv[1:]),
                "machine": info, "rows": [row]}
     out = os.path.join(os.path.dirname(__file__), "results", "background.json")
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w") as f:
         json.dump(results, f, indent=1)
+    for sample, phases in enumerate(PHASES, 1):
+        print(f"background sample {sample}: " + "; ".join(
+            f"queued {p['queued_s']:.2f} setup {p['setup_s']:.2f} run {p['run_s']:.2f}" for p in phases))
+    print(f"releases that waited the full {5} s for Ray's view: {slow_releases.count}")
     print(f"background median {ours:.2f} s (spread {row['spread']['gpusession']:.2f}), blocking median "
           f"{theirs:.2f} s (spread {row['spread']['alternative']:.2f}); results in {out}")
     print(f"ratio {ratio:.2f}")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from . import elastic, policy
 from .ledger import Ledger
-from .notice import NoticeKind
+from .notice import NoticeKind, kind_of
 from .model import ActiveLease, NodeCapacity, Placement, Priority, Quota, Request, Waiting
 from .states import ACTIVE_STATES, LeaseState, check_move
 
@@ -230,7 +230,7 @@ class Books:
         """An offer to grow that was not taken in time: the GPUs go back to everyone."""
         effects = Effects()
         row = self.rows.get(lease_id)
-        if row is not None and (row.get("notice") or {}).get("kind") == NoticeKind.GROW.value:
+        if row is not None and kind_of(row.get("notice")) is NoticeKind.GROW:
             self.journal.set_notice(lease_id, None, None)
             row.update(notice=None, preempted_for=None)
             self._bump(lease_id, effects)
@@ -335,7 +335,7 @@ class Books:
 
 
 def _reason_code(kind: str) -> str:
-    return "revoked" if kind == NoticeKind.REVOKE else "preempted"
+    return "revoked" if NoticeKind(kind) is NoticeKind.REVOKE else "preempted"
 
 
 def _closed_row(row: dict, reason: str, released_at: float) -> dict:
@@ -368,9 +368,9 @@ def _active(row: dict) -> ActiveLease:
     workers = row["workers"]
     node_workers = row.get("node_workers") if row["state"] == "placed" else None
     giving = None
-    if notice.get("kind") == NoticeKind.SHRINK.value:
+    if kind_of(notice) is NoticeKind.SHRINK:
         giving = notice.get("node_workers") or {}
-    elif notice.get("kind") == NoticeKind.GROW.value and node_workers is not None:
+    elif kind_of(notice) is NoticeKind.GROW and node_workers is not None:
         # an offer stands: the offered GPUs are the lease's until it takes them or the offer lapses
         workers = notice["to_workers"]
         node_workers = dict(node_workers)

@@ -46,3 +46,9 @@ class Notice:
         if view.get("notice"):
             return cls.parse(view["notice"])
         return cls(kind=NoticeKind.ENDED, reason=view.get("end_reason"))
+
+
+def kind_of(payload: dict | None) -> NoticeKind | None:
+    """The kind of a notice payload as the broker keeps it in a lease's row (None: no notice)."""
+    kind = (payload or {}).get("kind")
+    return NoticeKind(kind) if kind else None

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .notice import NoticeKind, kind_of
 from .rayview import Snapshot
 
 # The caller enforces a run's timeout itself; the broker steps in only for a caller that failed to,
@@ -88,7 +89,7 @@ def _reconcile_one(row, snapshot, now, last_seen, vanished_since, timeouts) -> l
         return []
     notice = row.get("notice") or {}
     if notice.get("deadline") is not None and now >= notice["deadline"]:
-        if notice.get("kind") == "grow":
+        if kind_of(notice) is NoticeKind.GROW:
             return [Withdraw(lease_id)]
         # a shrink that was not made in time ends like a preemption: Ray cannot shrink a group
         return [Force(lease_id, notice.get("reason_code", "revoked"))]

@@ -11,6 +11,7 @@ import time
 from ..errors import InvalidRequest
 from . import request as checks
 from .door import door
+from .notice import NoticeKind
 from .states import LeaseState
 
 
@@ -53,18 +54,18 @@ class ResizeMethods:
     @staticmethod
     def _check_resize(row: dict, workers: int, node_workers) -> None:
         notice = row.get("notice") or {}
-        kind = notice.get("kind")
+        kind = NoticeKind(notice["kind"]) if notice.get("kind") else None
         lease = f"Lease {row['id']}"
-        if kind == "shrink":
+        if kind is NoticeKind.SHRINK:
             if workers > notice["to_workers"] or node_workers is None:
                 raise InvalidRequest(f"{lease} was asked to shrink to {notice['to_workers']} workers: report at "
                                      f"most that many, with node_workers. Nothing was changed.")
-        elif kind == "grow":
+        elif kind is NoticeKind.GROW:
             if workers != notice["to_workers"] or node_workers is not None:
                 raise InvalidRequest(f"{lease} was offered {notice['to_workers']} workers: take exactly that "
                                      "many, without node_workers. Nothing was changed.")
         elif kind:
-            raise InvalidRequest(f"{lease} is under a {kind} notice: it cannot change size. Nothing was changed.")
+            raise InvalidRequest(f"{lease} is under a {kind.value} notice: it cannot change size. Nothing was changed.")
         elif workers > row["workers"] or node_workers is None:
             # Giving GPUs back unasked is always allowed (an elastic run that lost a host goes on
             # with the workers that remain); growing needs an offer.

@@ -1,74 +1,44 @@
 """The client side of a lease: ask the broker, wait in its queue, hold the placement group,
-release. A lease holds all its GPUs or none, and every way out of it releases them."""
+release. A lease holds all its GPUs or none, and every way out of it releases them.
+
+What runs on the lease lives on the run path: its worker actors (run/crew.py), the runs
+(run/controller.py), resizes between runs (run/resize.py, run/idle_resize.py), and what a
+caller is told when the broker takes a lease back (run/notices.py)."""
 from __future__ import annotations
 
 import atexit
 import collections
 import dataclasses
 import logging
-import os
-import socket
 import threading
 import time
 import uuid
 import weakref
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from . import raycluster
+from .bundles import Slot, probe_slots, remove_group_and_wait, warm_probe_process
 from ..broker.request import LeaseRequest, cell_label, notebook_label
-from ..errors import ERRORS_BY_NAME, GPUSessionError, Infeasible, LeaseRevoked, Preempted, QueueTimeout
+from ..errors import GPUSessionError, Infeasible, QueueTimeout
 from ..events import Observer, RunInfo
 from ..identity import Identity, current_identity
 from ..interrupts import deferred_interrupts
 from ..kernelcell import asking_cell_id, asking_in_background, asking_notebook
 from ..options import RunOptions, validate_run_options
-from ..run.notices import notice_error
-from ..run.pool import WorkerHandle, pool
+from ..run.crew import Crew
+from ..run.endings import end_reason
+from ..run.notices import notice_error, queue_end_error
+from ..run.pool import WorkerHandle
 from ..broker import client, messages
 from ..broker.notice import Notice
 
 log = logging.getLogger("gpusession")
 PLACE_TIMEOUT_S = 30.0  # Ray should place a granted group at once; longer means foreign GPU use
-FREE_TIMEOUT_S = 5.0  # bound on waiting for Ray's resource view after removing the group
-CLEANUP_TIMEOUT_S = 2.0  # bound on the workers removing the lease's scratch directory
-STOP_TIMEOUT_S = 2.0  # bound on the workers killing their rank processes
-PROBE_TIMEOUT_S = 180.0  # a probe may need a new Ray worker process: slow on a loaded node
-IDLE_WATCH_S = 1.0  # a held elastic lease's idle watcher looks again this often (and at once on a notice)
 RELEASE_WAITS_FOR_RESIZE_S = 30.0  # a release lets a resize between runs finish, up to this
 _live: "weakref.WeakSet[Lease]" = weakref.WeakSet()
-# One group removal at a time in this process. Ray drops a removed group's keys from its view
-# before it adds the GPUs back; a release that took its "before" reading inside another lease's
-# removal would count that lease's GPUs coming back as its own and return while its own are still
-# held (seen: two sweep trials stopped at once, 3 of 4 GPUs free when gs.sweep raised). A release
-# in another process can still overlap; its GPUs then show free moments later.
-_removing = threading.Lock()
-
-
-@ray.remote(num_cpus=0, max_calls=0, max_retries=0)  # a probe whose group vanished must fail, not wait
-def _probe() -> tuple[str, str, list[str]]:
-    """Runs inside one bundle: which node, and which GPU ids Ray reserved for that bundle."""
-    context = ray.get_runtime_context()
-    return context.get_node_id(), ray.util.get_node_ip_address(), [str(g) for g in ray.get_gpu_ids()]
-
-
-@ray.remote(num_cpus=0, max_calls=0)
-def _nothing() -> None:
-    """Asked for while the broker decides, so a process for the probes is up by the grant."""
-
-
-@dataclass(frozen=True)
-class Slot:
-    """One worker's place: its node and the GPU ids of its bundle."""
-
-    index: int
-    node_id: str
-    address: str
-    gpu_ids: tuple[str, ...]
 
 
 class Lease:
@@ -94,15 +64,14 @@ class Lease:
         self._gpu_seconds_before = 0.0  # GPU-seconds of earlier sizes
         self._watch = None
         self._notice: Notice | None = None  # parsed once from the watch's answer
-        self._workers: list[WorkerHandle] = []
-        self._workers_ready = False
+        self.crew = Crew(options.runtime_env)  # its worker actors, one per bundle
         self._released = False
         self._lock = threading.Lock()
         # Held by a run (and by a resize between runs): the idle watcher of a held elastic lease
         # never resizes under a run, whose follower handles notices itself.
-        self._running = threading.RLock()
+        self.run_lock = threading.RLock()
         self.lines_between_runs: list[str] = []  # resizes made with no run going, for the next run's RunInfo
-        self._idle_watched = False  # resize_while_idle() was started
+        self.watched_while_idle = False  # run/idle_resize.py watches it between runs
 
     # ----- public -------------------------------------------------------------------------------
     @property
@@ -114,16 +83,21 @@ class Lease:
     def workers(self) -> int:
         return self.size
 
+    @property
+    def released(self) -> bool:
+        return self._released
+
     def run(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
         """Run fn on every worker of this lease; returns rank 0's value (or all with return_all)."""
         from ..run.controller import run_function
+        from ..run.resize import check_between_runs
 
         if self._released:
             raise GPUSessionError(
                 f"Lease {self.lease_id} was already released; get GPUs again with gs.lease(...)."
             )
-        with self._running:
-            self.check_notice()
+        with self.run_lock:
+            check_between_runs(self)
             error: BaseException | None = None
             try:
                 return run_function(self, fn, args, kwargs, info=self.info, observer=self.observer)
@@ -131,7 +105,7 @@ class Lease:
                 error = exc
                 raise
             finally:  # each run of a held lease gets its receipt ("still held" until released)
-                self.info.end_reason = _end_reason(error)
+                self.info.end_reason = end_reason(error)
                 self.observer.finished(self.info, error)
 
     def release(self, reason: str = "finished") -> None:
@@ -142,52 +116,18 @@ class Lease:
                     return
                 self._released = True
             # Not in the middle of a resize between runs (bounded: a stuck one must not keep the GPUs).
-            resizing = self._idle_watched and self._running.acquire(timeout=RELEASE_WAITS_FOR_RESIZE_S)
+            resizing = self.watched_while_idle and self.run_lock.acquire(timeout=RELEASE_WAITS_FOR_RESIZE_S)
             try:
                 self._release(reason)
             finally:
                 if resizing:
-                    self._running.release()
-
-    def resize_while_idle(self) -> None:
-        """For a held elastic lease (gs.lease with min_gpus): a thread that makes a shrink the
-        broker asks for, or takes an offer to grow, as soon as it comes while no run is going.
-        Left to the next run, a shrink would miss the broker's deadline (the grace period) and
-        the broker would take the whole lease back."""
-        self._idle_watched = True
-        threading.Thread(target=self._watch_while_idle, name=f"gpusession-lease-{self.lease_id}-idle",
-                         daemon=True).start()
-
-    def _watch_while_idle(self) -> None:
-        from ..run.resize import resize_between_runs
-
-        while not self._released and self._watch is not None:
-            ready, _ = ray.wait([self._watch], timeout=IDLE_WATCH_S)
-            if not ready or not self._running.acquire(timeout=IDLE_WATCH_S):
-                continue  # nothing yet, or a run is going: its follower takes the notice
-            failed = False
-            try:
-                if self._released:
-                    return
-                notice = self.notice()
-                if notice is None or not notice.kind.is_resize:
-                    return  # taken back (revoked, ended): the next run or release tells the user
-                resize_between_runs(self, notice)
-            except Exception as exc:  # noqa: BLE001 - a passing failure (the broker restarting, Ray busy)
-                # Keep watching: a shrink missed now would cost the whole lease at the broker's deadline.
-                log.warning("Lease %s: could not resize between runs (%s); trying again in %.0f s.",
-                            self.lease_id, exc, IDLE_WATCH_S)
-                failed = True
-            finally:
-                self._running.release()
-            if failed:
-                time.sleep(IDLE_WATCH_S)  # not holding the run lock: a run may start meanwhile
+                    self.run_lock.release()
 
     def __enter__(self) -> "Lease":
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.release(_end_reason(exc))
+        self.release(end_reason(exc))
 
     def __repr__(self) -> str:
         state = "released" if self._released else "held"
@@ -202,7 +142,7 @@ class Lease:
         asked = time.time()  # the receipt's queue: connecting and a first call's broker start count too
         raycluster.ensure_connected()
         broker = client.broker()
-        _nothing.remote()  # the first probe of a process would otherwise wait for a worker start
+        warm_probe_process()
         requested = time.time()
         view = client.call(broker.request, self._spec())
         self.lease_id = view["lease_id"]
@@ -219,7 +159,7 @@ class Lease:
         except BaseException as exc:
             if self.granted_at is None:  # it gave up in the queue: the receipt shows how long it waited
                 self.info.queued_s = time.time() - asked
-            self.release("cancelled" if self.granted_at is None else _end_reason(exc))
+            self.release("cancelled" if self.granted_at is None else end_reason(exc))
             raise
         return self
 
@@ -250,7 +190,7 @@ class Lease:
             poll = 1.0 if timeout is None else max(0.05, min(1.0, timeout - elapsed))
             view = client.call(broker.wait, self.lease_id, view["version"], poll, auth=client.lease_auth(self.identity))
         if view["state"] == "ended":
-            raise _error_for_end(view)
+            raise queue_end_error(view)
         return view
 
     def _place(self, broker, view: dict) -> None:
@@ -301,10 +241,9 @@ class Lease:
         # Workers start (or come warm from the pool) while the probes run: a first call pays
         # one process start, not two in a row.
         bundle_nodes = ray.util.placement_group_table(self._pg)["bundles_to_node_id"]
-        self._workers = self._assign([bundle_nodes[i] for i in range(self.size)], list(keep))
-        self._workers_ready = False
+        self.crew.assign([bundle_nodes[i] for i in range(self.size)], list(keep))
         placed = time.monotonic()
-        self.slots = self._probe_slots(self._pg)
+        self.slots = self._probe_slots()
         log.debug("Lease %s: group of %d placed in %.2f s, probed in %.2f s", self.lease_id, self.size,
                   placed - started, time.monotonic() - placed)
         logical_nodes = {n.node_id for n in raycluster.nodes() if n.logical}
@@ -327,41 +266,18 @@ class Lease:
             return [{raycluster.NODE_ID_LABEL: f"!in({','.join(sorted(avoid))})"}] * self.size
         return None
 
-    def _assign(self, nodes: list[str], keep: list[WorkerHandle]) -> list[WorkerHandle]:
-        """One worker per bundle node: a kept one on that node if any (rank 0's stays rank 0's,
-        with its rendezvous warm), else one from the pool; kept ones left over go back to it."""
-        chosen = []
-        for node in nodes:
-            handle = next((h for h in keep if h.node_id == node), None)
-            if handle is not None:
-                keep.remove(handle)
-            chosen.append(handle or pool().checkout([node], self.options.runtime_env)[0])
-        pool().give_back(keep)
-        return chosen
-
-    def _probe_slots(self, group) -> list[Slot]:
-        lease = self.options.lease
-        found = pool().probe_bundles(group, lease.workers, lease.gpus_per_worker)  # warm, from the node hosts
-        if found is not None:
-            return [Slot(i, node, address, tuple(gpus)) for i, (node, address, gpus) in enumerate(found)]
-        probes = [
-            _probe.options(num_gpus=lease.gpus_per_worker, scheduling_strategy=PlacementGroupSchedulingStrategy(
-                group, placement_group_bundle_index=i)).remote()
-            for i in range(self.size)
-        ]
-        try:
-            found = ray.get(probes, timeout=PROBE_TIMEOUT_S)
-        except ray.exceptions.GetTimeoutError:
-            raise Infeasible(
-                f"Ray could not place the {self.gpus:g} GPUs of lease {self.lease_id} within "
-                f"{PROBE_TIMEOUT_S:.0f} s (a node was lost and no other has room). Try again later."
-            ) from None
-        return [Slot(i, node, address, tuple(gpus)) for i, (node, address, gpus) in enumerate(found)]
+    def _probe_slots(self) -> list[Slot]:
+        return probe_slots(self._pg, self.size, self.options.lease.gpus_per_worker, lease_id=self.lease_id)
 
     # ----- during runs ----------------------------------------------------------------------------
     @property
     def watch_ref(self):
         return self._watch
+
+    @property
+    def has_notice(self) -> bool:
+        """A notice came and was parsed (the run's follower then stops waiting on the watch)."""
+        return self._notice is not None
 
     @property
     def group_id(self) -> str | None:
@@ -388,58 +304,25 @@ class Lease:
         self._notice = None
         self._watch = client.broker().watch.remote(self.lease_id, auth=client.lease_auth(self.identity), seen=seen)
 
-    def check_notice(self) -> None:
-        """Between runs: make a resize the broker asked for; if it took the lease back, release
-        and raise."""
-        notice = self.notice()
-        if notice is not None and notice.kind.is_resize:
-            from ..run.resize import resize_between_runs
-
-            resize_between_runs(self, notice)
-            return
-        if notice is not None:
-            error = notice_error(self, notice)
-            self.release(notice.reason_code or "revoked")
-            raise error
-
-    def acquire_workers(self, runtime_env: dict | None) -> list[WorkerHandle]:
-        if not self._workers:
-            self._workers = pool().checkout([slot.node_id for slot in self.slots], runtime_env)
-            self._workers_ready = False
-        if not self._workers_ready:
-            self._workers = pool().wait_ready(self._workers)
-            self._workers_ready = True
-            client.call(client.broker().placed, self.lease_id, {}, [w.actor for w in self._workers],
+    def acquire_workers(self) -> list[WorkerHandle]:
+        """The crew, ready; the broker hears who they are (it stops them if it takes the lease back)."""
+        if self.crew.make_ready([slot.node_id for slot in self.slots]):
+            client.call(client.broker().placed, self.lease_id, {}, [w.actor for w in self.crew.handles],
                         auth=client.lease_auth(self.identity))
-        return self._workers
-
-    def stop_ranks(self, run_id: str | None = None) -> None:
-        """Kill every rank process of the attempt `run_id` now (a survivor may be blocked in a
-        collective whose peer is gone); the worker actors stay, warm for the next attempt."""
-        if self._workers:
-            stops = [worker.actor.stop.remote(run_id) for worker in self._workers]
-            ray.wait(stops, num_returns=len(stops), timeout=STOP_TIMEOUT_S)
+        return self.crew.handles
 
     def drop_workers(self, handles: list[WorkerHandle], *, lost_nodes: set[str]) -> None:
         """Workers of a lost host leave the lease now: stopping ranks, cleaning up and releasing
         never wait on them, nor on their host's GPUs (Ray frees those when it declares the host
         dead, long after)."""
-        dropped = [h for h in self._workers if any(h is d for d in handles)]
-        self._workers = [h for h in self._workers if not any(h is d for d in handles)]
+        self.crew.drop(handles)
         self._lost_nodes |= set(lost_nodes)
-        pool().discard(dropped)
-
-    def request_checkpoints(self, reason: str, wanted: bool = True) -> None:
-        """Make gs.should_checkpoint() true (or false again: an offer lapsed) in every rank of the
-        current attempt."""
-        for worker in self._workers:
-            worker.actor.request_checkpoint.remote(reason, wanted)
 
     def change_size(self, workers: int) -> None:
         """Re-make the lease's group with `workers` bundles: a placement group cannot shrink or
         grow, so the old one is removed (waiting until Ray shows its GPUs free) and a new one made
         under the same name. The worker actors stay (those no longer needed go back to the pool)."""
-        keep, self._workers, self._workers_ready = self._workers, [], False
+        keep = self.crew.take()
         self._remove_group_and_wait()
         now = time.time()
         self._gpu_seconds_before += self.gpus * (now - (self._sized_at or now))
@@ -468,77 +351,51 @@ class Lease:
         placed = answer["node_workers"]
         order = list(dict.fromkeys(slot.node_id for slot in self.slots if slot.node_id in placed))
         order += sorted(node for node in placed if node not in order)  # rank 0's host stays first
-        keep, self._workers, self._workers_ready = self._workers, [], False
+        keep = self.crew.take()
         remove_placement_group(self._pg)  # its GPUs stay this lease's in the broker's books
         self._create_group(keep, on=[node for node in order for _ in range(placed[node])])
         client.call(client.broker().relocated, self.lease_id, self.node_workers(), gpu_ids=self.gpu_ids(), auth=auth)
         return None
 
-    def replace_lost_workers(self, lost_ranks: set[int]) -> None:
-        """After a worker actor died while its host answers: find where the group's bundles are
-        now and give each a live worker; the broker is told if Ray moved a bundle meanwhile."""
-        if not lost_ranks:
-            return
-        alive = pool().alive(self._workers)
+    def reprobe_slots(self) -> None:
+        """Find where the group's bundles are now (after a worker was lost); the broker is told
+        if Ray moved one meanwhile."""
         before = (self.node_workers(), self.gpu_ids())
-        self.slots = self._probe_slots(self._pg)
+        self.slots = self._probe_slots()
         if (self.node_workers(), self.gpu_ids()) != before:
             client.call(client.broker().resize, self.lease_id, self.size, self.node_workers(),
                         gpu_ids=self.gpu_ids(), auth=client.lease_auth(self.identity))
-        spare: dict[str, list[WorkerHandle]] = collections.defaultdict(list)
-        for handle in alive:
-            spare[handle.node_id].append(handle)
-        workers = []
-        for slot in self.slots:
-            handle = spare[slot.node_id].pop() if spare[slot.node_id] else None
-            workers.append(handle or pool().checkout([slot.node_id], self.options.runtime_env)[0])
-        pool().give_back([h for handles in spare.values() for h in handles])
-        self._workers, self._workers_ready = workers, False
         self.info.nodes = sorted({slot.address for slot in self.slots})
 
     # ----- releasing ------------------------------------------------------------------------------
     def _remove_group_and_wait(self) -> None:
         """Remove the group, then wait (bounded) until Ray's own view shows its GPUs free, before
         the broker hears of it: so no other lease can be placed on them before the view says so."""
-        marker = self._pg.id.hex()
         ours: dict[str, float] = collections.Counter()
         for slot in self.slots:
             if slot.node_id not in self._lost_nodes:  # a lost host's GPUs come back only when Ray says so
                 ours[slot.node_id] += self.options.lease.gpus_per_worker
-        with _removing:
-            still_there = ray.util.placement_group_table(self._pg).get("state") != "REMOVED"
-            before = raycluster.unreserved_gpus_by_node(excluding_group=marker)
-            remove_placement_group(self._pg)
-            if not still_there:  # the broker already took it back (revoke, preemption)
-                return
-            deadline = time.monotonic() + FREE_TIMEOUT_S
-            while time.monotonic() < deadline:
-                now = raycluster.unreserved_gpus_by_node(excluding_group=marker)
-                if all(now.get(n, 0.0) >= before.get(n, 0.0) + gpus - 1e-6 for n, gpus in ours.items()):
-                    return
-                time.sleep(0.005)
-        log.warning("Ray still shows the GPUs of lease %s in use %.0f s after release.", self.lease_id,
-                    FREE_TIMEOUT_S)
+        remove_group_and_wait(self._pg, ours, lease_id=self.lease_id)
 
     def _release(self, reason: str) -> None:
-        if self._workers:
-            if self._workers_ready:  # only workers that ran made a scratch directory
-                cleanups = [worker.actor.cleanup.remote(self.lease_id) for worker in self._workers]
-                ray.wait(cleanups, num_returns=len(cleanups), timeout=CLEANUP_TIMEOUT_S)  # before any kill
-            # The actors never run user code (each rank is a process of its own that has exited),
-            # so they go back warm, on real GPUs too; a dead one is replaced at its next checkout.
-            pool().give_back(self._workers)
-            self._workers = []
+        self.crew.clean_up(self.lease_id)
         released = time.time()
-        if self._pg is not None:
-            self._remove_group_and_wait()
-        if self.lease_id is not None:
-            try:
-                client.call(client.broker().release, self.lease_id, reason, auth=client.lease_auth(self.identity),
-                            timeout=10.0)
-            except Exception as exc:  # Ray already freed the group; the broker reconciles later
-                log.warning("Could not tell the broker lease %s ended (%s); it will notice by itself.",
-                            self.lease_id, exc)
+        told = self.lease_id is None
+        try:
+            if self._pg is not None:
+                self._remove_group_and_wait()
+            if self.lease_id is not None:
+                try:
+                    client.call(client.broker().release, self.lease_id, reason,
+                                auth=client.lease_auth(self.identity), timeout=10.0)
+                    told = True
+                except Exception as exc:  # Ray already freed the group; the broker reconciles later
+                    log.warning("Could not tell the broker lease %s ended (%s); it will notice by itself.",
+                                self.lease_id, exc)
+        finally:
+            # Only now may another lease of this process take the workers: until the broker heard
+            # the end, it could take this lease back and kill the workers it knows as this lease's.
+            self.crew.give_back(broker_told=told)
         if self.granted_at is not None and self.slots:  # as the broker bills: only a lease Ray placed
             self.info.gpu_seconds = self._gpu_seconds_before + self.gpus * (released - (self._sized_at or released))
         self.info.released = True
@@ -553,32 +410,6 @@ def _cluster_view(broker) -> dict | None:
         return None
 
 
-def _error_for_end(view: dict) -> GPUSessionError:
-    if view.get("end_reason") == "rejected" and view.get("error") in ERRORS_BY_NAME:
-        return ERRORS_BY_NAME[view["error"]](view.get("message") or "The broker rejected the request.")
-    if view.get("end_reason") == "revoked":
-        return LeaseRevoked(f"Request {view['lease_id']} was revoked while it waited in the queue.")
-    return GPUSessionError(
-        f"The broker ended request {view['lease_id']} while it waited ({view.get('end_reason')}). Try again."
-    )
-
-
-def _end_reason(exc: BaseException | None) -> str:
-    if exc is None:
-        return "finished"
-    if isinstance(exc, KeyboardInterrupt):
-        return "interrupted"
-    if isinstance(exc, Preempted):
-        return "preempted"
-    if isinstance(exc, LeaseRevoked):
-        return "revoked"
-    from ..errors import RunCancelled, RunTimeout
-
-    if isinstance(exc, RunCancelled):
-        return "cancelled"
-    return "timeout" if isinstance(exc, RunTimeout) else "failed"
-
-
 def lease(**options: Any) -> Lease:
     """Lease GPUs now (waiting in the queue if needed) and hold them until released.
 
@@ -587,6 +418,7 @@ def lease(**options: Any) -> Lease:
        ...:     lease.run(evaluate)
     Accepts the options of `gs.distributed`; `timeout` bounds each run."""
     from ..renderer import default_observer
+    from ..run.idle_resize import resize_while_idle
 
     run_options = validate_run_options(**options)
     # `timeout` bounds each run of a held lease, not the lease: declare no hold limit to the broker.
@@ -594,7 +426,7 @@ def lease(**options: Any) -> Lease:
     observer = default_observer(run_options.lease.workers)
     held = Lease(run_options, observer=observer).acquire()
     if run_options.lease.min_workers is not None and run_options.lease.min_workers < run_options.lease.workers:
-        held.resize_while_idle()
+        resize_while_idle(held)
     return held
 
 
@@ -614,7 +446,3 @@ def release_all(reason: str = "released") -> int:
 def _release_at_exit() -> None:
     if ray.is_initialized():
         release_all("caller exited")
-
-
-def caller_location() -> tuple[str, str]:
-    return socket.gethostname(), os.getcwd()

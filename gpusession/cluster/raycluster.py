@@ -15,6 +15,7 @@ from pathlib import Path
 import ray
 
 from . import rayprivate
+from .unreserved import consistent_unreserved
 from ..events import _in_notebook_kernel
 
 log = logging.getLogger("gpusession")
@@ -212,23 +213,14 @@ def available_gpus_by_node() -> dict[str, float]:
     }
 
 
-def _is_group_total(key: str) -> bool:
-    # "GPU_group_<pg>" is a group's total on a node; "GPU_group_<i>_<pg>" is one bundle of it
-    return key.startswith("GPU_group_") and key.count("_") == 2
-
-
 def unreserved_gpus_by_node(*, excluding_group: str) -> dict[str, float]:
     """Per node: free GPUs plus GPUs held by placement groups other than `excluding_group`.
 
     Ray drops a removed group's keys from its view before it adds the GPUs back, so "our
     group's keys are gone" does not mean "free". This sum grows by exactly our GPUs when ours
-    are back, whatever other groups do meanwhile."""
-    available = rayprivate.available_resources_per_node()
-    result = {}
-    for node_id, totals in rayprivate.total_resources_per_node().items():
-        held_by_others = sum(v for k, v in totals.items() if _is_group_total(k) and excluding_group not in k)
-        result[node_id] = available.get(node_id, {}).get("GPU", 0.0) + held_by_others
-    return result
+    are back, whatever other groups do meanwhile (read consistently: unreserved.py)."""
+    return consistent_unreserved(rayprivate.total_resources_per_node, rayprivate.available_resources_per_node,
+                                 excluding_group=excluding_group)
 
 
 def dead_job_ids(job_ids: set[str]) -> set[str]:

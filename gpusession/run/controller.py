@@ -24,12 +24,15 @@ from ..shipping import pickle_call
 from .rank_account import this_account
 from .spec import RankSpec
 from ..broker.notice import Notice
-from .follower import AttemptFailed, Follower
+from .follower import Follower
 from .heartbeat import silence_timeout
+from .outcome import Failed, Finished, Resize, Stopped, TimedOut
 from .policies import (Action, FailureDecision, FailurePolicy, FaultKind, RunState, check_move, restart_line,
                        workers_after_host_loss)
 from . import resize
 from .commits import resume_point
+from .endings import terminal_state
+from .crew import replace_lost_workers
 
 log = logging.getLogger("gpusession")
 PG_TIMEOUT_ENV = "GPUSESSION_PG_TIMEOUT_S"
@@ -116,28 +119,31 @@ class RunController:
         attempt = 0
         while True:
             try:
-                results = self._attempt(backend, attempt, deadline)
-            except AttemptFailed as failed:
-                self._stop_survivors(failed)
-                self._recover_or_raise(failed, attempt)
-                attempt += 1
-                continue
-            except resize.ResizeNeeded as needed:  # elastic: not a failure, never counted as one
-                self.lease.stop_ranks(self._run_id)
-                self._resize(needed.notice)
-                attempt += 1
-                continue
-            except BaseException as exc:
-                self.lease.stop_ranks(self._run_id)  # ranks may be stuck in a collective: stop them all
-                self._move(_terminal_state(exc), type(exc).__name__)
+                end = self._attempt(backend, attempt, deadline)
+            except BaseException as exc:  # the user's stop (interrupt, cancel) or a fault of our own
+                self.lease.crew.stop_ranks(self._run_id)  # ranks may be stuck in a collective: stop them all
+                self._move(terminal_state(exc), type(exc).__name__)
                 raise
-            self._move(RunState.FINISHED, "the function returned")
-            if self.options.return_all:
-                return [_loads(results.get(r)) for r in range(len(results))]
-            return _loads(results.get(0))
+            match end:
+                case Finished(results):
+                    self._move(RunState.FINISHED, "the function returned")
+                    if self.options.return_all:
+                        return [_loads(results.get(r)) for r in range(len(results))]
+                    return _loads(results.get(0))
+                case Failed():
+                    self._stop_survivors(end)
+                    self._recover_or_raise(end, attempt)
+                case Resize(notice):  # elastic: not a failure, never counted as one
+                    self.lease.crew.stop_ranks(self._run_id)
+                    self._resize(notice)
+                case Stopped(error) | TimedOut(error):
+                    self.lease.crew.stop_ranks(self._run_id)
+                    self._move(terminal_state(error), type(error).__name__)
+                    raise error
+            attempt += 1
 
-    def _attempt(self, backend: str, attempt: int, deadline: float | None) -> dict:
-        workers = self.lease.acquire_workers(self.options.runtime_env)
+    def _attempt(self, backend: str, attempt: int, deadline: float | None):
+        workers = self.lease.acquire_workers()
         ranks = rank_specs(self.lease, workers, backend=backend, return_all=self.options.return_all,
                            attempt=attempt, comm=self.options.comm)
         self._run_id = ranks[0][0].run_id
@@ -151,16 +157,16 @@ class RunController:
             self._move(RunState.RUNNING, f"attempt {attempt}")
         return follower.follow()
 
-    def _stop_survivors(self, failed: AttemptFailed) -> None:
+    def _stop_survivors(self, failed: Failed) -> None:
         """Stop every rank that can still be reached, now; a lost host's workers are dropped from
         the lease, so nothing (stopping, cleaning up, waiting for its GPUs) waits on them."""
         follower = self._follower
         if failed.fault.kind is FaultKind.HOST_LOST:
             self.lease.drop_workers([follower.rank_workers[r] for r in sorted(follower.lost_ranks)],
                                     lost_nodes=set(follower.lost_nodes))
-        self.lease.stop_ranks(self._run_id)
+        self.lease.crew.stop_ranks(self._run_id)
 
-    def _recover_or_raise(self, failed: AttemptFailed, attempt: int) -> None:
+    def _recover_or_raise(self, failed: Failed, attempt: int) -> None:
         decision = self.policy.decide(failed.fault, self.failures)
         shrink_to = None
         if decision.action is Action.RETRY and failed.fault.kind is FaultKind.HOST_LOST:
@@ -182,7 +188,7 @@ class RunController:
             resize.shrink_after_host_loss(self.lease, shrink_to)
             self.info.gpus, self.info.workers = self.lease.gpus, self.lease.workers  # the status line's count
         elif failed.fault.kind is not FaultKind.HOST_LOST:
-            self.lease.replace_lost_workers(follower.lost_ranks)
+            replace_lost_workers(self.lease, follower.lost_ranks)
         where = resume_point(self.info)
         line = restart_line(failed.fault, resume_step=where, attempt=self.failures + 1,
                             max_attempts=self.options.max_failures + 1,
@@ -194,7 +200,7 @@ class RunController:
         self.observer.transition(self.info, line)
         self._move(RunState.STARTING, f"attempt {attempt + 1}")
 
-    def _move_off_lost_hosts(self, failed: AttemptFailed) -> FailureDecision | None:
+    def _move_off_lost_hosts(self, failed: Failed) -> FailureDecision | None:
         """The broker moves the lost hosts' workers to free GPUs elsewhere and the lease re-makes
         its group there (None: done); or the run cannot restart, and the error says why."""
         try:
@@ -237,16 +243,6 @@ def _close_phases(info: RunInfo, lease, started: float) -> None:
     begun = lease.granted_at if lease.granted_at is not None and not lease.has_run else started
     lease.has_run = True
     info.setup_s = max(0.0, time.time() - begun - info.run_s)
-
-
-def _terminal_state(exc: BaseException) -> RunState:
-    from ..errors import LeaseRevoked, Preempted, RunCancelled
-
-    if isinstance(exc, Preempted):
-        return RunState.PREEMPTED
-    if isinstance(exc, (KeyboardInterrupt, LeaseRevoked, RunCancelled)):
-        return RunState.STOPPED
-    return RunState.FAILED
 
 
 def _loads(data: bytes | None) -> Any:

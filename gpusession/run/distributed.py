@@ -11,7 +11,8 @@ from ..renderer import default_observer
 from ..stepreport import StepToBroker
 from .background import Run
 from .controller import run_function
-from ..cluster.lease import Lease, _end_reason
+from ..cluster.lease import Lease
+from .endings import end_reason
 from ..options import RunOptions, validate_run_options
 
 OPTION_NAMES = tuple(inspect.signature(validate_run_options).parameters)
@@ -83,7 +84,7 @@ class DistributedFunction:
             error = exc
             raise
         finally:
-            info.end_reason = _end_reason(error)
+            info.end_reason = end_reason(error)
             observer.finished(info, error)
 
     def __repr__(self) -> str:

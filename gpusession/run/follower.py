@@ -2,24 +2,30 @@
 
 One loop in the caller's thread waits on all ranks' streams and the broker's notice at once
 (ray.wait), so output and metrics arrive as they happen, Ctrl-C is noticed within a poll, and
-the first failing rank ends the attempt: the controller then stops every other rank (they may be
-stuck in a collective) and decides whether to restart.
+the first failing rank ends the attempt. `follow()` returns how the attempt ended as a value
+(outcome.py); the controller then stops every other rank (they may be stuck in a collective)
+and decides whether to restart. The judgements (root cause, host or worker, the clock) are pure
+functions in judgements.py.
 """
 from __future__ import annotations
 
+import enum
+import logging
 import time
 from typing import Any
 
 import ray
 
-from ..errors import LeaseRevoked, Preempted, RunTimeout, WorkerFailed
+from ..errors import RunTimeout, WorkerFailed
 from ..events import Observer, RunInfo
-from . import commits, messages as m
+from . import commits, judgements as judge, messages as m
 from .heartbeat import BeatMonitor, Loss
 from .notices import notice_error
 from ..broker.notice import Notice, NoticeKind
+from ..cluster.raycluster import node_answers
+from .outcome import AttemptEnd, Failed, Finished, Resize, Stopped, TimedOut
 from .policies import Fault, FaultKind, is_collective_fault, ranks_text, run_began, signal_name
-from .resize import ResizeNeeded, deadline_to_act
+from .resize import deadline_to_act
 
 POLL_S = 0.2  # how often the loop looks at the clock when no rank says anything
 FAILURE_GRACE_S = 1.0  # after a rank's communication error, how long to wait for the root cause
@@ -32,12 +38,11 @@ NODE_ANSWER_TIMEOUT_S = 0.3  # is the host of a lost worker still there? (its ra
 HOST_SETTLE_S = 1.0
 
 
-class AttemptFailed(Exception):
-    """An attempt ended because a rank failed; `error` is what the user sees if it is not retried."""
+class Payload(enum.Enum):
+    """What a rank's next stream item is, as its message before it announced."""
 
-    def __init__(self, fault: Fault, error: WorkerFailed) -> None:
-        super().__init__(str(error))
-        self.fault, self.error = fault, error
+    CHECKPOINT = "checkpoint"
+    RESULT = "result"
 
 
 class Follower:
@@ -56,7 +61,7 @@ class Follower:
         self.run_id = ranks[0][0].run_id if ranks else None
         self.deadline, self.timeout_s, self.attempt = deadline, timeout_s, attempt
         self.launched = launched
-        self.payload_kind: dict[int, str] = {}
+        self.payload_kind: dict[int, Payload] = {}
         self.results: dict[int, Any] = {}
         self.started: set[int] = set()
         self.started_at: dict[int, float] = {}  # rank -> its own clock when it entered the function
@@ -66,13 +71,14 @@ class Follower:
         self.reported = False  # this attempt's first report marks where it resumed
         self.stop_at_checkpoint: tuple[float, dict] | None = None
         self.resize_at_checkpoint: tuple[float, dict] | None = None  # (act by, shrink or grow notice)
-        self.failures: list[tuple[int, Fault, WorkerFailed]] = []  # (0 root cause .. 2 collateral)
+        self.failures: list[tuple[bool, Fault, WorkerFailed]] = []  # (collateral, fault, error)
         self.failing_since: float | None = None
         self.lost_ranks: set[int] = set()  # ranks whose worker actor died
         self.suspects: dict[str, tuple[float, list[Loss]]] = {}  # node -> (since, losses) while its host answers
         self.exited: set[int] = set()  # ranks whose process ended after its result or error
 
-    def follow(self) -> dict[int, Any]:
+    def follow(self) -> AttemptEnd:
+        """Follow the attempt to its end: how it ended, as a value."""
         try:
             return self._follow()
         finally:  # a failed or interrupted run still says how long the function ran
@@ -81,48 +87,53 @@ class Follower:
             if self.run_started is not None:
                 self.info.run_s += time.time() - self.run_started
 
-    def _follow(self) -> dict[int, Any]:
+    def _follow(self) -> AttemptEnd:
         while self.streams:
             watch = self.lease.watch_ref
-            waitables = list(self.streams) + ([watch] if watch is not None and self.lease._notice is None else [])
-            ready, _ = ray.wait(waitables, num_returns=1, timeout=self._poll_timeout())
+            waitables = list(self.streams) + ([watch] if watch is not None and not self.lease.has_notice else [])
+            timeout = judge.poll_timeout(time.time(), self.deadline, POLL_S)
+            ready, _ = ray.wait(waitables, num_returns=1, timeout=timeout)
             for item in ready:
-                if item is watch:
-                    self._on_notice()
-                else:
-                    self._advance(item)
+                end = self._on_notice() if item is watch else self._advance(item)
+                if end is not None:
+                    return end
             self._check_heartbeats()
             self._settle_suspects()
-            self._check_failures()
-            self._check_clocks()
-            self.observer.poll()
+            end = self._check_failures() or self._check_clocks()
+            if end is not None:
+                return end
+            self.observer.poll()  # the user's own stop (interrupt, cancel) raises here
         self._settle_suspects(wait=True)
-        self._check_failures()
-        return {rank: ray.get(ref).data if ref is not None else None for rank, ref in self.results.items()}
+        end = self._check_failures()
+        if end is not None:
+            return end
+        return Finished({rank: ray.get(ref).data if ref is not None else None for rank, ref in self.results.items()})
 
     # ----- failures -------------------------------------------------------------------------------
     def _fail(self, fault: Fault, error: WorkerFailed, *, collateral: bool) -> None:
-        self.failures.append((2 if collateral else 0, fault, error))
+        self.failures.append((collateral, fault, error))
         self.failing_since = self.failing_since or time.monotonic()
 
-    def _check_failures(self) -> None:
-        """End the attempt on the root cause: a rank's own error or death at once; a
-        communication error (often the echo of a peer's failure) only after the peers had a
-        moment to report."""
+    def _check_failures(self) -> AttemptEnd | None:
+        """End the attempt on the root cause (judgements.root_cause)."""
         if not self.failures or self.suspects:  # a suspect is judged first: it may be the root cause
-            return
-        best = min(self.failures, key=lambda f: f[0])
-        waited = time.monotonic() - self.failing_since
-        if best[0] == 0 or waited >= FAILURE_GRACE_S or not self.streams:
-            self._drain(DRAIN_S)
-            error = best[2]
-            others = [e for _, _, e in self.failures if e is not error]
-            if best[0] != 0 and others:  # no root cause found: show what every rank reported
-                error.args = (error.args[0] + " Other ranks: " + "; ".join(
-                    f"rank {e.rank}: {e.remote_type}: {(e.remote_message or '')[:300]}" for e in others),)
-            raise AttemptFailed(best[1], error)
+            return None
+        chosen = judge.root_cause([judge.Failure(c, i) for i, (c, _, _) in enumerate(self.failures)],
+                                  waited_s=time.monotonic() - self.failing_since, grace_s=FAILURE_GRACE_S,
+                                  ranks_left=len(self.streams))
+        if chosen is None:
+            return None
+        end = self._drain(DRAIN_S)
+        if end is not None:  # the commit just taken is where the run was to stop or resize anyway
+            return end
+        collateral, fault, error = self.failures[chosen]
+        others = [e for _, _, e in self.failures if e is not error]
+        if collateral and others:  # no root cause found: show what every rank reported
+            error.args = (error.args[0] + " Other ranks: " + "; ".join(
+                f"rank {e.rank}: {e.remote_type}: {(e.remote_message or '')[:300]}" for e in others),)
+        return Failed(fault, error)
 
-    def _drain(self, budget_s: float) -> None:
+    def _drain(self, budget_s: float) -> AttemptEnd | None:
         """Take what the other ranks already sent before their attempt is torn down: above all a
         checkpoint rank 0 committed just before a peer died, so the restart loses no step."""
         deadline = time.monotonic() + budget_s
@@ -130,65 +141,67 @@ class Follower:
             left = deadline - time.monotonic()
             ready, _ = ray.wait(list(self.streams), num_returns=1, timeout=max(0.0, left))
             if not ready:
-                return
-            self._advance(ready[0])
+                return None
+            end = self._advance(ready[0])
+            if end is not None:
+                return end
+        return None
 
-    def _poll_timeout(self) -> float:
-        if self.deadline is None:
-            return POLL_S
-        return max(0.0, min(POLL_S, self.deadline - time.time()))
-
-    def _check_clocks(self) -> None:
-        now = time.time()
-        if self.deadline is not None and now >= self.deadline and self.streams:
-            raise RunTimeout(
+    def _check_clocks(self) -> AttemptEnd | None:
+        stop, resize = self.stop_at_checkpoint, self.resize_at_checkpoint
+        verdict = judge.clock_verdict(time.time(), deadline=self.deadline, ranks_left=len(self.streams),
+                                      stop_at=stop[0] if stop else None, resize_at=resize[0] if resize else None,
+                                      resize_kind=resize[1].kind if resize else None)
+        if verdict is judge.ClockVerdict.TIMED_OUT:
+            return TimedOut(RunTimeout(
                 f"The run exceeded timeout={self.timeout_s:g} s and its workers were stopped. Raise timeout, "
                 "or save checkpoints (gs.save_checkpoint) and resume from the last one."
-            )
-        if self.stop_at_checkpoint is not None and now >= self.stop_at_checkpoint[0]:
-            raise self._stopped(self.stop_at_checkpoint[1])
-        if self.resize_at_checkpoint is not None and now >= self.resize_at_checkpoint[0]:
-            notice = self.resize_at_checkpoint[1]
-            if notice.kind is NoticeKind.SHRINK:  # no commit in time: resume from the last one, smaller
-                raise ResizeNeeded(notice)
-            self.resize_at_checkpoint = None  # an offer not taken in time lapses; watch for the next
-            self.lease.request_checkpoints("", wanted=False)
+            ))
+        if verdict is judge.ClockVerdict.STOP:
+            return self._stopped(stop[1])
+        if verdict is judge.ClockVerdict.RESIZE:  # no commit in time: resume from the last one, smaller
+            return Resize(resize[1])
+        if verdict is judge.ClockVerdict.OFFER_LAPSED:  # watch for the next one
+            self.resize_at_checkpoint = None
+            self.lease.crew.request_checkpoints("", wanted=False)
             self.lease.rearm()
+        return None
 
     # ----- messages ------------------------------------------------------------------------------
-    def _advance(self, stream) -> None:
+    def _advance(self, stream) -> AttemptEnd | None:
+        """Take a rank's next stream item; an end when a commit is where the run stops or resizes."""
         rank = self.streams[stream]
         try:
             ref = next(stream)
         except StopIteration:
             del self.streams[stream]
-            return
+            return None
         except ray.exceptions.RayError as exc:
             del self.streams[stream]
             self._lost(rank, exc)
-            return
+            return None
         kind = self.payload_kind.pop(rank, None)
-        if kind == "checkpoint":
+        if kind is Payload.CHECKPOINT:
             try:
                 held = commits.hold(ref)
             except ray.exceptions.RayError as exc:  # lost with rank 0's node before it reached us
                 del self.streams[stream]
                 self._lost(rank, exc)
-                return
-            self._commit(rank, held)
-            return
-        if kind == "result":
+                return None
+            return self._commit(rank, held)
+        if kind is Payload.RESULT:
             self.results[rank] = ref
-            return
+            return None
         try:
             message = ray.get(ref)
         except ray.exceptions.RayError as exc:
             del self.streams[stream]
             self._lost(rank, exc)
-            return
+            return None
         self._on_message(rank, message)
+        return None
 
-    def _commit(self, rank: int, held) -> None:
+    def _commit(self, rank: int, held) -> AttemptEnd | None:
         """Rank 0's commit is ours: it becomes the checkpoint, its save_checkpoint returns, and a
         run told to stop or resize does so now."""
         if not (self.attempt and not self.reported):  # else the history still ends with redone steps
@@ -197,9 +210,10 @@ class Follower:
         self.checkpoints += 1
         self.rank_workers[rank].actor.checkpoint_kept.remote(self.run_id)
         if self.stop_at_checkpoint is not None:
-            raise self._stopped(self.stop_at_checkpoint[1])
+            return self._stopped(self.stop_at_checkpoint[1])
         if self.resize_at_checkpoint is not None:
-            raise ResizeNeeded(self.resize_at_checkpoint[1])
+            return Resize(self.resize_at_checkpoint[1])
+        return None
 
     def _on_message(self, rank: int, message) -> None:
         if isinstance(message, m.Output):
@@ -214,14 +228,14 @@ class Follower:
         elif isinstance(message, m.Started):
             self._on_started(rank, message)
         elif isinstance(message, m.CheckpointSaved):
-            self.payload_kind[rank] = "checkpoint"
+            self.payload_kind[rank] = Payload.CHECKPOINT
         elif isinstance(message, m.WatchesCheckpoints):
             self.watched = True
         elif isinstance(message, m.Communication):
             self.info.communication = message.report
         elif isinstance(message, m.Result):
             if message.has_value:
-                self.payload_kind[rank] = "result"
+                self.payload_kind[rank] = Payload.RESULT
             else:
                 self.results[rank] = None
         elif isinstance(message, m.RankError):
@@ -298,7 +312,7 @@ class Follower:
         if not self.pending_losses:
             return
         first = min(loss.at for loss in self.pending_losses.values())
-        if time.time() - first < LOSS_GATHER_S:
+        if not judge.losses_gathered(first, time.time(), LOSS_GATHER_S):
             return  # the other ranks of that host report theirs within moments
         losses, self.pending_losses = self.pending_losses, {}
         by_node: dict[str, list[Loss]] = {}
@@ -321,10 +335,10 @@ class Follower:
             self._blame(node_id, losses, settled=True)
 
     def _blame(self, node_id: str, losses: list[Loss], *, settled: bool = False) -> None:
-        from ..cluster.raycluster import node_answers
-
         how = losses[0].how
-        if node_id and not node_answers(node_id, NODE_ANSWER_TIMEOUT_S):
+        answers = bool(node_id) and node_answers(node_id, NODE_ANSWER_TIMEOUT_S)
+        whom = judge.blame(node_known=bool(node_id), host_answers=answers, settled=settled)
+        if whom is judge.Blame.HOST:
             self.suspects.pop(node_id, None)
             ranks = tuple(sorted(r for r, n in self.rank_node_ids.items() if n == node_id))
             host = self._host_name(ranks[0], node_id)
@@ -337,7 +351,7 @@ class Follower:
                 rank=ranks[0], node=self._where(ranks[0], ""), remote_type="HostLost", remote_message=how,
             ), collateral=False)
             return
-        if node_id and not settled:  # the host answers, for now: ask it again in a moment
+        if whom is judge.Blame.SUSPECT:  # the host answers, for now: ask it again in a moment
             since, earlier = self.suspects.get(node_id, (time.monotonic(), []))
             self.suspects[node_id] = (since, earlier + losses)
             self.lost_ranks.update(loss.key for loss in losses)
@@ -361,27 +375,30 @@ class Follower:
         return f"{name or '?'} ({address}, Ray node {node_id})"
 
     # ----- the broker's notice --------------------------------------------------------------------
-    def _on_notice(self) -> None:
+    def _on_notice(self) -> Stopped | None:
         notice = self.lease.notice()
         if notice is None:  # the broker was replaced; the lease now watches the new one
-            return
-        if notice.kind.is_resize:  # elastic: change size at the next commit
+            return None
+        response = judge.respond_to_notice(notice.kind, graceful=bool(notice.deadline),
+                                           commits=bool(self.checkpoints or self.watched
+                                                        or self.info.checkpoint_ref is not None))
+        if response is judge.NoticeResponse.RESIZE_AT_COMMIT:  # elastic: change size at the next commit
             why = notice.reason or notice.kind.value
-            self.lease.request_checkpoints(f"{notice.kind.value} to {notice.to_gpus} GPUs: {why}")
+            self.lease.crew.request_checkpoints(f"{notice.kind.value} to {notice.to_gpus} GPUs: {why}")
             self.resize_at_checkpoint = (deadline_to_act(notice, received=time.time()), notice)
-            return
-        if notice.kind in (NoticeKind.PREEMPT, NoticeKind.REVOKE) and notice.deadline:  # graceful, then forced
+            return None
+        if notice.deadline and notice.kind in (NoticeKind.PREEMPT, NoticeKind.REVOKE):  # graceful, then forced
             why = "preempted" if notice.kind is NoticeKind.PREEMPT else "revoked"
-            self.lease.request_checkpoints(f"{why}: {notice.reason or ''}".strip())
-            if self.checkpoints or self.watched or self.info.checkpoint_ref is not None:
-                # a function that commits: stop at its next commit, or just before the broker
-                # takes the GPUs; one that never does stops now, freeing them at once
-                self.stop_at_checkpoint = (notice.deadline - 1.0, notice)
-                return
-        raise notice_error(self.lease, notice, checkpointed=self.info.checkpoint_ref is not None)
+            self.lease.crew.request_checkpoints(f"{why}: {notice.reason or ''}".strip())
+        if response is judge.NoticeResponse.STOP_AT_COMMIT:
+            # a function that commits stops at its next commit, or just before the broker takes
+            # the GPUs; one that never does stops now, freeing them at once
+            self.stop_at_checkpoint = (notice.deadline - 1.0, notice)
+            return None
+        return self._stopped(notice)
 
-    def _stopped(self, notice: Notice) -> Preempted | LeaseRevoked:
-        return notice_error(self.lease, notice, checkpointed=self.info.checkpoint_ref is not None)
+    def _stopped(self, notice: Notice) -> Stopped:
+        return Stopped(notice_error(self.lease, notice, checkpointed=self.info.checkpoint_ref is not None))
 
 
 def _monitor(rank_workers: dict, silence_s: float) -> BeatMonitor | None:
@@ -394,8 +411,6 @@ def _monitor(rank_workers: dict, silence_s: float) -> BeatMonitor | None:
         return None
     monitor = BeatMonitor(targets, silence_s)
     if monitor.unwatched:
-        import logging
-
         logging.getLogger("gpusession").warning(
             "No heartbeat from the workers of ranks %s (%s): a lost host is noticed only when Ray declares it "
             "dead. Let the caller reach the worker nodes on every TCP port (README, Multi-host clusters).",

@@ -5,7 +5,7 @@ so neither imports the other."""
 from __future__ import annotations
 
 from ..broker.notice import Notice, NoticeKind
-from ..errors import GPUSessionError, LeaseRevoked, Preempted
+from ..errors import ERRORS_BY_NAME, GPUSessionError, LeaseRevoked, Preempted
 
 
 def notice_error(lease, notice: Notice, *, checkpointed: bool | None = None) -> GPUSessionError:
@@ -25,3 +25,15 @@ def notice_error(lease, notice: Notice, *, checkpointed: bool | None = None) -> 
         return LeaseRevoked(f"{what} was {notice.reason}. The workers were stopped. {then}")
     return LeaseRevoked(f"The broker ended {what}: {notice.reason or 'no reason given'}. "
                         f"The workers were stopped. {then}")
+
+
+def queue_end_error(view: dict) -> GPUSessionError:
+    """The error a caller sees when its request ended while it waited in the queue (`view`: the
+    request's view from the broker)."""
+    if view.get("end_reason") == "rejected" and view.get("error") in ERRORS_BY_NAME:
+        return ERRORS_BY_NAME[view["error"]](view.get("message") or "The broker rejected the request.")
+    if view.get("end_reason") == "revoked":
+        return LeaseRevoked(f"Request {view['lease_id']} was revoked while it waited in the queue.")
+    return GPUSessionError(
+        f"The broker ended request {view['lease_id']} while it waited ({view.get('end_reason')}). Try again."
+    )

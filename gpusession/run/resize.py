@@ -2,7 +2,7 @@
 to grow back on).
 
 The follower (follower.py) asks the ranks to commit (gs.should_checkpoint() turns true) and
-raises ResizeNeeded at the next commit; the controller stops the ranks, `carry_out` re-makes the
+returns a Resize end at the next commit; the controller stops the ranks, `carry_out` re-makes the
 lease's placement group at the new size and tells the broker, and the next attempt starts from
 that commit at the new world size. The decision and the cell's line are pure (`decide`,
 `resize_line`, tested in tests/unit/test_elastic.py); resizes never count as failures.
@@ -14,17 +14,10 @@ from dataclasses import dataclass
 
 from ..broker.notice import Notice, NoticeKind
 from ..errors import GPUSessionError, Preempted
+from .notices import notice_error
 
 log = logging.getLogger("gpusession")
 SHRINK_MARGIN_S = 2.0  # a run that has not committed this long before a shrink's deadline resizes anyway
-
-
-class ResizeNeeded(Exception):
-    """The attempt ends here so that the run continues at another size (`notice` says which)."""
-
-    def __init__(self, notice: Notice) -> None:
-        super().__init__(f"{notice.kind.value} to {notice.to_workers} workers")
-        self.notice = notice
 
 
 @dataclass(frozen=True)
@@ -124,3 +117,16 @@ def shrink_after_host_loss(lease, workers: int) -> None:
     client.call(client.broker().resize, lease.lease_id, workers, lease.node_workers(), gpu_ids=lease.gpu_ids(),
                 auth=client.lease_auth(lease.identity))
     log.info("Lease %s: a host was lost; going on with the %d workers that remain", lease.lease_id, workers)
+
+
+def check_between_runs(lease) -> None:
+    """Before a run of a held lease: make a resize the broker asked for; if it took the lease
+    back, release it and raise what the caller is told."""
+    notice = lease.notice()
+    if notice is not None and notice.kind.is_resize:
+        resize_between_runs(lease, notice)
+        return
+    if notice is not None:
+        error = notice_error(lease, notice)
+        lease.release(notice.reason_code or "revoked")
+        raise error

@@ -88,11 +88,16 @@ def _positive_int(value: Any, *, name: str, example: str) -> int:
     return value
 
 
-def _is_optuna(value: Any, kind: str) -> bool:
+def _is_optuna_sampler(value: Any) -> bool:
     import optuna
 
-    base = optuna.samplers.BaseSampler if kind == "sampler" else optuna.pruners.BasePruner
-    return isinstance(value, base)
+    return isinstance(value, optuna.samplers.BaseSampler)
+
+
+def _is_optuna_pruner(value: Any) -> bool:
+    import optuna
+
+    return isinstance(value, optuna.pruners.BasePruner)
 
 
 def validate_sweep(fn: Any, space: Any, *, trials: Any, parallel: Any, objective: Any, mode: Any,
@@ -108,9 +113,9 @@ def validate_sweep(fn: Any, space: Any, *, trials: Any, parallel: Any, objective
             f"objective must be the name of a gs.report value, e.g. objective='val_loss'; got {objective!r}.")
     if mode not in ("min", "max"):
         raise ValueError(f"mode must be 'min' or 'max'; got {mode!r}.")
-    if not (sampler in SAMPLERS or _is_optuna(sampler, "sampler")):
+    if not (sampler in SAMPLERS or _is_optuna_sampler(sampler)):
         raise ValueError(f"sampler must be 'tpe', 'random', 'grid' or an optuna sampler; got {sampler!r}.")
-    if not (pruner in PRUNERS or _is_optuna(pruner, "pruner")):
+    if not (pruner in PRUNERS or _is_optuna_pruner(pruner)):
         raise ValueError(f"pruner must be 'asha', 'median', None or an optuna pruner; got {pruner!r}.")
     if sampler == "grid":
         parsed_space.grid()  # raises when a searched argument is continuous

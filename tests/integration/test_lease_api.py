@@ -98,7 +98,7 @@ def test_a_grant_revoked_while_it_is_being_placed_raises_the_brokers_reason(clus
 
     from gpusession.run.pool import WorkerPool
 
-    monkeypatch.setattr(importlib.import_module("gpusession.cluster.lease"), "_probe", _probe_that_never_answers)
+    monkeypatch.setattr(importlib.import_module("gpusession.cluster.bundles"), "_probe", _probe_that_never_answers)
     monkeypatch.setattr(WorkerPool, "probe_bundles", lambda self, *args: None)  # no node host probes either
     outcome: dict = {}
 

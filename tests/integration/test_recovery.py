@@ -55,7 +55,7 @@ def test_a_killed_worker_actor_on_a_host_that_answers_is_one_workers_loss_and_th
             while not os.path.exists(marker) and time.monotonic() < deadline:
                 time.sleep(0.02)
             killed.append(time.time())
-            ray.kill(lease._workers[1].actor)
+            ray.kill(lease.crew.handles[1].actor)
 
         killer = threading.Thread(target=kill_rank_1s_worker, daemon=True)
         killer.start()

@@ -1,0 +1,31 @@
+"""PURE: what the end of a run is called: the end reason the broker and the receipt record, and
+the state the run controller ends in. Apart, so the lease, the controller and the `gs.distributed`
+entry point share one mapping."""
+from __future__ import annotations
+
+from ..errors import LeaseRevoked, Preempted, RunCancelled, RunTimeout
+from .policies import RunState
+
+
+def end_reason(error: BaseException | None) -> str:
+    """The end reason of a run (or a lease) that ended with `error` (None: it finished)."""
+    if error is None:
+        return "finished"
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted"
+    if isinstance(error, Preempted):
+        return "preempted"
+    if isinstance(error, LeaseRevoked):
+        return "revoked"
+    if isinstance(error, RunCancelled):
+        return "cancelled"
+    return "timeout" if isinstance(error, RunTimeout) else "failed"
+
+
+def terminal_state(error: BaseException) -> RunState:
+    """The state a run ends in when `error` ends it."""
+    if isinstance(error, Preempted):
+        return RunState.PREEMPTED
+    if isinstance(error, (KeyboardInterrupt, LeaseRevoked, RunCancelled)):
+        return RunState.STOPPED
+    return RunState.FAILED
