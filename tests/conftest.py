@@ -101,7 +101,7 @@ def pytest_collection_modifyitems(config, items):
     tests = ROOT / "tests"
     for item in items:
         path = Path(str(item.fspath))
-        relative = path.relative_to(tests) if path.is_relative_to(tests) else Path("", path.name)
+        relative = path.relative_to(tests) if path.is_relative_to(tests) else Path(path.name)
         module = getattr(item, "module", None)
         where = f"{relative.as_posix()}::{getattr(item, 'originalname', item.name)}"
         folder = relative.parts[0] if len(relative.parts) > 1 else ""
