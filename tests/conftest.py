@@ -28,10 +28,17 @@ hypothesis_settings.register_profile(
 hypothesis_settings.load_profile("gpusession")
 CLUSTER_GPUS = 4
 
-# The fast loop (`pytest -m "not slow"`, README "Development") leaves out every test that starts
-# something heavy of its own. Marked here by folder and fixture, so a new test in these folders or
-# using these fixtures is caught without remembering the marker; a test that starts its own Ray
-# cluster in a subprocess says so with an explicit @pytest.mark.slow.
+# The fast loop (`pytest -m "not slow"`, README "Development") must stay under 3 minutes and still
+# catch a broken run path. The rule: a test is slow when, besides the shared session cluster, it
+#  (a) starts something heavy of its own: a Ray cluster, network namespaces, a browser, a
+#      JupyterHub, a Jupyter server, a Jupyter kernel (an example notebook included), or another
+#      Python process that imports Ray or torch (another user's kernel through `driver`, the
+#      gpusession or jupyter CLI, torchrun, a warm parent, spawned ranks); or
+#  (b) plays a scenario that lasts seconds by design: a rank, worker or broker killed and brought
+#      back, a grace period waited out, a crowd of concurrent callers, a whole sweep.
+# Found by folder, fixture and module names where it can be (a new test there is caught without
+# remembering the marker); the rest is listed by file (every test in it) or by file::test, with
+# its reason. Everything else runs in the fast loop: unit tests and calls on the session cluster.
 SLOW_FOLDERS = {
     "e2e": "drives a real browser against its own JupyterLab",
     "multihost": "makes network namespaces and a simulated multi-host cluster",
@@ -42,23 +49,66 @@ SLOW_FIXTURES = {
     "jupyter": "starts its own JupyterLab",
     "browser": "drives a real browser",
     "sim_cluster": "makes network namespaces and a simulated multi-host cluster",
+    "driver": "starts another user's kernel: a Python process that joins the cluster",
+}
+# Names a test module imports to start a Jupyter kernel (tests/integration/kernels.py, nbclient)
+KERNEL_STARTERS = {"Kernel": "starts a real Jupyter kernel", "NotebookClient": "runs a notebook in a real kernel"}
+SLOW_TESTS = {
+    "unit/test_labextension_bundle.py::test_jupyterlab_lists_the_extension_scripts_setup_installed_as_enabled":
+        "runs the jupyter CLI in a subprocess",
+    "integration/test_cli.py": "runs the gpusession CLI in subprocesses",
+    "integration/test_torchrun_parity.py": "runs torchrun",
+    "integration/test_frameworks.py": "runs torchrun and each framework under gpusession",
+    "integration/test_zygote_sharing.py": "starts warm parents of its own (each imports torch)",
+    "integration/test_rendezvous.py": "spawns rank processes that import torch",
+    "integration/test_broker_load.py": "fifty concurrent callers; a broker killed under that load",
+    "integration/test_elastic.py": "shrinks a run for a preemption and grows it back (grace periods)",
+    "integration/test_server_bad_config.py::test_jupyter_lists_the_gpusession_extension_as_enabled_and_valid":
+        "runs the jupyter CLI in a subprocess",
+    "integration/test_call_endings.py::test_warm_parents_killed_while_idle_are_replaced_and_the_next_call_succeeds":
+        "kills the warm parents and waits for new ones to import torch",
+    "integration/test_recovery.py::test_a_rank_killed_mid_run_restarts_from_its_checkpoint_and_ends_with_uninterrupted_weights":
+        "kills a rank and waits for the run to restart",
+    "integration/test_recovery.py::test_a_killed_worker_actor_on_a_host_that_answers_is_one_workers_loss_and_the_run_restarts":
+        "kills a worker actor and waits for the run to restart",
+    "integration/test_broker_lifecycle.py::test_a_newer_client_replaces_an_older_broker_and_keeps_its_ledger":
+        "replaces the session's broker",
+    "integration/test_broker_lifecycle.py::test_a_run_in_flight_survives_its_broker_being_replaced_by_another_client":
+        "replaces the session's broker during a run",
+    "integration/test_broker_lifecycle.py::test_a_worker_stops_by_itself_when_its_leases_group_is_taken_back":
+        "takes a lease's placement group back and waits for its worker to stop",
+    "integration/test_preemption.py::test_a_within_quota_lease_of_equal_priority_is_never_preempted":
+        "waits out a preemption grace period",
+    "integration/test_sweep.py::test_sixteen_trials_run_four_at_a_time_prune_early_record_failures_and_find_the_best":
+        "a whole sweep of sixteen trials",
+    "integration/test_sweep.py::test_an_interrupted_sweep_releases_every_gpu_and_the_same_call_runs_only_the_missing_trials":
+        "a whole sweep, interrupted and run again",
 }
 
 
-def slow_reason(folder: str, fixturenames) -> str | None:
-    """Why a test is slow by where it lives or what it uses; None when neither says so."""
+def slow_reason(folder: str, fixturenames, *, module_names=(), where: str = "") -> str | None:
+    """Why a test is slow (the rule above); None when it runs in the fast loop. `where` is its
+    "folder/file.py::test_name" (parameters left out), `module_names` the names its module defines."""
     if folder in SLOW_FOLDERS:
         return SLOW_FOLDERS[folder]
-    return next((SLOW_FIXTURES[name] for name in fixturenames if name in SLOW_FIXTURES), None)
+    by_fixture = next((SLOW_FIXTURES[name] for name in fixturenames if name in SLOW_FIXTURES), None)
+    by_module = next((KERNEL_STARTERS[name] for name in module_names if name in KERNEL_STARTERS), None)
+    listed = SLOW_TESTS.get(where.split("::")[0]) or SLOW_TESTS.get(where)
+    return by_fixture or by_module or listed
 
 
 def pytest_collection_modifyitems(config, items):
     tests = ROOT / "tests"
     for item in items:
         path = Path(str(item.fspath))
-        folder = path.relative_to(tests).parts[0] if path.is_relative_to(tests) else ""
-        if slow_reason(folder, getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.slow)
+        relative = path.relative_to(tests) if path.is_relative_to(tests) else Path(path.name)
+        module = getattr(item, "module", None)
+        where = f"{relative.as_posix()}::{getattr(item, 'originalname', item.name)}"
+        folder = relative.parts[0] if len(relative.parts) > 1 else ""
+        reason = slow_reason(folder, getattr(item, "fixturenames", ()),
+                             module_names=vars(module) if module else (), where=where)
+        if reason:
+            item.add_marker(pytest.mark.slow(reason=reason))
 
 
 @dataclass

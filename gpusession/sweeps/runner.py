@@ -177,7 +177,7 @@ class SweepRunner:
             for key, value in attrs.items():
                 trial.set_user_attr(key, value)
             value = record.value if state is TrialState.COMPLETE else None
-            self.study.tell(trial, value, state=_optuna_state(state))
+            _tell_study(self.study, trial, value, _optuna_state(state))
             if state is TrialState.COMPLETE and (
                     self.best_kept is None or self.plan.mode.better(record.value, self.best_kept[1])):
                 self.best_kept = (record.number, record.value, result)  # only the best is kept in memory
@@ -190,6 +190,24 @@ class SweepRunner:
 
     def records(self) -> list[TrialRecord]:
         return sorted(self.earlier + self.ran, key=lambda r: r.number)
+
+
+def _tell_study(study, trial, value, state) -> None:
+    """study.tell, except for a grid's end: Optuna's GridSampler asks the study to stop once every
+    point of the grid is taken, and Study.stop raises outside study.optimize (which a sweep does
+    not use). The trial is stored by then (Optuna stores it in a `finally`); the sweep's budget
+    already ends at the grid's size, so that stop request is not needed."""
+    import optuna
+
+    try:
+        study.tell(trial, value, state=state)
+    except RuntimeError:
+        if not isinstance(study.sampler, optuna.samplers.GridSampler) or not _stored_as(study, trial, state):
+            raise
+
+
+def _stored_as(study, trial, state) -> bool:
+    return study.get_trials(deepcopy=False)[trial.number].state == state
 
 
 def _optuna_state(state: TrialState):

@@ -5,7 +5,7 @@ import optuna
 
 import gpusession as gs
 from gpusession.sweeps.plan import validate_sweep
-from gpusession.sweeps.records import TrialState
+from gpusession.sweeps.records import TrialRecord, TrialState
 from gpusession.sweeps.runner import SweepRunner
 from gpusession.sweeps.view import ConsoleBoard
 
@@ -44,3 +44,19 @@ def test_a_resumed_sweep_runs_only_what_is_missing_and_closes_trials_a_dead_kern
     assert reloaded.trials[left_running.number].state == optuna.trial.TrialState.FAIL
     assert all(not r.ran_here for r in runner.records())
     assert runner_for(storage, trials=6).to_start == 2  # the closed one still does not count
+
+
+def test_a_grid_sweep_records_its_last_grid_point_although_optuna_asks_the_study_to_stop():
+    plan = validate_sweep(train, {"x": gs.choice([0.1, 0.2])}, trials=2, parallel=1, objective="val_loss",
+                          mode="min", sampler="grid", pruner=None, max_failed=3, priority="low",
+                          storage=None, study_name="grid", seed=0, distributed_options={})
+    study = optuna.create_study(study_name="grid", sampler=plan.optuna_sampler())
+    board = ConsoleBoard(objective="val_loss", mode_min=True, budget=plan.budget(), world_size=1)
+    runner = SweepRunner(plan, study, board)
+    for number in range(2):  # the second tell takes the grid's last point: GridSampler calls Study.stop
+        trial = study.ask(plan.space.distributions())
+        record = TrialRecord(number=trial.number, params=trial.params)
+        record.value = trial.params["x"]
+        runner._tell(trial, record, TrialState.COMPLETE, None)
+    assert [t.state for t in study.trials] == [optuna.trial.TrialState.COMPLETE] * 2
+    assert sorted(t.value for t in study.trials) == [0.1, 0.2]
