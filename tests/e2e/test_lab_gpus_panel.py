@@ -54,11 +54,19 @@ SAMPLER = """() => {
 
 
 def collect_errors(page) -> list[str]:
-    """The page's console errors and uncaught exceptions, as they come."""
+    """The page's console errors (with the URL they name) and uncaught exceptions, as they come."""
     errors: list[str] = []
-    page.on("console", lambda message: message.type == "error" and errors.append(message.text))
+    page.on("console", lambda message: message.type == "error" and errors.append(
+        f"{message.text} [{message.location.get('url', '')}]"))
     page.on("pageerror", lambda error: errors.append(f"uncaught: {error}"))
     return errors
+
+
+def besides_refusal(errors: list[str], *, status: int, path: str) -> list[str]:
+    """The errors other than Chromium's own log line for one request the test had refused on
+    purpose ("Failed to load resource: ... status of 400" naming its URL)."""
+    provoked = f"the server responded with a status of {status}"
+    return [e for e in errors if not (provoked in e and f"/gpusession/api/{path}" in e)]
 
 
 def api(jupyter, path: str, *, method: str = "GET") -> object:
@@ -343,6 +351,7 @@ def test_dark_theme_and_a_narrow_window_stay_legible(browser, jupyter):
     set_theme(jupyter, "JupyterLab Dark")
     context = browser.new_context(color_scheme="dark", viewport={"width": 640, "height": 800})
     page = context.new_page()
+    errors = collect_errors(page)
     try:
         page.goto(jupyter.lab())
         page.locator('body[data-jp-theme-light="false"]').wait_for(state="attached", timeout=120_000)
@@ -355,6 +364,7 @@ def test_dark_theme_and_a_narrow_window_stay_legible(browser, jupyter):
         assert text > 0.5 > background, f"dark theme: text {colors[0]} on {colors[1]}"
         box = page.locator("#gpusession-sidebar .gs-stop, #gpusession-sidebar .gs-link").first.bounding_box()
         assert box is not None and box["x"] + box["width"] <= 640, "a control of the sidebar is off screen"
+        assert errors == [], f"console errors of the dark page: {errors}"
     finally:
         context.close()
         set_theme(jupyter, "JupyterLab Light")
@@ -397,6 +407,7 @@ def open_admin_panel(page) -> None:
 
 def test_an_admin_edits_a_quota_a_bad_value_is_refused_in_words_and_the_panel_stays_live(page, jupyter, broker, admin):
     client.call(broker.set_quota, "alice", {"max_gpus": 2}, admin)
+    errors = collect_errors(page)
     holder = None
     try:
         page.goto(jupyter.lab())
@@ -419,6 +430,8 @@ def test_an_admin_edits_a_quota_a_bad_value_is_refused_in_words_and_the_panel_st
         page.get_by_role("button", name=f"revoke lease {holder.lease_id}").click()
         wait_for(lambda: holder_revoked(broker, admin, holder.lease_id), timeout=15, message="revoked")
         screenshot(page, "lab-admin-panel")
+        unexpected = besides_refusal(errors, status=400, path="quotas/alice")
+        assert unexpected == [], f"console errors of the quota page: {unexpected}"
     finally:
         if holder is not None:
             holder.release()
