@@ -151,12 +151,23 @@ def test_a_gpu_cell_shows_its_step_in_the_status_bar_and_sidebar_then_finished_w
         f"(bound {SHOWN_WITHIN_S} s, plus {SAMPLE_S} s between samples)")
     idle = first_sample(lab, lambda item, runs: item == "GPUs: idle" and "gs-state-ended" in runs.get(key, [""])[0])
     assert idle is not None and idle - released_at <= SHOWN_WITHIN_S + SAMPLE_S, "the status bar did not go idle"
+    ended = newest_lease(jupyter, started)
+    facts = entry.locator(".gs-muted").inner_text()  # "2 GPUs · 12 s · 24 GPU-s": the ledger's GPU-seconds
+    billed = re.search(r"2 GPUs · \d+ (?:min \d+ )?s · (\d+) GPU-s", facts)
+    assert billed and abs(int(billed.group(1)) - ended["gpu_seconds"]) <= 1, f"{facts!r} vs {ended['gpu_seconds']}"
+    wait_for(lambda: quota_line_matches(lab, jupyter), timeout=10, message="the sidebar's GPU-hours this week")
     assert lab.locator(".jp-Notebook .jp-Cell.jp-mod-active").get_attribute("data-windowed-list-index") != "1"
     entry.get_by_role("button", name=NOTEBOOK).click()  # opens the notebook at the cell that started the run
     lab.locator('.jp-Notebook .jp-Cell.jp-mod-active[data-windowed-list-index="1"]').wait_for(timeout=10_000)
 
 
-def test_a_queued_run_shows_its_position_and_stop_takes_it_out_of_the_queue(lab, jupyter):
+def quota_line_matches(page, jupyter) -> bool:
+    """The sidebar's "N GPU-h this week of ..." line shows the broker's 7-day GPU-hours."""
+    line = re.search(r"([\d.]+) GPU-h this week of", page.locator("#gpusession-sidebar .gs-quota").inner_text())
+    return bool(line) and abs(float(line.group(1)) - api(jupyter, "status")["quota"]["gpu_hours_7d"]) <= 0.01
+
+
+def test_a_queued_run_shows_its_position_and_reason_and_stop_takes_it_out_of_the_queue(lab, jupyter):
     holder = Lease(validate_run_options(gpus=CLUSTER_GPUS), identity=Identity("holder")).acquire()
     try:
         started = time.time()
@@ -166,6 +177,9 @@ def test_a_queued_run_shows_its_position_and_stop_takes_it_out_of_the_queue(lab,
         lease = newest_lease(jupyter, started)
         entry = run_entry(lab, lease["lease_id"])
         entry.filter(has_text="queued #1").wait_for(timeout=10_000)
+        reason = next(l for l in api(jupyter, "leases") if l["lease_id"] == lease["lease_id"])["reason"]
+        assert reason, "the broker gives no reason for the queued run"
+        entry.filter(has_text=f"queued #1 ({reason})").wait_for(timeout=5_000)
         screenshot(lab, "lab-sidebar-queued")
         entry.get_by_role("button", name=f"stop lease {lease['lease_id']}").click()
         entry.filter(has_text="revoked").wait_for(timeout=10_000)
