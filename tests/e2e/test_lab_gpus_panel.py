@@ -195,9 +195,16 @@ def test_stop_in_the_sidebar_frees_the_runs_gpus_in_ray_within_1_s_and_the_cell_
     lab.keyboard.press("Shift+Enter")
     lab.locator(".gs-statusitem", has_text=re.compile(r"2 GPUs · step \d")).wait_for(timeout=180_000)
     lease = newest_lease(jupyter, started)
-    stop = run_entry(lab, lease["lease_id"]).get_by_role("button", name=f"stop lease {lease['lease_id']}")
+    entry = run_entry(lab, lease["lease_id"])
+    stop = entry.get_by_role("button", name=f"stop lease {lease['lease_id']}")
     assert free_gpus() <= CLUSTER_GPUS - 2
-    stop.focus()
+    entry.get_by_role("button", name=NOTEBOOK).focus()
+    lab.keyboard.press("Tab")  # keyboard reachable: Tab goes from the run's notebook to its Stop
+    focused = f"stop-{lease['lease_id']}"
+    assert lab.evaluate("() => document.activeElement.dataset.focusKey") == focused
+    lab.wait_for_function("button => !button.isConnected", arg=lab.evaluate_handle("() => document.activeElement"),
+                          timeout=10_000)  # the sidebar redrew as the step moved on ...
+    assert lab.evaluate("() => document.activeElement.dataset.focusKey") == focused, "a redraw took the focus away"
     pressed = time.monotonic()
     lab.keyboard.press("Enter")  # keyboard reachable: the stop button takes Enter
     wait_for(lambda: free_gpus() == CLUSTER_GPUS, timeout=30, message="the run's GPUs free in Ray")
