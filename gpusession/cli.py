@@ -163,6 +163,11 @@ def _broker(args):
     server = None if getattr(args, "admin_token", None) else cli_access.find_server(address)
     if server is not None:
         return cli_access.ServerAccess(server)
+    return _ray_access(args)
+
+
+def _ray_access(args):
+    from . import cli_access
     from .cluster import raycluster
 
     if not (os.environ.get("RAY_ADDRESS") or raycluster.recorded_local_head()):
@@ -177,10 +182,25 @@ def _print(data, args, render) -> None:
 def _status(args) -> int:
     from .cluster.status import Status
 
-    data = _broker(args).status()
+    data = _status_quickly(args) or _broker(args).status()
     result = Status(user=data["user"], cluster=data["cluster"], quota=data["quota"], leases=data["leases"])
     _print(result.__dict__, args, lambda _: str(result))
     return 0
+
+
+def _status_quickly(args) -> dict | None:
+    """`status` from the broker's endpoint on this head when no server of this user runs here;
+    None when neither answers (then Ray's path, which also takes the admin token, is used)."""
+    from . import cli_access
+
+    address = cli_access.target_address()
+    if getattr(args, "admin_token", None) or cli_access.find_server(address):
+        return None
+    access = cli_access.EndpointAccess.find(address)
+    try:
+        return access.status() if access else None
+    except cli_access.EndpointGone:
+        return None
 
 
 def _leases(args) -> int:

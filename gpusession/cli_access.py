@@ -8,6 +8,10 @@ directory (per user, written privately like Jupyter's own jpserver-*.json):
 Ray address is the one the CLI would join (RAY_ADDRESS, else the head recorded by `gpusession
 cluster start` or `gpusession lab`), and only without an explicit --admin-token (then the CLI acts
 as that token's holder, which only the Ray path can do).
+
+`gpusession status` has a third way, between the two: the broker's own read-only status endpoint
+on the head's loopback (gpusession/status_endpoint.py), for a shell on the head with no Jupyter
+server running. Where it is absent, dead or refuses the announcement's token, the Ray path answers.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
+from . import status_endpoint
 from .errors import GPUSessionError, LeaseNotFound, NotAuthorized
 
 ANNOUNCE_PREFIX = "gpusession-"
@@ -34,11 +39,16 @@ def announce_path(pid: int | None = None) -> Path:
     return runtime_dir() / f"{ANNOUNCE_PREFIX}{pid or os.getpid()}.json"
 
 
+def gpusession_home() -> Path:
+    """GPUSESSION_HOME as cluster/raycluster.py's state_dir() says it, without importing Ray."""
+    return Path(os.environ.get("GPUSESSION_HOME", Path.home() / ".gpusession"))
+
+
 def target_address() -> str | None:
     """The cluster the CLI would join, without importing Ray."""
     if os.environ.get("RAY_ADDRESS"):
         return os.environ["RAY_ADDRESS"]
-    home = Path(os.environ.get("GPUSESSION_HOME", Path.home() / ".gpusession"))
+    home = gpusession_home()
     try:
         return json.loads((home / "local-head.json").read_text()).get("address")
     except (OSError, ValueError, AttributeError):
@@ -115,6 +125,40 @@ class ServerAccess:
             raise _error(error.code, _message(error)) from None
         except OSError as exc:
             raise GPUSessionError(f"The Jupyter server at {self.base} did not answer ({exc}).") from None
+
+
+class EndpointGone(Exception):
+    """The broker's status endpoint did not answer as announced (the broker died or restarted)."""
+
+
+class EndpointAccess:
+    """`status` through the broker's status endpoint, as the identity the Ray path would send."""
+
+    def __init__(self, endpoint: status_endpoint.Endpoint) -> None:
+        self.endpoint = endpoint
+
+    @classmethod
+    def find(cls, address: str | None) -> EndpointAccess | None:
+        endpoint = status_endpoint.find(address, home=gpusession_home())
+        return cls(endpoint) if endpoint else None
+
+    def status(self) -> dict:
+        from .identity import current_identity
+
+        identity = current_identity()
+        query = urllib.parse.urlencode({k: v for k, v in (("user", identity.user), ("signature", identity.signature))
+                                        if v is not None})
+        request = urllib.request.Request(f"{self.endpoint.url}?{query}",
+                                         headers={"Authorization": f"token {self.endpoint.token}"})
+        try:
+            with urllib.request.urlopen(request, timeout=TIMEOUT_S) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            if error.code in (401, 404):  # not the endpoint announced: another process has its port
+                raise EndpointGone(error.code) from None
+            raise _error(error.code, _message(error)) from None
+        except (OSError, ValueError) as exc:
+            raise EndpointGone(exc) from None
 
 
 def _message(error: urllib.error.HTTPError) -> str:

@@ -18,6 +18,11 @@ PG_PREFIX = "gpusession"
 PROBE_TIMEOUT_S = 1.0  # a node whose raylet does not answer a connect within this lends no GPUs
 
 
+def gcs_address() -> str:
+    """The address of this cluster's GCS, as clients name the cluster (RAY_ADDRESS)."""
+    return ray.get_runtime_context().gcs_address
+
+
 def pg_name(ledger_id: str, lease_id: int) -> str:
     """Placement groups are named after the lease, with the ledger's id so two ledgers never collide."""
     return f"{PG_PREFIX}-{ledger_id}-{lease_id}"

@@ -26,7 +26,8 @@ import uuid
 
 from .. import __version__
 from ..errors import InvalidRequest, LeaseNotFound, NotAuthorized
-from . import authz, gpuids, rayview, reconcile, request as checks, secrets, settings, statedir, views
+from . import (authz, gpuids, rayview, reconcile, request as checks, secrets, settings, statedir,
+               status_http, views)
 from .admin_api import AdminMethods, books_week
 from .books import Books, Effects, Notice, NoticeKind
 from .door import door
@@ -79,6 +80,8 @@ class BrokerService(AdminMethods, ResizeMethods, RelocateMethods, ProgressMethod
         self.meter = Timings()
         self._stats: tuple[float, tuple, dict] | None = None
         await self._tick()  # a restarted broker reconciles before answering anyone
+        self.status_endpoint = await status_http.open_or_none(self.status, db_path=self.db_path,
+                                                              ray_address=rayview.gcs_address())
         self._tasks = [asyncio.get_running_loop().create_task(self._reconcile_forever()),
                        asyncio.get_running_loop().create_task(self.meter.watch_loop())]
         log.info("Broker %s started on ledger %s (%d open leases)", self.version_string, self.db_path,

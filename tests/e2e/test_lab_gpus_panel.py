@@ -54,11 +54,19 @@ SAMPLER = """() => {
 
 
 def collect_errors(page) -> list[str]:
-    """The page's console errors and uncaught exceptions, as they come."""
+    """The page's console errors (with the URL they name) and uncaught exceptions, as they come."""
     errors: list[str] = []
-    page.on("console", lambda message: message.type == "error" and errors.append(message.text))
+    page.on("console", lambda message: message.type == "error" and errors.append(
+        f"{message.text} [{message.location.get('url', '')}]"))
     page.on("pageerror", lambda error: errors.append(f"uncaught: {error}"))
     return errors
+
+
+def besides_refusal(errors: list[str], *, status: int, path: str) -> list[str]:
+    """The errors other than Chromium's own log line for one request the test had refused on
+    purpose ("Failed to load resource: ... status of 400" naming its URL)."""
+    provoked = f"the server responded with a status of {status}"
+    return [e for e in errors if not (provoked in e and f"/gpusession/api/{path}" in e)]
 
 
 def api(jupyter, path: str, *, method: str = "GET") -> object:
@@ -143,12 +151,23 @@ def test_a_gpu_cell_shows_its_step_in_the_status_bar_and_sidebar_then_finished_w
         f"(bound {SHOWN_WITHIN_S} s, plus {SAMPLE_S} s between samples)")
     idle = first_sample(lab, lambda item, runs: item == "GPUs: idle" and "gs-state-ended" in runs.get(key, [""])[0])
     assert idle is not None and idle - released_at <= SHOWN_WITHIN_S + SAMPLE_S, "the status bar did not go idle"
+    ended = newest_lease(jupyter, started)
+    facts = entry.locator(".gs-muted").inner_text()  # "2 GPUs · 12 s · 24 GPU-s": the ledger's GPU-seconds
+    billed = re.search(r"2 GPUs · \d+ (?:min \d+ )?s · (\d+) GPU-s", facts)
+    assert billed and abs(int(billed.group(1)) - ended["gpu_seconds"]) <= 1, f"{facts!r} vs {ended['gpu_seconds']}"
+    wait_for(lambda: quota_line_matches(lab, jupyter), timeout=10, message="the sidebar's GPU-hours this week")
     assert lab.locator(".jp-Notebook .jp-Cell.jp-mod-active").get_attribute("data-windowed-list-index") != "1"
     entry.get_by_role("button", name=NOTEBOOK).click()  # opens the notebook at the cell that started the run
     lab.locator('.jp-Notebook .jp-Cell.jp-mod-active[data-windowed-list-index="1"]').wait_for(timeout=10_000)
 
 
-def test_a_queued_run_shows_its_position_and_stop_takes_it_out_of_the_queue(lab, jupyter):
+def quota_line_matches(page, jupyter) -> bool:
+    """The sidebar's "N GPU-h this week of ..." line shows the broker's 7-day GPU-hours."""
+    line = re.search(r"([\d.]+) GPU-h this week of", page.locator("#gpusession-sidebar .gs-quota").inner_text())
+    return bool(line) and abs(float(line.group(1)) - api(jupyter, "status")["quota"]["gpu_hours_7d"]) <= 0.01
+
+
+def test_a_queued_run_shows_its_position_and_reason_and_stop_takes_it_out_of_the_queue(lab, jupyter):
     holder = Lease(validate_run_options(gpus=CLUSTER_GPUS), identity=Identity("holder")).acquire()
     try:
         started = time.time()
@@ -158,6 +177,9 @@ def test_a_queued_run_shows_its_position_and_stop_takes_it_out_of_the_queue(lab,
         lease = newest_lease(jupyter, started)
         entry = run_entry(lab, lease["lease_id"])
         entry.filter(has_text="queued #1").wait_for(timeout=10_000)
+        reason = next(l for l in api(jupyter, "leases") if l["lease_id"] == lease["lease_id"])["reason"]
+        assert reason, "the broker gives no reason for the queued run"
+        entry.filter(has_text=f"queued #1 ({reason})").wait_for(timeout=5_000)
         screenshot(lab, "lab-sidebar-queued")
         entry.get_by_role("button", name=f"stop lease {lease['lease_id']}").click()
         entry.filter(has_text="revoked").wait_for(timeout=10_000)
@@ -173,9 +195,16 @@ def test_stop_in_the_sidebar_frees_the_runs_gpus_in_ray_within_1_s_and_the_cell_
     lab.keyboard.press("Shift+Enter")
     lab.locator(".gs-statusitem", has_text=re.compile(r"2 GPUs · step \d")).wait_for(timeout=180_000)
     lease = newest_lease(jupyter, started)
-    stop = run_entry(lab, lease["lease_id"]).get_by_role("button", name=f"stop lease {lease['lease_id']}")
+    entry = run_entry(lab, lease["lease_id"])
+    stop = entry.get_by_role("button", name=f"stop lease {lease['lease_id']}")
     assert free_gpus() <= CLUSTER_GPUS - 2
-    stop.focus()
+    entry.get_by_role("button", name=NOTEBOOK).focus()
+    lab.keyboard.press("Tab")  # keyboard reachable: Tab goes from the run's notebook to its Stop
+    focused = f"stop-{lease['lease_id']}"
+    assert lab.evaluate("() => document.activeElement.dataset.focusKey") == focused
+    lab.wait_for_function("button => !button.isConnected", arg=lab.evaluate_handle("() => document.activeElement"),
+                          timeout=10_000)  # the sidebar redrew as the step moved on ...
+    assert lab.evaluate("() => document.activeElement.dataset.focusKey") == focused, "a redraw took the focus away"
     pressed = time.monotonic()
     lab.keyboard.press("Enter")  # keyboard reachable: the stop button takes Enter
     wait_for(lambda: free_gpus() == CLUSTER_GPUS, timeout=30, message="the run's GPUs free in Ray")
@@ -343,6 +372,7 @@ def test_dark_theme_and_a_narrow_window_stay_legible(browser, jupyter):
     set_theme(jupyter, "JupyterLab Dark")
     context = browser.new_context(color_scheme="dark", viewport={"width": 640, "height": 800})
     page = context.new_page()
+    errors = collect_errors(page)
     try:
         page.goto(jupyter.lab())
         page.locator('body[data-jp-theme-light="false"]').wait_for(state="attached", timeout=120_000)
@@ -355,6 +385,7 @@ def test_dark_theme_and_a_narrow_window_stay_legible(browser, jupyter):
         assert text > 0.5 > background, f"dark theme: text {colors[0]} on {colors[1]}"
         box = page.locator("#gpusession-sidebar .gs-stop, #gpusession-sidebar .gs-link").first.bounding_box()
         assert box is not None and box["x"] + box["width"] <= 640, "a control of the sidebar is off screen"
+        assert errors == [], f"console errors of the dark page: {errors}"
     finally:
         context.close()
         set_theme(jupyter, "JupyterLab Light")
@@ -397,6 +428,7 @@ def open_admin_panel(page) -> None:
 
 def test_an_admin_edits_a_quota_a_bad_value_is_refused_in_words_and_the_panel_stays_live(page, jupyter, broker, admin):
     client.call(broker.set_quota, "alice", {"max_gpus": 2}, admin)
+    errors = collect_errors(page)
     holder = None
     try:
         page.goto(jupyter.lab())
@@ -419,6 +451,8 @@ def test_an_admin_edits_a_quota_a_bad_value_is_refused_in_words_and_the_panel_st
         page.get_by_role("button", name=f"revoke lease {holder.lease_id}").click()
         wait_for(lambda: holder_revoked(broker, admin, holder.lease_id), timeout=15, message="revoked")
         screenshot(page, "lab-admin-panel")
+        unexpected = besides_refusal(errors, status=400, path="quotas/alice")
+        assert unexpected == [], f"console errors of the quota page: {unexpected}"
     finally:
         if holder is not None:
             holder.release()

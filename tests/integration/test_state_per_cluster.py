@@ -14,6 +14,7 @@ import pytest
 import ray
 from ray.experimental import internal_kv
 
+from gpusession import status_endpoint
 from gpusession.broker import statedir
 from gpusession.broker.service import BrokerService
 
@@ -99,6 +100,8 @@ def test_two_clusters_sharing_a_home_never_share_a_ledger(cluster, tmp_path):
             assert time.monotonic() < deadline, "the broker did not come back"
             time.sleep(0.2)
         assert {k: again[k] for k in ("ledger", "ledger_id", "token")} == {k: here[k] for k in ("ledger", "ledger_id", "token")}
+        announced = status_endpoint.read(Path(again["ledger"]).with_name(status_endpoint.ANNOUNCE_NAME))
+        assert announced is not None and announced.pid == again["pid"], "the restarted broker's status endpoint"
     finally:
         ray.kill(broker, no_restart=True)
         internal_kv._internal_kv_del(statedir.KV_KEY, namespace=statedir.KV_NAMESPACE)
