@@ -9,6 +9,7 @@ cluster on the same machine (unlike `ray stop`, which stops them all).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -24,6 +25,7 @@ import psutil
 from . import rayprivate
 from .raycluster import (
     DEFAULT_LOCAL_GPUS,
+    STARTUP_TIMEOUT,
     _reachable,
     local_head_file,
     machine_gpu_count,
@@ -31,6 +33,10 @@ from .raycluster import (
 )
 
 READY_LINE = "Ray runtime started"
+START_ATTEMPTS = 3  # `ray start` tried again only when its head missed Ray's fixed 30 s start window
+
+
+log = logging.getLogger(__name__)
 
 
 class LocalHeadError(RuntimeError):
@@ -74,10 +80,36 @@ def start(*, gpus: int | None = None, timeout_s: float = 120.0,
           spawned: Callable[[LocalHead], None] | None = None) -> tuple[LocalHead, bool]:
     """Start a head unless one is already recorded and alive; returns (head, started_by_us).
     spawned(head) is called as soon as the process runs, before it is ready (a caller that may
-    be told to stop meanwhile then knows what to stop)."""
+    be told to stop meanwhile then knows what to stop), again for each new try.
+
+    Ray gives a new head's raylet a fixed 30 s to register (ray/_private/node.py); on a loaded
+    machine it misses that window and `ray start` exits. That failure is tried again, after the
+    try's whole process group is stopped; any other failure is raised at once."""
     running = status()
     if running is not None:
         return running, False
+    for attempt in range(START_ATTEMPTS):
+        head, proc = _spawn(gpus)
+        if spawned is not None:
+            spawned(head)
+        try:
+            _wait_ready(proc, Path(head.log_path), timeout_s)
+            return head, True
+        except LocalHeadError:
+            local_head_file().unlink(missing_ok=True)
+            if not retry_start(Path(head.log_path).read_text(errors="replace"), attempt):
+                raise
+            _stop_group(proc)
+            log.warning("The local Ray head missed Ray's 30 s start window (a loaded machine?); trying again.")
+    raise AssertionError("unreachable: the last try raises")
+
+
+def retry_start(log_text: str, attempt: int) -> bool:
+    """PURE: try `ray start` again after this failed try?"""
+    return STARTUP_TIMEOUT in log_text and attempt < START_ATTEMPTS - 1
+
+
+def _spawn(gpus: int | None) -> tuple[LocalHead, subprocess.Popen]:
     real = machine_gpu_count()
     count = real or int(gpus or os.environ.get("GPUSESSION_LOCAL_GPUS") or DEFAULT_LOCAL_GPUS)
     address = f"{rayprivate.node_ip_address()}:{_free_port()}"
@@ -98,20 +130,23 @@ def start(*, gpus: int | None = None, timeout_s: float = 120.0,
     if auth_mode == "token":  # the head listens on the network: require Ray's token, making one if needed
         _ensure_ray_token(env)
         env["RAY_AUTH_MODE"] = "token"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+    with open(log_path, "w") as log_file:
+        proc = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 env=env, cwd=str(home), start_new_session=True)  # Ctrl-C in a terminal is not for it
     head = LocalHead(address, proc.pid, count, not real, time.time(), str(log_path), auth_mode,
                      _process_started(proc.pid))
     local_head_file().write_text(json.dumps(asdict(head)))  # at once: `cluster stop` finds it even if we die
-    if spawned is not None:
-        spawned(head)
+    return head, proc
+
+
+def _stop_group(proc: subprocess.Popen) -> None:
+    """Every process of a failed try: `ray start` ran in a session of its own (start_new_session),
+    so its process group holds only what that try started (a GCS or raylet it left behind)."""
     try:
-        _wait_ready(proc, log_path, timeout_s)
-    except LocalHeadError:
-        local_head_file().unlink(missing_ok=True)
-        raise
-    return head, True
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
 
 
 def stop(*, pid: int | None = None, timeout_s: float = 30.0) -> tuple[LocalHead, bool] | None:
