@@ -31,7 +31,10 @@ BROKER_NAME = "gpusession-broker"
 NAMESPACE = "gpusession"
 _CALL_TIMEOUT_S = 60.0
 ADMIN_TOKEN_ENV = "GPUSESSION_ADMIN_TOKEN"
-_lock = threading.Lock()
+# Reentrant: broker() holds it while it checks the broker's version through call(), and call()
+# takes it again (forget(), then broker()) when that broker died meanwhile; a plain Lock deadlocked
+# that thread, and every other thread of the kernel waiting for a handle behind it.
+_lock = threading.RLock()
 _cached: tuple[str, Any] | None = None  # (ray job id, handle)
 
 
