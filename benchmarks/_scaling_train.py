@@ -70,7 +70,8 @@ def train(kind: str, compression: str, steps: int, warmup: int) -> dict:
     dist.destroy_process_group()
     return {"rank": rank, "samples_per_s": steps * BATCH[kind] * world / took, "loss": loss,
             "bytes_per_step": comm.counted.last, "seconds": took,
-            "fp32_grad_bytes": sum(4 * p.numel() for p in ddp.parameters())}
+            "fp32_grad_bytes": sum(4 * p.numel() for p in ddp.parameters()),
+            "niceness": os.nice(0)}  # the launcher's: Ray starts its workers at 15 by default
 
 
 if __name__ == "__main__":

@@ -194,7 +194,8 @@ def rows(measured: dict, steps: int) -> list[Row]:
         ours, theirs = measured[(config, GPUSESSION)], measured[(config, TORCHRUN)]
         if not ours or not theirs:
             continue
-        note = f"{len(ours)} samples per side"
+        note = (f"{len(ours)} samples per side; rank niceness gpusession {ours[-1].get('niceness')}, "
+                f"torchrun {theirs[-1].get('niceness')}")
         if config.ranks == 2:
             single = next(c for c in configs if c.model == config.model and c.ranks == 1)
             ideal = {side: 2 * statistics.median(figures(measured[(single, side)])) for side in (GPUSESSION, TORCHRUN)}
