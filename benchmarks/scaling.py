@@ -15,7 +15,7 @@ parents and workers start; torchrun: the same imports read from disk once), then
 barriers. Samples alternate (gpusession, torchrun, then torchrun, gpusession in the next round),
 every configuration once per round; the results file is rewritten after each round.
 
-    sudo .venv/bin/python benchmarks/scaling.py [--samples 3] [--steps 5]
+    sudo .venv/bin/python benchmarks/scaling.py [--samples 3] [--steps 5] [--budget-s 1200]
 """
 from __future__ import annotations
 
@@ -165,10 +165,18 @@ def warm_up(cluster: SimCluster, driver: Driver) -> None:
         print(f"warm-up call, {launcher}: {time.monotonic() - started:.1f} s (discarded)", flush=True)
 
 
-def measure(cluster: SimCluster, driver: Driver, samples: int, steps: int, on_round) -> dict:
+def measure(cluster: SimCluster, driver: Driver, samples: int, steps: int, on_round,
+            budget_s: float | None = None) -> dict:
+    """Up to `samples` rounds; with budget_s, no round is begun that would end after it (by the
+    longest round so far), so a shared machine's slow hour still ends with whole rounds."""
     configs = configurations()
     measured: dict = {(config, launcher): [] for config in configs for launcher in config.launchers}
+    started, longest = time.monotonic(), 0.0
     for sample in range(samples):
+        if budget_s is not None and time.monotonic() - started + longest > budget_s:
+            print(f"stopping after {sample} rounds: another would pass --budget-s {budget_s:g}", flush=True)
+            break
+        round_started = time.monotonic()
         for config in configs:
             shape(cluster, config.rate_mbit)
             order = config.launchers if sample % 2 == 0 else tuple(reversed(config.launchers))
@@ -178,6 +186,7 @@ def measure(cluster: SimCluster, driver: Driver, samples: int, steps: int, on_ro
                 print(f"round {sample + 1}: {config.model}, {config.where}, {config.compression}, {launcher}: "
                       f"{result['samples_per_s']:.1f} samples/s, loss {result['loss']:.4f}", flush=True)
         on_round(measured, sample + 1)
+        longest = max(longest, time.monotonic() - round_started)
     return measured
 
 
@@ -232,6 +241,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--budget-s", type=float, help="begin no round that would end after this many seconds")
     args = parser.parse_args()
     reason = can_run()
     if reason:
@@ -248,7 +258,7 @@ def main() -> None:
         cluster.start()
         driver = Driver(cluster)
         warm_up(cluster, driver)
-        measured = measure(cluster, driver, args.samples, args.steps, on_round)
+        measured = measure(cluster, driver, args.samples, args.steps, on_round, args.budget_s)
     finally:
         if driver is not None:
             driver.stop()
