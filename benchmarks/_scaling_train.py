@@ -1,10 +1,13 @@
-"""The DDP script benchmarks/scaling.py runs under torchrun (one launcher per host): a seeded
+"""The DDP script benchmarks/scaling.py runs under torchrun (one launcher per host) and, the same
+`train` function, in the ranks of an @gs.distributed call (benchmarks/_scaling_driver.py): a seeded
 regression on a model where the link matters (link: three 1024x1024 layers, 12.6 MB of fp32
 gradients a step) or does not (compute: batches of 2048 through sixteen 64-wide layers, 0.27 MB of
 gradients), with the communication option gpusession would apply (its own hook, run/comm_hooks).
 
     torchrun ... benchmarks/_scaling_train.py MODEL COMPRESSION STEPS WARMUP
 prints, on rank 0, `RESULT {"samples_per_s": ..., "loss": ..., "bytes_per_step": ...}`.
+One compute thread per rank on both launchers (torchrun's default for several ranks per host;
+set here so a gpusession rank, whose thread count Ray would choose, runs alike).
 """
 from __future__ import annotations
 
@@ -41,7 +44,10 @@ def batch(kind: str, step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, torch.tanh(x @ w)
 
 
-def main(kind: str, compression: str, steps: int, warmup: int) -> None:
+def train(kind: str, compression: str, steps: int, warmup: int) -> dict:
+    """The whole script: its own init_process_group (under gpusession it lands on the rank's
+    group), WARMUP untimed steps, STEPS timed between barriers; every rank returns the figures."""
+    torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     ddp = DistributedDataParallel(model(kind))
@@ -61,11 +67,14 @@ def main(kind: str, compression: str, steps: int, warmup: int) -> None:
     x, y = batch(kind, 10**6, 0)
     with torch.no_grad():
         loss = torch.nn.functional.mse_loss(ddp.module(x), y).item()
-    if rank == 0:
-        print("RESULT " + json.dumps({"samples_per_s": steps * BATCH[kind] * world / took, "loss": loss,
-                                      "bytes_per_step": comm.counted.last, "seconds": took}), flush=True)
     dist.destroy_process_group()
+    return {"rank": rank, "samples_per_s": steps * BATCH[kind] * world / took, "loss": loss,
+            "bytes_per_step": comm.counted.last, "seconds": took,
+            "fp32_grad_bytes": sum(4 * p.numel() for p in ddp.parameters()),
+            "niceness": os.nice(0)}  # the launcher's: Ray starts its workers at 15 by default
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    result = train(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    if result["rank"] == 0:
+        print("RESULT " + json.dumps(result), flush=True)

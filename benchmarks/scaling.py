@@ -1,158 +1,287 @@
-"""Samples per second of one DDP script (benchmarks/_scaling_train.py) at 1 rank, 2 ranks on one
-host and 2 ranks on 2 hosts over shaped links (tests/multihost/simcluster.py: each host a network
-namespace, its link shaped with tc tbf), for a link-bound and a compute-bound model; then, over
-the 200 Mbit/s link with the link-bound model, each gradient compression gpusession applies (its
-hook, run/comm_hooks.py) against plain DDP, with the loss after the same steps. Needs root.
+"""Samples per second of one DDP script (benchmarks/_scaling_train.py) launched by gpusession
+(@gs.distributed, from a driver on the head: benchmarks/_scaling_driver.py) and by torchrun (one
+launcher per host, `--nnodes=2 --node_rank=i`, as torchrun's docs set up a multi-node job), on
+the same simulated hosts (tests/multihost/simcluster.py: each host a network namespace with a Ray
+node of 2 logical GPUs, its link shaped with tc tbf): 1 rank, 2 ranks on one host, 2 ranks on 2
+hosts over each shaped link, for a link-bound and a compute-bound model. Then, over the 200 Mbit/s
+link with the link-bound model, each gradient compression gpusession applies (its hook,
+run/comm_hooks.py) in gpusession's ranks against plain DDP there, with the loss after the same
+steps. Needs root.
 
-Every configuration runs under torchrun, one launcher per host (`--nnodes=2 --node_rank=i`), as
-torchrun's docs set up a multi-node job; samples are alternated between configurations, each
-with the same warm-up steps (11: PowerSGD all-reduces plainly for its first 10). The gpusession
-launcher itself (@gs.distributed over Ray) is not in these figures: see the README.
+Both launchers run the same `train` function with the same hook, the same steps and the same
+warm-up: one discarded call per launcher before the first sample (gpusession: the nodes' warm
+parents and workers start; torchrun: the same imports read from disk once), then in every call
+11 untimed steps (PowerSGD all-reduces plainly for its first 10) and the timed steps between two
+barriers. Samples alternate (gpusession, torchrun, then torchrun, gpusession in the next round),
+every configuration once per round; the results file is rewritten after each round.
 
-    sudo .venv/bin/python benchmarks/scaling.py [--samples 3] [--steps 5]
+    sudo .venv/bin/python benchmarks/scaling.py [--samples 3] [--steps 5] [--budget-s 1200]
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import platform
+import queue
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from tests.multihost.simcluster import SimCluster, can_run  # noqa: E402
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _results import Row, spread, write  # noqa: E402
+
+from tests.multihost.simcluster import SimCluster, can_run, kill_session  # noqa: E402
 
 SCRIPT = str(ROOT / "benchmarks" / "_scaling_train.py")
+DRIVER = str(ROOT / "benchmarks" / "_scaling_driver.py")
 WARMUP = 11
 PORT = 29555
 LINKS_MBIT = (1000, 200)
 COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")
+GPUSESSION, TORCHRUN = "gpusession", "torchrun"
+CALL_TIMEOUT_S = 600
 
 
-def torchrun(cluster: SimCluster, hosts: list, nproc: int, model: str, compression: str, steps: int) -> dict:
+@dataclass(frozen=True)
+class Config:
+    model: str  # "link" or "compute" (_scaling_train.py)
+    where: str  # in words, for the rows
+    hosts: int
+    ranks: int
+    rate_mbit: float | None  # each worker's link; None: the bridge's own speed
+    compression: str = "none"
+    launchers: tuple = (GPUSESSION, TORCHRUN)
+
+    @property
+    def placement(self) -> str:
+        return "spread" if self.hosts == 2 else "pack"
+
+
+def torchrun(cluster: SimCluster, hosts: list, nproc: int, model: str, compression: str, steps: int,
+             warmup: int = WARMUP) -> dict:
     """One run: a launcher on each host; rank 0's RESULT."""
     master = hosts[0].ip
     procs = []
     for node_rank, host in enumerate(hosts):
         argv = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(hosts)}", f"--nproc_per_node={nproc}",
                 f"--node_rank={node_rank}", f"--master_addr={master}", f"--master_port={PORT}",
-                SCRIPT, model, compression, str(steps), str(WARMUP)]
+                SCRIPT, model, compression, str(steps), str(warmup)]
         env = cluster.env(host, GLOO_SOCKET_IFNAME="simnet0", OMP_NUM_THREADS="1")
         procs.append(cluster.popen(host, argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    outputs = [proc.communicate(timeout=600)[0] for proc in procs]
+    outputs = [proc.communicate(timeout=CALL_TIMEOUT_S)[0] for proc in procs]
     results = [line for line in outputs[0].splitlines() if line.startswith("RESULT ")]
     if any(proc.returncode for proc in procs) or not results:
         raise SystemExit(f"torchrun {model} {compression} failed:\n" + "\n---\n".join(o[-3000:] for o in outputs))
     return json.loads(results[-1][len("RESULT "):])
 
 
-def configurations(cluster: SimCluster) -> dict:
-    one, two = cluster.workers
-    configs = {}
+class Driver:
+    """The gpusession side: one driver process on the head for the whole benchmark, asked for
+    one call at a time over its stdin (benchmarks/_scaling_driver.py)."""
+
+    def __init__(self, cluster: SimCluster) -> None:
+        head = cluster.head
+        self.proc = cluster.popen(head, [sys.executable, DRIVER],
+                                  env=cluster.env(head, RAY_ADDRESS=cluster.address),
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: queue.Queue = queue.Queue()
+        self.tail: list[str] = []  # the driver's last lines, shown if a call fails
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)  # the driver ended
+
+    def call(self, config: Config, steps: int, warmup: int = WARMUP) -> dict:
+        request = {"gpus": config.ranks, "placement": config.placement, "model": config.model,
+                   "compression": config.compression, "steps": steps, "warmup": warmup}
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        deadline = time.monotonic() + CALL_TIMEOUT_S
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                line = None
+            if line is None:
+                raise SystemExit(f"the gpusession driver gave no answer to {request}:\n" + "".join(self.tail[-60:]))
+            self.tail = (self.tail + [line])[-200:]
+            if line.startswith("FAILED "):
+                raise SystemExit(f"gpusession call {request} failed: {line}\n" + "".join(self.tail[-60:]))
+            if line.startswith("RESULT "):
+                result = json.loads(line[len("RESULT "):])
+                if len(result["hosts"]) != config.hosts:
+                    raise SystemExit(f"gpusession ran {config} on hosts {result['hosts']}")
+                return result
+
+    def stop(self) -> None:
+        kill_session(self.proc)
+
+
+def configurations() -> list[Config]:
+    configs = []
     for model in ("link", "compute"):
-        configs[(model, "1 rank", "none")] = ([one], 1, None)
-        configs[(model, "2 ranks, 1 host", "none")] = ([one], 2, None)
+        configs.append(Config(model, "1 rank", 1, 1, None))
+        configs.append(Config(model, "2 ranks, 1 host", 1, 2, None))
         for rate in LINKS_MBIT:
-            configs[(model, f"2 ranks, 2 hosts, {rate} Mbit/s", "none")] = ([one, two], 1, rate)
-    for compression in COMPRESSIONS[1:]:
-        configs[("link", "2 ranks, 2 hosts, 200 Mbit/s", compression)] = ([one, two], 1, 200)
+            configs.append(Config(model, f"2 ranks, 2 hosts, {rate} Mbit/s", 2, 2, rate))
+    for compression in COMPRESSIONS[1:]:  # gpusession's own option against gpusession's plain DDP
+        configs.append(Config("link", "2 ranks, 2 hosts, 200 Mbit/s", 2, 2, 200, compression, (GPUSESSION,)))
     return configs
 
 
-def measure(cluster: SimCluster, samples: int, steps: int) -> dict:
-    configs = configurations(cluster)
-    measured: dict = {key: [] for key in configs}
-    for sample in range(samples):  # alternated: every configuration once per round
-        for key, (hosts, nproc, rate) in configs.items():
-            for host in cluster.workers:
-                if rate is None:
-                    cluster.unshape_link(host)
-                else:
-                    cluster.shape_link(host, rate_mbit=rate)
-            result = torchrun(cluster, hosts, nproc, key[0], key[2], steps)
-            measured[key].append(result)
-            print(f"round {sample + 1}: {key}: {result['samples_per_s']:.1f} samples/s, loss {result['loss']:.4f}",
-                  flush=True)
+def shape(cluster: SimCluster, rate_mbit: float | None) -> None:
+    for host in cluster.workers:
+        if rate_mbit is None:
+            cluster.unshape_link(host)
+        else:
+            cluster.shape_link(host, rate_mbit=rate_mbit)
+
+
+def run_once(cluster: SimCluster, driver: Driver, launcher: str, config: Config, steps: int,
+             warmup: int = WARMUP) -> dict:
+    if launcher == GPUSESSION:
+        return driver.call(config, steps, warmup)
+    one, two = cluster.workers
+    hosts = [one, two] if config.hosts == 2 else [one]
+    return torchrun(cluster, hosts, config.ranks // config.hosts, config.model, config.compression, steps, warmup)
+
+
+def warm_up(cluster: SimCluster, driver: Driver) -> None:
+    """One discarded call per launcher, across both hosts (the first gpusession call starts each
+    node's warm parent and workers; the first torchrun reads torch from disk)."""
+    shape(cluster, None)
+    config = Config("compute", "warm-up", 2, 2, None)
+    for launcher in (GPUSESSION, TORCHRUN):
+        started = time.monotonic()
+        run_once(cluster, driver, launcher, config, steps=1, warmup=1)
+        print(f"warm-up call, {launcher}: {time.monotonic() - started:.1f} s (discarded)", flush=True)
+
+
+def measure(cluster: SimCluster, driver: Driver, samples: int, steps: int, on_round,
+            budget_s: float | None = None) -> dict:
+    """Up to `samples` rounds; with budget_s, no round is begun that would end after it (by the
+    longest round so far), so a shared machine's slow hour still ends with whole rounds."""
+    configs = configurations()
+    measured: dict = {(config, launcher): [] for config in configs for launcher in config.launchers}
+    started, longest = time.monotonic(), 0.0
+    for sample in range(samples):
+        if budget_s is not None and time.monotonic() - started + longest > budget_s:
+            print(f"stopping after {sample} rounds: another would pass --budget-s {budget_s:g}", flush=True)
+            break
+        round_started = time.monotonic()
+        for config in configs:
+            shape(cluster, config.rate_mbit)
+            order = config.launchers if sample % 2 == 0 else tuple(reversed(config.launchers))
+            for launcher in order:
+                result = run_once(cluster, driver, launcher, config, steps)
+                measured[(config, launcher)].append(result)
+                print(f"round {sample + 1}: {config.model}, {config.where}, {config.compression}, {launcher}: "
+                      f"{result['samples_per_s']:.1f} samples/s, loss {result['loss']:.4f}", flush=True)
+        on_round(measured, sample + 1)
+        longest = max(longest, time.monotonic() - round_started)
     return measured
 
 
-def median(results: list[dict], field: str) -> float:
-    return statistics.median(r[field] for r in results)
+def figures(results: list[dict], field: str = "samples_per_s") -> list[float]:
+    return [r[field] for r in results]
 
 
-def rows(measured: dict) -> list[dict]:
+def rows(measured: dict, steps: int) -> list[Row]:
+    """Every configuration's gpusession / torchrun row, then the compression rows; a configuration
+    not measured yet (a partial run) has none."""
+    return launcher_rows(measured, steps) + compression_rows(measured, steps)
+
+
+def launcher_rows(measured: dict, steps: int) -> list[Row]:
     out = []
-    for model in ("link", "compute"):
-        single = median(measured[(model, "1 rank", "none")], "samples_per_s")
-        for (kind, where, compression), results in measured.items():
-            if kind != model or compression != "none" or where == "1 rank":
-                continue
-            value = median(results, "samples_per_s")
-            out.append({"measure": f"{model}-bound model, {where}: scaling efficiency (samples/s / 2 x 1 rank's)",
-                        "unit": "samples/s", "gpusession": None,
-                        "alternative": "torchrun, one launcher per host, plain DDP", "alternative_value": value,
-                        "alternative_samples": [r["samples_per_s"] for r in results],
-                        "one_rank_samples_per_s": single, "efficiency": value / (2 * single),
-                        "configured": "the gpusession launcher was not measured here (see README)", "ratio": None})
-    plain = measured[("link", "2 ranks, 2 hosts, 200 Mbit/s", "none")]
-    for compression in COMPRESSIONS[1:]:
-        results = measured[("link", "2 ranks, 2 hosts, 200 Mbit/s", compression)]
-        value, base = median(results, "samples_per_s"), median(plain, "samples_per_s")
-        out.append({"measure": f"link-bound model, 2 hosts at 200 Mbit/s: grad_compression={compression}",
-                    "unit": "samples/s", "gpusession": value,
-                    "gpusession_samples": [r["samples_per_s"] for r in results],
-                    "alternative": "plain DDP (fp32 all-reduce, DDP's default buckets)", "alternative_value": base,
-                    "alternative_samples": [r["samples_per_s"] for r in plain],
-                    "loss": median(results, "loss"), "alternative_loss": median(plain, "loss"),
-                    "bytes_per_step": results[-1]["bytes_per_step"],
-                    "configured": f"gpusession's {compression} hook vs DDP's built-in all-reduce, both under "
-                                  f"torchrun, {WARMUP} warm-up steps then the timed steps",
-                    "ratio": value / base, "goal": ">= 1.6" if compression != "powersgd" else ">= 3"})
+    configs = configurations()
+    for config in configs:
+        if config.compression != "none":
+            continue
+        ours, theirs = measured[(config, GPUSESSION)], measured[(config, TORCHRUN)]
+        if not ours or not theirs:
+            continue
+        note = (f"{len(ours)} samples per side; rank niceness gpusession {ours[-1].get('niceness')}, "
+                f"torchrun {theirs[-1].get('niceness')}")
+        if config.ranks == 2:
+            single = next(c for c in configs if c.model == config.model and c.ranks == 1)
+            ideal = {side: 2 * statistics.median(figures(measured[(single, side)])) for side in (GPUSESSION, TORCHRUN)}
+            note += (f"; scaling efficiency (samples/s / 2 x 1 rank's): gpusession "
+                     f"{statistics.median(figures(ours)) / ideal[GPUSESSION]:.2f}, torchrun "
+                     f"{statistics.median(figures(theirs)) / ideal[TORCHRUN]:.2f}")
+        out.append(Row(measure=f"{config.model}-bound model, {config.where}: samples/s", unit="samples/s",
+                       gpusession_samples=figures(ours), alternative="torchrun, one launcher per host",
+                       alternative_samples=figures(theirs),
+                       configured=f"the same DDP script and hook (plain DDP), {WARMUP} warm-up and {steps} timed "
+                                  "steps, gloo on CPU, 1 thread a rank; gpusession from a driver on the head, "
+                                  f"placement='{config.placement}'", goal=">= 0.97", note=note))
     return out
 
 
-def machine() -> dict:
-    import ray
-    import torch
-
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
-    return {"cores": os.cpu_count(), "loadavg": list(os.getloadavg()), "python": platform.python_version(),
-            "torch": torch.__version__, "ray": ray.__version__, "gpusession_commit": commit.strip(),
-            "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+def compression_rows(measured: dict, steps: int) -> list[Row]:
+    out = []
+    configs = configurations()
+    plain = next(c for c in configs if c.model == "link" and c.rate_mbit == 200 and c.compression == "none")
+    base = measured[(plain, GPUSESSION)]
+    for config in configs:
+        results = measured[(config, GPUSESSION)] if config.compression != "none" else []
+        if not results or not base:
+            continue
+        out.append(Row(measure=f"link-bound model, 2 hosts at 200 Mbit/s: grad_compression={config.compression}",
+                       unit="samples/s", gpusession_samples=figures(results),
+                       alternative="plain DDP (fp32 all-reduce, DDP's default buckets)",
+                       alternative_samples=figures(base),
+                       configured=f"gpusession's {config.compression} hook vs DDP's built-in all-reduce, both "
+                                  f"launched by gpusession, {WARMUP} warm-up steps then {steps} timed",
+                       goal=">= 3" if config.compression == "powersgd" else ">= 1.6",
+                       note=f"loss after {WARMUP + steps} steps {statistics.median(figures(results, 'loss')):.4f} "
+                            f"vs plain {statistics.median(figures(base, 'loss')):.4f}; all-reduced per step per "
+                            f"rank {results[-1]['bytes_per_step'] / 1e6:.3g} MB (fp32 gradients: "
+                            f"{results[-1]['fp32_grad_bytes'] / 1e6:.3g} MB)"))
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--budget-s", type=float, help="begin no round that would end after this many seconds")
     args = parser.parse_args()
     reason = can_run()
     if reason:
         raise SystemExit(reason)
-    before = machine()
-    cluster = SimCluster(hosts=2, gpus_per_host=0)  # network only: torchrun needs no Ray
+    loadavg_before = os.getloadavg()
+    cluster = SimCluster(hosts=2, gpus_per_host=2, extra_env={"GPUSESSION_PG_TIMEOUT_S": "120"})
+    driver = None
+
+    def on_round(measured: dict, done: int) -> None:
+        path = write("scaling", rows(measured, args.steps), loadavg_before=loadavg_before)
+        print(f"round {done} of {args.samples} written to {path}", flush=True)
+
     try:
-        cluster.start(nodes=False)
-        measured = measure(cluster, args.samples, args.steps)
+        cluster.start()
+        driver = Driver(cluster)
+        warm_up(cluster, driver)
+        measured = measure(cluster, driver, args.samples, args.steps, on_round, args.budget_s)
     finally:
+        if driver is not None:
+            driver.stop()
         cluster.stop()
-    result = {"benchmark": "scaling", "command": "python benchmarks/scaling.py", "machine": before,
-              "loadavg_after": list(os.getloadavg()), "rows": rows(measured)}
-    out = ROOT / "benchmarks" / "results" / "scaling.json"
-    out.write_text(json.dumps(result, indent=1) + "\n")
-    for row in result["rows"]:
-        if row["ratio"] is None:
-            print(f"{row['measure']}: {row['alternative_value']:.1f} samples/s, efficiency {row['efficiency']:.2f}")
-        else:
-            print(f"{row['measure']}: {row['gpusession']:.1f} vs {row['alternative_value']:.1f} samples/s, "
-                  f"loss {row['loss']:.4f} vs {row['alternative_loss']:.4f}, ratio {row['ratio']:.2f}")
-    last = result["rows"][-1]
-    print(f"ratio {last['ratio']:.2f} (powersgd / plain DDP samples/s, 200 Mbit/s, link-bound)")
+    final = rows(measured, args.steps)
+    for row in final:
+        shown = row.as_json()
+        print(f"{row.measure}: {spread(row.gpusession_samples)} vs {spread(row.alternative_samples)} "
+              f"({row.note}), ratio {shown['ratio']} (goal {row.goal})")
+    launcher_ratios = [r.as_json()["ratio"] for r in final if r.alternative.startswith("torchrun")]
+    print(f"ratio {min(launcher_ratios):.3f} (the lowest of gpusession / torchrun samples/s over every configuration)")
 
 
 if __name__ == "__main__":

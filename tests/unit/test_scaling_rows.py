@@ -1,0 +1,57 @@
+"""benchmarks/scaling.py's rows (pure logic): each configuration compares gpusession's samples/s
+with torchrun's from the same samples, and states the scaling efficiency of each launcher
+against its own 1-rank figure; compression rows compare gpusession's option with its plain DDP."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+from ..conftest import ROOT
+
+spec = importlib.util.spec_from_file_location("bench_scaling", ROOT / "benchmarks" / "scaling.py")
+scaling = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = scaling  # its dataclass looks its module up by name
+spec.loader.exec_module(scaling)
+
+
+def result(samples_per_s: float, loss: float = 0.1, sent: float = 6.3e6) -> dict:
+    return {"samples_per_s": samples_per_s, "loss": loss, "bytes_per_step": sent, "fp32_grad_bytes": 12.6e6}
+
+
+def measured_where_gpusession_gives(fraction: float) -> dict:
+    """Every configuration measured 3 times: torchrun 100, 110, 120 samples/s for one rank and
+    twice that for two; gpusession `fraction` of torchrun's; compressions 2x gpusession's plain."""
+    measured = {}
+    for config in scaling.configurations():
+        base = [100.0, 110.0, 120.0] if config.ranks == 1 else [200.0, 220.0, 240.0]
+        if config.compression != "none":
+            base = [2 * fraction * value for value in base]
+        for launcher in config.launchers:
+            share = fraction if launcher == scaling.GPUSESSION and config.compression == "none" else 1.0
+            measured[(config, launcher)] = [result(value * share) for value in base]
+    return measured
+
+
+def test_each_configuration_is_one_row_of_gpusession_against_torchrun_with_its_ratio():
+    rows = [row.as_json() for row in scaling.rows(measured_where_gpusession_gives(0.9), steps=5)]
+    launcher_rows = [row for row in rows if row["alternative"].startswith("torchrun")]
+    assert len(launcher_rows) == 8  # 2 models x (1 rank, packed, 2 links)
+    assert all(row["ratio"] == 0.9 and row["goal"] == ">= 0.97" for row in launcher_rows)
+    assert launcher_rows[0]["gpusession_samples"] == [90.0, 99.0, 108.0]
+    assert launcher_rows[0]["alternative_samples"] == [100.0, 110.0, 120.0]
+    packed = next(row for row in launcher_rows if row["measure"].startswith("link-bound model, 2 ranks, 1 host"))
+    assert "scaling efficiency (samples/s / 2 x 1 rank's): gpusession 1.00, torchrun 1.00" in packed["note"]
+    assert "placement='pack'" in packed["configured"]
+
+
+def test_a_compression_row_compares_gpusession_with_its_own_plain_ddp_and_states_both_losses():
+    rows = [row.as_json() for row in scaling.rows(measured_where_gpusession_gives(0.9), steps=5)]
+    fp16 = next(row for row in rows if row["measure"].endswith("grad_compression=fp16"))
+    assert fp16["ratio"] == 2.0 and fp16["goal"] == ">= 1.6"
+    assert "loss after 16 steps 0.1000 vs plain 0.1000" in fp16["note"]
+    assert "6.3 MB (fp32 gradients: 12.6 MB)" in fp16["note"]
+
+
+def test_rows_of_a_partial_run_leave_out_what_was_not_measured_yet():
+    measured = {key: [] for key in measured_where_gpusession_gives(1.0)}
+    assert scaling.rows(measured, steps=5) == []
