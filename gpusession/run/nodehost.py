@@ -55,11 +55,19 @@ def host_name(node_id: str) -> str:
     return f"gpusession-node-host-{__version__}-{node_id}"
 
 
+# Ray starts its worker processes at niceness 15 (ray_constants.RAY_WORKER_NICENESS); the warm
+# parent is this host's child and every rank its fork, so ranks trained at 15: on a busy node any
+# process at 0 (a data loader, another user's job, torchrun's ranks) took the CPU from them
+# (benchmarks/scaling.py measured 0.83x torchrun's samples/s where the CPU set the pace). Ray's own
+# job supervisor asks for 0 the same way.
+RANK_PRIORITY = {"env_vars": {"RAY_worker_niceness": "0"}}
+
+
 def host_for(node_id: str, spares: int) -> ray.actor.ActorHandle:
     """The node's host, started now if it is not running."""
     return ray.remote(NodeHost).options(
         name=host_name(node_id), namespace=NAMESPACE, lifetime="detached", get_if_exists=True,
-        num_cpus=0, max_restarts=0, max_concurrency=64,
+        num_cpus=0, max_restarts=0, max_concurrency=64, runtime_env=RANK_PRIORITY,
         scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
     ).remote(node_id, spares)
 
