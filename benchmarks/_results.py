@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -59,9 +60,25 @@ def rounded(samples) -> list:
 
 def machine() -> dict:
     """The machine a figure was taken on: the machine is shared, so its load average matters."""
-    return {"cores": os.cpu_count(), "loadavg": [round(x, 2) for x in os.getloadavg()],
-            "python": platform.python_version(), "torch": _version("torch"), "ray": _version("ray"),
-            "gpusession_commit": _commit(), "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    described = {"cores": os.cpu_count(), "loadavg": [round(x, 2) for x in os.getloadavg()],
+                 "python": platform.python_version(), "torch": _version("torch"), "ray": _version("ray"),
+                 "gpusession_commit": _commit(), "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    gpus = _gpus()
+    if gpus:
+        described["gpus"] = gpus
+    return described
+
+
+def _gpus() -> list[str]:
+    """The machine's NVIDIA GPUs by name (none here: the figures then are CPU ones)."""
+    if not shutil.which("nvidia-smi"):
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
 
 
 def _version(module: str) -> str | None:
@@ -74,6 +91,8 @@ def _version(module: str) -> str | None:
 
 
 def _commit() -> str | None:
+    if os.environ.get("GPUSESSION_COMMIT"):  # a copy of the checkout without .git (a lent GPU machine)
+        return os.environ["GPUSESSION_COMMIT"]
     try:
         out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=RESULTS.parent, capture_output=True,
                              text=True, timeout=10)
@@ -84,8 +103,10 @@ def _commit() -> str | None:
         return None
 
 
-def write(name: str, rows: list[Row], *, simulated: bool = False, loadavg_before=None) -> Path:
-    """Write benchmarks/results/NAME.json; loadavg_before (os.getloadavg() at the start) is kept too."""
+def write(name: str, rows: list[Row], *, simulated: bool = False, loadavg_before=None, details=None,
+          folder: Path | None = None) -> Path:
+    """Write benchmarks/results/NAME.json (or FOLDER/NAME.json); loadavg_before (os.getloadavg() at
+    the start) is kept too, and `details`, what a script found besides its rows (not rendered)."""
     described = machine()
     if loadavg_before is not None:
         described["loadavg_at_start"] = [round(x, 2) for x in loadavg_before]
@@ -93,8 +114,11 @@ def write(name: str, rows: list[Row], *, simulated: bool = False, loadavg_before
                 "machine": described, "rows": [row.as_json() for row in rows]}
     if simulated:
         document["simulated"] = True
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"{name}.json"
+    if details is not None:
+        document["details"] = details
+    folder = folder or RESULTS
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.json"
     path.write_text(json.dumps(document, indent=1) + "\n")
     return path
 

@@ -36,6 +36,19 @@ def model(kind: str) -> torch.nn.Module:
     return torch.nn.Sequential(*inner, torch.nn.Linear(width, 1))
 
 
+def rank_device() -> torch.device:
+    """This rank's GPU where there is one (nccl: benchmarks/gpu_check.py), else the CPU (gloo)."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def settle(device: torch.device) -> None:
+    """Wait for the GPU's queued work before reading the clock (a no-op on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def batch(kind: str, step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(1000 * step + rank)
     x = torch.randn(BATCH[kind], WIDTH[kind], generator=generator)
@@ -48,23 +61,26 @@ def train(kind: str, compression: str, steps: int, warmup: int) -> dict:
     """The whole script: its own init_process_group (under gpusession it lands on the rank's
     group), WARMUP untimed steps, STEPS timed between barriers; every rank returns the figures."""
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    device = rank_device()
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    ddp = DistributedDataParallel(model(kind))
+    ddp = DistributedDataParallel(model(kind).to(device), device_ids=[device] if device.type == "cuda" else None)
     comm = comm_hooks.RankComm(validate_comm_options(grad_compression=None if compression == "none" else compression))
     if compression != "none":
-        comm_hooks.apply_to_model(ddp, comm, torch.device("cpu"))
+        comm_hooks.apply_to_model(ddp, comm, device)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.2)
     started = None
     for step in range(warmup + steps):
         if step == warmup:
+            settle(device)
             dist.barrier()
             started = time.perf_counter()
-        x, y = batch(kind, step, rank)
+        x, y = (tensor.to(device) for tensor in batch(kind, step, rank))
         comm_hooks.step(torch.nn.functional.mse_loss(ddp(x), y), optimizer, comm)
+    settle(device)
     dist.barrier()
     took = time.perf_counter() - started
-    x, y = batch(kind, 10**6, 0)
+    x, y = (tensor.to(device) for tensor in batch(kind, 10**6, 0))
     with torch.no_grad():
         loss = torch.nn.functional.mse_loss(ddp.module(x), y).item()
     dist.destroy_process_group()

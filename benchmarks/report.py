@@ -71,7 +71,8 @@ def machine_cell(machine: dict) -> str:
     load = machine.get("loadavg") or ["?"]
     shown_load = f"{load[0]:.1f}" if isinstance(load[0], (int, float)) else load[0]
     when = str(machine.get("when", "?"))[:10]
-    return (f"{machine.get('cores', '?')} cores, load {shown_load}, {when}, "
+    gpus = f"{len(machine['gpus'])}x {machine['gpus'][0]}, " if machine.get("gpus") else ""
+    return (f"{gpus}{machine.get('cores', '?')} cores, load {shown_load}, {when}, "
             f"{machine.get('gpusession_commit') or '?'}")
 
 
