@@ -15,7 +15,8 @@ What each option does, and where it was verified:
   (weights and optimizer state stay fp32); "fp16" also scales the loss (torch.amp.GradScaler)
   in `gs.step(loss, optimizer)`, so small gradients do not underflow.
 All of them work with gloo on the CPU (torch 2.13: fp16 and bf16 all-reduce, fp16 and bf16
-autocast and the CPU GradScaler); nccl is untested here (no GPU).
+autocast and the CPU GradScaler); on nccl every option ran at 1 rank on one H200
+(benchmarks/gpu_check.py), never between several ranks.
 """
 from __future__ import annotations
 
