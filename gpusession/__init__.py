@@ -23,7 +23,7 @@ _warnings.filterwarnings("ignore", message="IProgress not found", module=r"tqdm\
 # Public names resolve on first use (PEP 562), so `import gpusession` -- and the `gpusession` CLI --
 # import neither Ray nor torch until something needs them (`gpusession status` answers in well
 # under a second). No public function shares its name with a submodule: the rank-side API lives in
-# run/ (context.py, distributed.py), the client's lease and `gs.status` in cluster/
+# run/ (context.py, distributed.py, lease_api.py), the client's Lease and `gs.status` in cluster/
 # (tests/unit/test_package.py keeps it so).
 _EXPORTS = {
     "context": "run.context", "load_checkpoint": "run.context", "prepare_loader": "run.context",
@@ -34,7 +34,7 @@ _EXPORTS = {
     "RunCancelled": "errors",
     "GPUSessionError": "errors", "Infeasible": "errors", "LeaseRevoked": "errors", "Preempted": "errors",
     "QueueTimeout": "errors", "QuotaExceeded": "errors", "RunTimeout": "errors", "WorkerFailed": "errors",
-    "RunInfo": "events", "Lease": "cluster.lease", "lease": "cluster.lease", "Status": "cluster.status",
+    "RunInfo": "events", "Lease": "cluster.lease", "lease": "run.lease_api", "Status": "cluster.status",
     "status": "cluster.status",
     "sweep": "sweeps", "SweepFailed": "sweeps", "SweepResult": "sweeps", "choice": "sweeps",
     "loguniform": "sweeps", "randint": "sweeps", "uniform": "sweeps",

@@ -1,25 +1,24 @@
 """The client side of a lease: ask the broker, wait in its queue, hold the placement group,
 release. A lease holds all its GPUs or none, and every way out of it releases them.
 
-What runs on the lease lives on the run path: its worker actors (run/crew.py), the runs
-(run/controller.py), resizes between runs (run/resize.py, run/idle_resize.py), and what a
-caller is told when the broker takes a lease back (run/notices.py)."""
+The broker's watch for the lease's notices is notice_watch.py, the process's list of held
+leases held.py. What runs on the lease lives on the run path: `gs.lease` (run/lease_api.py),
+its worker actors (run/crew.py), the runs (run/controller.py), resizes between runs
+(run/resize.py, run/idle_resize.py), and what a caller is told when the broker takes a lease
+back (run/notices.py)."""
 from __future__ import annotations
 
-import atexit
 import collections
-import dataclasses
 import logging
 import threading
 import time
 import uuid
-import weakref
 from typing import Any, Callable
 
 import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 
-from . import raycluster
+from . import held, raycluster
 from .bundles import Slot, probe_slots, remove_group_and_wait, warm_probe_process
 from ..broker.request import LeaseRequest, cell_label, notebook_label
 from ..errors import GPUSessionError, Infeasible, QueueTimeout
@@ -27,18 +26,18 @@ from ..events import Observer, RunInfo
 from ..identity import Identity, current_identity
 from ..interrupts import deferred_interrupts
 from ..kernelcell import asking_cell_id, asking_in_background, asking_notebook
-from ..options import RunOptions, validate_run_options
+from ..options import RunOptions
 from ..run.crew import Crew
 from ..run.endings import end_reason
 from ..run.notices import notice_error, queue_end_error
 from ..run.pool import WorkerHandle
 from ..broker import client, messages
 from ..broker.notice import Notice
+from .notice_watch import NoticeWatch
 
 log = logging.getLogger("gpusession")
 PLACE_TIMEOUT_S = 30.0  # Ray should place a granted group at once; longer means foreign GPU use
 RELEASE_WAITS_FOR_RESIZE_S = 30.0  # a release lets a resize between runs finish, up to this
-_live: "weakref.WeakSet[Lease]" = weakref.WeakSet()
 
 
 class Lease:
@@ -62,8 +61,7 @@ class Lease:
         self.size = options.lease.workers  # workers held now: an elastic lease shrinks and grows
         self._sized_at: float | None = None  # when the current size began
         self._gpu_seconds_before = 0.0  # GPU-seconds of earlier sizes
-        self._watch = None
-        self._notice: Notice | None = None  # parsed once from the watch's answer
+        self._watch: NoticeWatch | None = None  # started once the group is placed
         self.crew = Crew(options.runtime_env)  # its worker actors, one per bundle
         self._released = False
         self._lock = threading.Lock()
@@ -147,7 +145,7 @@ class Lease:
         view = client.call(broker.request, self._spec())
         self.lease_id = view["lease_id"]
         self.info.lease_id = self.lease_id
-        _live.add(self)
+        held.add(self)
         try:
             view = self._wait_in_queue(broker, view, requested)
             self.granted_at = self._sized_at = time.time()
@@ -220,7 +218,7 @@ class Lease:
         self._create_group()
         client.call(broker.placed, self.lease_id, self.node_workers(), gpu_ids=self.gpu_ids(),
                     auth=client.lease_auth(self.identity))
-        self._watch = broker.watch.remote(self.lease_id, auth=client.lease_auth(self.identity))
+        self._watch = NoticeWatch(self.lease_id, self.identity)
 
     def _create_group(self, keep: list[WorkerHandle] = (), on: list[str] | None = None) -> None:
         """A placement group of `self.size` bundles under the lease's name (`on`: bundle i on node
@@ -272,37 +270,24 @@ class Lease:
     # ----- during runs ----------------------------------------------------------------------------
     @property
     def watch_ref(self):
-        return self._watch
+        return self._watch.ref if self._watch is not None else None
 
     @property
     def has_notice(self) -> bool:
         """A notice came and was parsed (the run's follower then stops waiting on the watch)."""
-        return self._notice is not None
+        return self._watch is not None and self._watch.notice is not None
 
     @property
     def group_id(self) -> str | None:
         return self._pg.id.hex() if self._pg is not None else None
 
     def notice(self, *, wait: bool = False) -> Notice | None:
-        """The broker's notice (preempt / revoke) if one arrived."""
-        while self._notice is None and self._watch is not None:
-            ready, _ = ray.wait([self._watch], timeout=None if wait else 0)
-            if not ready:
-                break
-            try:
-                view = ray.get(self._watch)
-            except ray.exceptions.RayActorError:  # the broker was replaced: watch through the new one
-                client.forget()
-                self._watch = client.broker().watch.remote(self.lease_id, auth=client.lease_auth(self.identity))
-                continue
-            self._notice = Notice.from_view(view)
-        return self._notice
+        """The broker's notice (preempt, revoke, shrink, grow) if one arrived (wait: until one does)."""
+        return self._watch.take(wait=wait) if self._watch is not None else None
 
     def rearm(self) -> None:
         """Watch for the next notice (after a resize was made, or an offer to grow lapsed)."""
-        seen = self._notice.id if self._notice is not None else None
-        self._notice = None
-        self._watch = client.broker().watch.remote(self.lease_id, auth=client.lease_auth(self.identity), seen=seen)
+        self._watch.rearm()
 
     def acquire_workers(self) -> list[WorkerHandle]:
         """The crew, ready; the broker hears who they are (it stops them if it takes the lease back)."""
@@ -399,7 +384,7 @@ class Lease:
         if self.granted_at is not None and self.slots:  # as the broker bills: only a lease Ray placed
             self.info.gpu_seconds = self._gpu_seconds_before + self.gpus * (released - (self._sized_at or released))
         self.info.released = True
-        _live.discard(self)
+        held.discard(self)
 
 
 def _cluster_view(broker) -> dict | None:
@@ -408,41 +393,3 @@ def _cluster_view(broker) -> dict | None:
         return client.call(broker.cluster, timeout=10.0)
     except Exception:  # the broker is away: the message says so
         return None
-
-
-def lease(**options: Any) -> Lease:
-    """Lease GPUs now (waiting in the queue if needed) and hold them until released.
-
-    In [1]: with gs.lease(gpus=2) as lease:
-       ...:     lease.run(train, 0.1)
-       ...:     lease.run(evaluate)
-    Accepts the options of `gs.distributed`; `timeout` bounds each run."""
-    from ..renderer import default_observer
-    from ..run.idle_resize import resize_while_idle
-
-    run_options = validate_run_options(**options)
-    # `timeout` bounds each run of a held lease, not the lease: declare no hold limit to the broker.
-    run_options = dataclasses.replace(run_options, lease=dataclasses.replace(run_options.lease, max_hold_s=None))
-    observer = default_observer(run_options.lease.workers)
-    held = Lease(run_options, observer=observer).acquire()
-    if run_options.lease.min_workers is not None and run_options.lease.min_workers < run_options.lease.workers:
-        resize_while_idle(held)
-    return held
-
-
-def held_leases() -> list[Lease]:
-    """Leases this process still holds."""
-    return [l for l in list(_live) if not l._released]
-
-
-def release_all(reason: str = "released") -> int:
-    leases = held_leases()
-    for held in leases:
-        held.release(reason)
-    return len(leases)
-
-
-@atexit.register
-def _release_at_exit() -> None:
-    if ray.is_initialized():
-        release_all("caller exited")

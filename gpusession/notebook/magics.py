@@ -20,7 +20,7 @@ from .cellrun import CellPayload, CellResult, pack, run_cell, unpack
 from ..run.distributed import DistributedFunction, parse_options
 from ..errors import GPUSessionError
 from ..broker.messages import gpus_text
-from ..cluster.lease import held_leases, release_all
+from ..cluster.held import held_leases, release_all
 from ..options import parse_duration
 from ..shipping import local_modules
 

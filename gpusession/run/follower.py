@@ -5,12 +5,11 @@ One loop in the caller's thread waits on all ranks' streams and the broker's not
 the first failing rank ends the attempt. `follow()` returns how the attempt ended as a value
 (outcome.py); the controller then stops every other rank (they may be stuck in a collective)
 and decides whether to restart. The judgements (root cause, host or worker, the clock) are pure
-functions in judgements.py.
+functions in judgements.py; lost workers and hosts are told apart in losses.py.
 """
 from __future__ import annotations
 
 import enum
-import logging
 import time
 from typing import Any
 
@@ -19,23 +18,16 @@ import ray
 from ..errors import RunTimeout, WorkerFailed
 from ..events import Observer, RunInfo
 from . import commits, judgements as judge, messages as m
-from .heartbeat import BeatMonitor, Loss
+from .losses import Losses
 from .notices import notice_error
 from ..broker.notice import Notice, NoticeKind
-from ..cluster.raycluster import node_answers
 from .outcome import AttemptEnd, Failed, Finished, Resize, Stopped, TimedOut
-from .policies import Fault, FaultKind, is_collective_fault, ranks_text, run_began, signal_name
+from .policies import Fault, FaultKind, is_collective_fault, run_began, signal_name
 from .resize import deadline_to_act
 
 POLL_S = 0.2  # how often the loop looks at the clock when no rank says anything
 FAILURE_GRACE_S = 1.0  # after a rank's communication error, how long to wait for the root cause
 DRAIN_S = 0.3  # after a failure, how long to keep taking what the other ranks already sent
-LOSS_GATHER_S = 0.15  # after a first lost heartbeat, how long the host's other ranks have to report theirs
-NODE_ANSWER_TIMEOUT_S = 0.3  # is the host of a lost worker still there? (its raylet's port)
-# A worker lost while its host still answers is judged after this: the processes of a host that
-# dies do not all go at once (seen under load: a worker gone, its raylet still answering), so the
-# host is asked again before the loss is called one worker's.
-HOST_SETTLE_S = 1.0
 
 
 class Payload(enum.Enum):
@@ -51,12 +43,8 @@ class Follower:
                  silence_s: float | None = None) -> None:
         self.lease, self.info, self.observer = lease, info, observer
         self.streams = {worker.actor.run.remote(*launch): spec.rank for spec, launch, worker in ranks}
-        self.rank_nodes = {spec.rank: spec.address for spec, _, _ in ranks}
-        self.rank_node_ids = {spec.rank: spec.node_id for spec, _, _ in ranks}
-        self.rank_workers = {spec.rank: worker for spec, _, worker in ranks}
-        self.beats = _monitor(self.rank_workers, silence_s) if silence_s else None
-        self.pending_losses: dict[int, Loss] = {}
-        self.lost_nodes: dict[str, str] = {}  # Ray node id -> "host (ip, Ray node id)" of hosts lost
+        self.losses = Losses(lease, ranks, silence_s=silence_s,
+                             fail=lambda fault, error: self._fail(fault, error, collateral=False))
         self.world_size = len(ranks)
         self.run_id = ranks[0][0].run_id if ranks else None
         self.deadline, self.timeout_s, self.attempt = deadline, timeout_s, attempt
@@ -73,17 +61,26 @@ class Follower:
         self.resize_at_checkpoint: tuple[float, dict] | None = None  # (act by, shrink or grow notice)
         self.failures: list[tuple[bool, Fault, WorkerFailed]] = []  # (collateral, fault, error)
         self.failing_since: float | None = None
-        self.lost_ranks: set[int] = set()  # ranks whose worker actor died
-        self.suspects: dict[str, tuple[float, list[Loss]]] = {}  # node -> (since, losses) while its host answers
-        self.exited: set[int] = set()  # ranks whose process ended after its result or error
+
+    # what the controller needs to recover from a loss
+    @property
+    def rank_workers(self) -> dict:
+        return self.losses.rank_workers
+
+    @property
+    def lost_ranks(self) -> set[int]:
+        return self.losses.lost_ranks
+
+    @property
+    def lost_nodes(self) -> dict[str, str]:
+        return self.losses.lost_nodes
 
     def follow(self) -> AttemptEnd:
         """Follow the attempt to its end: how it ended, as a value."""
         try:
             return self._follow()
         finally:  # a failed or interrupted run still says how long the function ran
-            if self.beats is not None:
-                self.beats.close()
+            self.losses.close()
             if self.run_started is not None:
                 self.info.run_s += time.time() - self.run_started
 
@@ -97,13 +94,13 @@ class Follower:
                 end = self._on_notice() if item is watch else self._advance(item)
                 if end is not None:
                     return end
-            self._check_heartbeats()
-            self._settle_suspects()
+            self.losses.check_heartbeats()
+            self.losses.settle_suspects()
             end = self._check_failures() or self._check_clocks()
             if end is not None:
                 return end
             self.observer.poll()  # the user's own stop (interrupt, cancel) raises here
-        self._settle_suspects(wait=True)
+        self.losses.settle_suspects(wait=True)
         end = self._check_failures()
         if end is not None:
             return end
@@ -116,7 +113,7 @@ class Follower:
 
     def _check_failures(self) -> AttemptEnd | None:
         """End the attempt on the root cause (judgements.root_cause)."""
-        if not self.failures or self.suspects:  # a suspect is judged first: it may be the root cause
+        if not self.failures or self.losses.suspects:  # a suspect is judged first: it may be the root cause
             return None
         chosen = judge.root_cause([judge.Failure(c, i) for i, (c, _, _) in enumerate(self.failures)],
                                   waited_s=time.monotonic() - self.failing_since, grace_s=FAILURE_GRACE_S,
@@ -178,7 +175,7 @@ class Follower:
             return None
         except ray.exceptions.RayError as exc:
             del self.streams[stream]
-            self._lost(rank, exc)
+            self.losses.lost(rank, exc)
             return None
         kind = self.payload_kind.pop(rank, None)
         if kind is Payload.CHECKPOINT:
@@ -186,7 +183,7 @@ class Follower:
                 held = commits.hold(ref)
             except ray.exceptions.RayError as exc:  # lost with rank 0's node before it reached us
                 del self.streams[stream]
-                self._lost(rank, exc)
+                self.losses.lost(rank, exc)
                 return None
             return self._commit(rank, held)
         if kind is Payload.RESULT:
@@ -196,7 +193,7 @@ class Follower:
             message = ray.get(ref)
         except ray.exceptions.RayError as exc:
             del self.streams[stream]
-            self._lost(rank, exc)
+            self.losses.lost(rank, exc)
             return None
         self._on_message(rank, message)
         return None
@@ -241,10 +238,10 @@ class Follower:
         elif isinstance(message, m.RankError):
             self._on_error(message)
         elif isinstance(message, m.RankExited) and message.clean:
-            self.exited.add(rank)
+            self.losses.exited.add(rank)
         elif isinstance(message, m.RankExited):
             how = signal_name(message.signal) or f"exit code {message.exit_code}"
-            fault = Fault(FaultKind.PROCESS_DIED, rank, self._where(rank, message.host), how)
+            fault = Fault(FaultKind.PROCESS_DIED, rank, self.losses.where(rank, message.host), how)
             self._fail(fault, WorkerFailed(
                 f"The process of rank {rank} on {fault.host} died ({how}) before its function returned. "
                 f"Every worker was stopped and the {self.lease.gpus:g} GPUs released.",
@@ -277,7 +274,7 @@ class Follower:
     def _on_error(self, error: m.RankError) -> None:
         collateral = _is_collateral(error)
         kind = FaultKind.COLLECTIVE if collateral else FaultKind.USER_ERROR
-        fault = Fault(kind, error.rank, self._where(error.rank, error.host), f"{error.type}: {error.message[:200]}",
+        fault = Fault(kind, error.rank, self.losses.where(error.rank, error.host), f"{error.type}: {error.message[:200]}",
                       error.mro)
         self._fail(fault, WorkerFailed(
             f"Rank {error.rank} on {error.host} raised {error.type}: {error.message}. "
@@ -285,94 +282,6 @@ class Follower:
             rank=error.rank, node=error.host, remote_type=error.type,
             remote_message=error.message, remote_traceback=error.traceback,
         ), collateral=collateral)
-
-    def _lost(self, rank: int, exc: Exception) -> None:
-        """Ray reports the rank's worker actor dead: the same judgement as a lost heartbeat."""
-        if rank in self.lost_ranks:  # its host was already judged lost
-            return
-        message = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        how = f"{type(exc).__name__}: {message}" if message else type(exc).__name__
-        if rank in self.pending_losses:  # its heartbeat said it first, and says it better
-            how = self.pending_losses.pop(rank).how
-        self._blame(self.rank_node_ids.get(rank, ""), [Loss(rank, how, time.time())])
-
-    def _where(self, rank: int, host: str) -> str:
-        address = self.rank_nodes.get(rank) or ""
-        if host and address:
-            return f"{host} ({address})"
-        return host or address or "?"
-
-    # ----- heartbeats: a lost worker or host, told apart from the echoes of its loss ------------------
-    def _check_heartbeats(self) -> None:
-        if self.beats is None:
-            return
-        for loss in self.beats.take_losses():
-            if loss.key not in self.exited and loss.key not in self.lost_ranks:  # a rank that ended lost nothing
-                self.pending_losses[loss.key] = loss
-        if not self.pending_losses:
-            return
-        first = min(loss.at for loss in self.pending_losses.values())
-        if not judge.losses_gathered(first, time.time(), LOSS_GATHER_S):
-            return  # the other ranks of that host report theirs within moments
-        losses, self.pending_losses = self.pending_losses, {}
-        by_node: dict[str, list[Loss]] = {}
-        for rank, loss in sorted(losses.items()):
-            if rank in self.lost_ranks:  # judged meanwhile, when Ray reported its worker dead
-                continue
-            by_node.setdefault(self.rank_node_ids.get(rank, ""), []).append(loss)
-        for node_id, node_losses in by_node.items():
-            self._blame(node_id, node_losses)
-
-    def _settle_suspects(self, *, wait: bool = False) -> None:
-        """Judge the workers lost while their host answered, once HOST_SETTLE_S has passed (wait:
-        the attempt is over, so wait for that now)."""
-        for node_id, (since, losses) in list(self.suspects.items()):
-            left = since + HOST_SETTLE_S - time.monotonic()
-            if left > 0 and not wait:
-                continue
-            time.sleep(max(0.0, left))
-            del self.suspects[node_id]
-            self._blame(node_id, losses, settled=True)
-
-    def _blame(self, node_id: str, losses: list[Loss], *, settled: bool = False) -> None:
-        how = losses[0].how
-        answers = bool(node_id) and node_answers(node_id, NODE_ANSWER_TIMEOUT_S)
-        whom = judge.blame(node_known=bool(node_id), host_answers=answers, settled=settled)
-        if whom is judge.Blame.HOST:
-            self.suspects.pop(node_id, None)
-            ranks = tuple(sorted(r for r, n in self.rank_node_ids.items() if n == node_id))
-            host = self._host_name(ranks[0], node_id)
-            self.lost_ranks.update(ranks)
-            self.lost_nodes[node_id] = host
-            fault = Fault(FaultKind.HOST_LOST, ranks[0], self._host_name(ranks[0], node_id[:12]), how, ranks=ranks)
-            self._fail(fault, WorkerFailed(
-                f"Host {host} was lost ({how}) with {ranks_text(ranks)}. The ranks on the other hosts were "
-                f"stopped and every GPU of the lease released.",
-                rank=ranks[0], node=self._where(ranks[0], ""), remote_type="HostLost", remote_message=how,
-            ), collateral=False)
-            return
-        if whom is judge.Blame.SUSPECT:  # the host answers, for now: ask it again in a moment
-            since, earlier = self.suspects.get(node_id, (time.monotonic(), []))
-            self.suspects[node_id] = (since, earlier + losses)
-            self.lost_ranks.update(loss.key for loss in losses)
-            return
-        for loss in losses:  # the host still answers: only these workers went (an actor killed)
-            rank = loss.key
-            self.lost_ranks.add(rank)
-            where = self._where(rank, self._worker_host(rank))
-            self._fail(Fault(FaultKind.WORKER_LOST, rank, where, loss.how), WorkerFailed(
-                f"The worker of rank {rank} on {where} was lost ({loss.how}). Every worker was stopped and the "
-                f"{self.lease.gpus:g} GPUs released.",
-                rank=rank, node=where, remote_type="WorkerLost", remote_message=loss.how,
-            ), collateral=False)
-
-    def _worker_host(self, rank: int) -> str:
-        worker = self.rank_workers.get(rank)
-        return (getattr(worker, "info", None) or {}).get("host", "")
-
-    def _host_name(self, rank: int, node_id: str) -> str:
-        name, address = self._worker_host(rank), self.rank_nodes.get(rank, "")
-        return f"{name or '?'} ({address}, Ray node {node_id})"
 
     # ----- the broker's notice --------------------------------------------------------------------
     def _on_notice(self) -> Stopped | None:
@@ -399,23 +308,6 @@ class Follower:
 
     def _stopped(self, notice: Notice) -> Stopped:
         return Stopped(notice_error(self.lease, notice, checkpointed=self.info.checkpoint_ref is not None))
-
-
-def _monitor(rank_workers: dict, silence_s: float) -> BeatMonitor | None:
-    targets = {}
-    for rank, worker in rank_workers.items():
-        info = getattr(worker, "info", None) or {}
-        if info.get("beat_port"):
-            targets[rank] = (info["address"], info["beat_port"])
-    if not targets:
-        return None
-    monitor = BeatMonitor(targets, silence_s)
-    if monitor.unwatched:
-        logging.getLogger("gpusession").warning(
-            "No heartbeat from the workers of ranks %s (%s): a lost host is noticed only when Ray declares it "
-            "dead. Let the caller reach the worker nodes on every TCP port (README, Multi-host clusters).",
-            sorted(monitor.unwatched), "; ".join(sorted(set(monitor.unwatched.values()))))
-    return monitor
 
 
 def _is_collateral(error: m.RankError) -> bool:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import gpusession
-from gpusession.cluster import lease as lease_module
+from gpusession.run import lease_api as lease_module
 from gpusession.run import context as context_module, distributed as distributed_module
 
 from ..conftest import ROOT
