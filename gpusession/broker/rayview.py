@@ -46,6 +46,7 @@ class Snapshot:
     lost: dict[str, str] = field(default_factory=dict)  # node id -> address: Ray lists it, it does not answer
     addresses: dict[str, str] = field(default_factory=dict)  # node id -> address, of every GPU node
     first_seen: dict[str, float] = field(default_factory=dict)  # node id -> the first reading that listed it
+    live_jobs: frozenset[str] = frozenset()  # job ids Ray lists as running (a kernel, a driver)
 
     def with_lost(self, node_ids: Iterable[str]) -> "Snapshot":
         """This reading, with these nodes lost as well (a run reported them lost since it was taken)."""
@@ -99,8 +100,9 @@ def take(ledger_id: str, previous: Snapshot | None = None) -> Snapshot:
         raw[info.node_id] = max(0.0, used - ours.get(info.node_id, 0.0))
         unmanaged = min(raw[info.node_id], before.get(info.node_id, raw[info.node_id]))
         nodes.append(NodeCapacity(info.node_id, info.gpus, round(unmanaged, 6)))
-    return Snapshot(nodes, logical and bool(nodes), groups, _dead_jobs(), raw, lost,
-                    {info.node_id: info.address for info in infos}, first_seen)
+    dead, live = _jobs()
+    return Snapshot(nodes, logical and bool(nodes), groups, dead, raw, lost,
+                    {info.node_id: info.address for info in infos}, first_seen, live)
 
 
 def replaced(infos, first_seen: dict[str, float]) -> set[str]:
@@ -143,12 +145,11 @@ def placed_leases(ledger_id: str) -> set[int]:
     return {lease_id for lease_id, group in _our_groups(ledger_id).items() if group.state == "CREATED"}
 
 
-def _dead_jobs() -> dict[str, float]:
-    return {
-        job["JobID"]: (job.get("EndTime") or 0) / 1000.0
-        for job in rayprivate.jobs()
-        if job.get("IsDead")
-    }
+def _jobs() -> tuple[dict[str, float], frozenset[str]]:
+    """Ray's jobs in one reading: the dead ones with when each ended, and the ids of the live ones."""
+    jobs = rayprivate.jobs()
+    dead = {job["JobID"]: (job.get("EndTime") or 0) / 1000.0 for job in jobs if job.get("IsDead")}
+    return dead, frozenset(job["JobID"] for job in jobs if not job.get("IsDead"))
 
 
 def remove_group(pg_id: str) -> None:

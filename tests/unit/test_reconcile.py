@@ -16,8 +16,9 @@ def _row(lease_id=1, state="placed", **extra):
     return row
 
 
-def _snapshot(groups=None, dead_jobs=None):
-    return Snapshot(nodes=[], logical=True, groups=groups or {}, dead_jobs=dead_jobs or {})
+def _snapshot(groups=None, dead_jobs=None, live_jobs=()):
+    return Snapshot(nodes=[], logical=True, groups=groups or {}, dead_jobs=dead_jobs or {},
+                    live_jobs=frozenset(live_jobs))
 
 
 def _group(state="CREATED"):
@@ -63,6 +64,19 @@ def test_a_queued_request_is_dropped_when_its_job_died_or_it_stopped_polling():
     rows = [_row(1, "queued"), _row(2, "queued", job_id="0b000000"), _row(3, "queued")]
     actions = _run(rows, _snapshot(dead_jobs={"0b000000": NOW}), last_seen={1: NOW - 1, 3: NOW - 6})
     assert actions == [Close(2, "caller gone", NOW), Close(3, "caller gone", NOW)]
+
+
+def test_a_queued_request_of_a_running_job_outlasts_a_late_poll_but_not_a_long_silence():
+    from gpusession.broker.reconcile import LIVE_CALLER_SILENCE_S
+
+    live = _snapshot(live_jobs={"0a000000"})
+    late = _run([_row(1, "queued")], live, last_seen={1: NOW - 6})  # over the 5 s heartbeat: a loaded machine
+    hung = _run([_row(1, "queued")], live, last_seen={1: NOW - LIVE_CALLER_SILENCE_S - 1})
+    unknown_job = _run([_row(1, "queued", job_id="0c000000")], live, last_seen={1: NOW - 6})
+    no_job = _run([_row(1, "queued", job_id=None)], live, last_seen={1: NOW - 6})
+    assert late == []
+    assert hung == [Close(1, "caller gone", NOW)]
+    assert unknown_job == no_job == [Close(1, "caller gone", NOW)]
 
 
 def test_a_notice_past_its_deadline_forces_the_lease_off_its_gpus():
