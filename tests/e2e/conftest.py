@@ -81,10 +81,29 @@ def _answers(url: str, token: str) -> bool:
         return False
 
 
+def lab_bundle_matches_checkout() -> str | None:
+    """JupyterLab serves the gpusession-lab bundle that `scripts/setup` copied into this Python's
+    prefix, not the checkout's `jupyter_ext/labextension`: after a rebuild or a pull the browser
+    tests would drive the old one (seen: a test failed on a sidebar label the old bundle lacked).
+    None when the two are the same; else what to do."""
+    ours = ROOT / "jupyter_ext" / "labextension"
+    served = Path(sys.prefix) / "share" / "jupyter" / "labextensions" / "gpusession-lab"
+    differ = [str(path.relative_to(ours)) for path in sorted(ours.rglob("*")) if path.is_file()
+              and (not (served / path.relative_to(ours)).is_file()
+                   or (served / path.relative_to(ours)).read_bytes() != path.read_bytes())]
+    if differ:
+        return (f"JupyterLab would serve another gpusession-lab bundle ({served}) than this checkout's "
+                f"({', '.join(differ[:3])} differ): run `scripts/setup --test` again")
+    return None
+
+
 @pytest.fixture(scope="session")
 def jupyter(cluster, tmp_path_factory):
     """JupyterLab on a free port; its owner `tester` is the gpusession admin; its settings and
     workspaces are its own (no state from an earlier run or another user)."""
+    stale = lab_bundle_matches_checkout()
+    if stale:
+        pytest.fail(stale)
     with lab_server(cluster, tmp_path_factory.mktemp("jupyter-config"), admin_users=[ADMIN]) as server:
         yield server
 
