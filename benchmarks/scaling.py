@@ -3,7 +3,9 @@
 launcher per host, `--nnodes=2 --node_rank=i`, as torchrun's docs set up a multi-node job), on
 the same simulated hosts (tests/multihost/simcluster.py: each host a network namespace with a Ray
 node of 2 logical GPUs, its link shaped with tc tbf): 1 rank, 2 ranks on one host, 2 ranks on 2
-hosts over each shaped link, for a link-bound and a compute-bound model. Then, over the 200 Mbit/s
+hosts over each shaped link, for a link-bound and a compute-bound model, and the link-bound model
+over an imperfect network (200 Mbit/s, one host's link 20 ms slower each way, through the relay of
+tests/multihost/linkrelay.py: the same for both launchers). Then, over the 200 Mbit/s
 link with the link-bound model, each gradient compression gpusession applies (its hook,
 run/comm_hooks.py) in gpusession's ranks against plain DDP there, with the loss after the same
 steps. Needs root.
@@ -12,7 +14,9 @@ Both launchers run the same `train` function with the same hook, the same steps 
 warm-up: one discarded call per launcher before the first sample (gpusession: the nodes' warm
 parents and workers start; torchrun: the same imports read from disk once), then in every call
 11 untimed steps (PowerSGD all-reduces plainly for its first 10) and the timed steps between two
-barriers. Samples alternate (gpusession, torchrun, then torchrun, gpusession in the next round),
+barriers (--steps of them; ten times as many for the compute-bound model, whose steps are short).
+Each sample also prints rank 0's share of a CPU over the timed steps, its threads, niceness and
+scheduler group: on a shared machine, what a launcher's figure depends on. Samples alternate (gpusession, torchrun, then torchrun, gpusession in the next round),
 every configuration once per round; the results file is rewritten after each round.
 
     sudo .venv/bin/python benchmarks/scaling.py [--samples 3] [--steps 5] [--budget-s 1200]
