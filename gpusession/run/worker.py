@@ -29,6 +29,12 @@ from .spec import RankSpec, lease_scratch_dir, scratch_dir, scratch_root  # noqa
 ZYGOTE_START_TIMEOUT_S = 120.0  # a loaded node may take a while to import torch
 EXIT_STATUS_WAIT_S = 2.0
 WATCHDOG_POLL_S = 1.0
+# Any worker may become some attempt's rank 0 and serve its TCPStore, which needs torch.distributed
+# in this process: ~1.5 s of CPU to import (more on a loaded node). A worker that waits in a pool
+# imports it this long after it started; a cold node's first call takes its workers before that,
+# and then only its rank 0 imports it (in open_rendezvous): its other workers' imports, at once,
+# took the CPU the node's warm parent and that call needed (benchmarks/spread_first.py).
+STORE_PRELOAD_AFTER_S = 15.0
 NODE_HOST_NAMESPACE = "gpusession"  # the Ray namespace of the node hosts (nodehost.py), which this worker asks
 
 
@@ -56,10 +62,8 @@ class Worker:
         self._conn_lock = threading.Lock()
         self._beats = BeatServer(self.address)  # the controller's heartbeat (run/heartbeat.py)
         _sweep_stale_scratch()
-        # Any worker may become some attempt's rank 0 and serve its TCPStore, which needs
-        # torch.distributed in this process: ~1.5 s to import (more on a loaded node), paid by a
-        # call's setup unless it is done ahead, while the worker waits idle in a pool.
-        threading.Thread(target=_import_store, name="gpusession-preload-store", daemon=True).start()
+        threading.Thread(target=_import_store, args=(STORE_PRELOAD_AFTER_S,), name="gpusession-preload-store",
+                         daemon=True).start()  # see STORE_PRELOAD_AFTER_S
 
     def info(self) -> dict:
         self.zygote.wait_ready(ZYGOTE_START_TIMEOUT_S)
@@ -184,7 +188,8 @@ class Worker:
                     pass
 
 
-def _import_store() -> None:
+def _import_store(after_s: float = 0.0) -> None:
+    time.sleep(after_s)
     try:
         import torch.distributed  # noqa: F401  (open_rendezvous imports it again: at once, or waiting for this)
     except Exception:  # open_rendezvous raises it where a caller sees it
