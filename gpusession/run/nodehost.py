@@ -36,7 +36,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .. import __version__
 from .zygote import Zygote
-from .worker import NODE_HOST_NAMESPACE, ZYGOTE_START_TIMEOUT_S, Worker
+from .worker import NODE_HOST_NAMESPACE, STORE_PRELOAD_AFTER_S, ZYGOTE_START_TIMEOUT_S, Worker
 
 NAMESPACE = NODE_HOST_NAMESPACE
 IDLE_S_ENV = "GPUSESSION_NODE_HOST_IDLE_S"
@@ -44,11 +44,13 @@ DEFAULT_IDLE_S = 600.0
 SPARES_ENV = "GPUSESSION_SPARE_WORKERS"
 MAX_DEFAULT_SPARES = 8  # one per GPU of the node, up to this: each spare is a ~100 MB process
 REAP_EVERY_S = 2.0
-# What only later calls need waits until no worker was asked for this long: the spares that
-# replace those handed out (each a Ray worker process importing torch), and the prober (a Ray
-# driver process). On a cold node both started beside the first call's own workers and ranks and
-# took the CPU that call needed (benchmarks/spread_first.py); meanwhile a call starts a worker of
-# its own if no spare is left, and probes its bundles itself.
+# What only later calls need waits, on a cold node, until no worker was asked for this long: the
+# spares that replace those handed out in the host's first QUIET_S (each a Ray worker process), the
+# prober (a Ray driver process), and the spares' import of torch.distributed (worker.py). All of
+# them started beside a cold node's first call and took the CPU its own workers, warm parent and
+# ranks needed (benchmarks/spread_first.py); meanwhile a call that finds no spare starts a worker
+# itself, and probes its bundles itself. Once the host is older, a spare handed out is replaced at
+# once, as a restart after a lost host wants.
 QUIET_S = 10.0
 SPARE_READY_TIMEOUT_S = 180.0
 PROBE_TIMEOUT_S = 60.0  # a spare on a loaded node may take a while to start
@@ -103,7 +105,7 @@ class NodeHost:
         self._target = spares
         self._spares: list[tuple[ray.actor.ActorHandle, ray.ObjectRef]] = []
         self._adopted: dict[ray.actor.ActorHandle, str] = {}  # worker handed out -> the kernel's job id
-        self._last_request = time.monotonic()
+        self._last_request = self._started = time.monotonic()
         self._idle_s = float(os.environ.get(IDLE_S_ENV, DEFAULT_IDLE_S))
         self._stopping = False
         self._prober: Prober | None = None  # started once the node is quiet (QUIET_S)
@@ -121,6 +123,8 @@ class NodeHost:
         for _ in range(3):  # a spare may have died while it waited (the OOM killer)
             with self._lock:
                 handle, ready = self._spares.pop(0) if self._spares else self._start_spare()
+            if not self._young():
+                self._top_up()
             try:
                 ray.get(ready, timeout=SPARE_READY_TIMEOUT_S)
             except Exception:
@@ -174,10 +178,15 @@ class NodeHost:
         return zygote.pid
 
     # ----- spares -----------------------------------------------------------------------------------
+    def _young(self) -> bool:
+        """Within its first QUIET_S: a cold node, whose first call is starting (see QUIET_S)."""
+        return time.monotonic() - self._started < QUIET_S
+
     def _start_spare(self) -> tuple[ray.actor.ActorHandle, ray.ObjectRef]:
         actor = REMOTE_WORKER.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(self.node_id, soft=False),
-        ).remote(zygote_path=self.socket_path, host_name=self.name)
+        ).remote(zygote_path=self.socket_path, host_name=self.name,
+                 store_preload_after_s=STORE_PRELOAD_AFTER_S if self._young() else 0.0)
         return actor, actor.info.remote()
 
     def _top_up(self) -> None:

@@ -30,10 +30,11 @@ ZYGOTE_START_TIMEOUT_S = 120.0  # a loaded node may take a while to import torch
 EXIT_STATUS_WAIT_S = 2.0
 WATCHDOG_POLL_S = 1.0
 # Any worker may become some attempt's rank 0 and serve its TCPStore, which needs torch.distributed
-# in this process: ~1.5 s of CPU to import (more on a loaded node). A worker that waits in a pool
-# imports it this long after it started; a cold node's first call takes its workers before that,
-# and then only its rank 0 imports it (in open_rendezvous): its other workers' imports, at once,
-# took the CPU the node's warm parent and that call needed (benchmarks/spread_first.py).
+# in this process: ~1.5 s of CPU to import (more on a loaded node), imported ahead while the worker
+# waits in a pool. The spares of a cold node (nodehost.QUIET_S) import it this long after they
+# started: that node's first call takes them before then, and only its rank 0 imports it (in
+# open_rendezvous); its other workers' imports, at once, took the CPU the node's warm parent and
+# that call needed (benchmarks/spread_first.py).
 STORE_PRELOAD_AFTER_S = 15.0
 NODE_HOST_NAMESPACE = "gpusession"  # the Ray namespace of the node hosts (nodehost.py), which this worker asks
 
@@ -45,7 +46,8 @@ class _RankProcess(NamedTuple):
 
 
 class Worker:
-    def __init__(self, zygote_path: str | None = None, host_name: str | None = None) -> None:
+    def __init__(self, zygote_path: str | None = None, host_name: str | None = None,
+                 store_preload_after_s: float = 0.0) -> None:
         # The node host's warm parent (nodehost.py) when started by it, else one of our own (a
         # call with its own runtime_env), which starts importing torch now, in parallel.
         self._zygote_path, self._host_name = zygote_path, host_name
@@ -62,7 +64,7 @@ class Worker:
         self._conn_lock = threading.Lock()
         self._beats = BeatServer(self.address)  # the controller's heartbeat (run/heartbeat.py)
         _sweep_stale_scratch()
-        threading.Thread(target=_import_store, args=(STORE_PRELOAD_AFTER_S,), name="gpusession-preload-store",
+        threading.Thread(target=_import_store, args=(store_preload_after_s,), name="gpusession-preload-store",
                          daemon=True).start()  # see STORE_PRELOAD_AFTER_S
 
     def info(self) -> dict:
