@@ -36,7 +36,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .. import __version__
 from .zygote import Zygote
-from .worker import NODE_HOST_NAMESPACE, STORE_PRELOAD_AFTER_S, ZYGOTE_START_TIMEOUT_S, Worker
+from .worker import NODE_HOST_NAMESPACE, ZYGOTE_START_TIMEOUT_S, Worker
 
 NAMESPACE = NODE_HOST_NAMESPACE
 IDLE_S_ENV = "GPUSESSION_NODE_HOST_IDLE_S"
@@ -45,12 +45,11 @@ SPARES_ENV = "GPUSESSION_SPARE_WORKERS"
 MAX_DEFAULT_SPARES = 8  # one per GPU of the node, up to this: each spare is a ~100 MB process
 REAP_EVERY_S = 2.0
 # What only later calls need waits, on a cold node, until no worker was asked for this long: the
-# spares that replace those handed out in the host's first QUIET_S (each a Ray worker process), the
-# prober (a Ray driver process), and the spares' import of torch.distributed (worker.py). All of
-# them started beside a cold node's first call and took the CPU its own workers, warm parent and
-# ranks needed (benchmarks/spread_first.py); meanwhile a call that finds no spare starts a worker
-# itself, and probes its bundles itself. Once the host is older, a spare handed out is replaced at
-# once, as a restart after a lost host wants.
+# spares that replace those handed out in the host's first QUIET_S (each a Ray worker process
+# importing torch) and the prober (a Ray driver process). Both started beside a cold node's first
+# call and took the CPU its own workers, warm parent and ranks needed (benchmarks/spread_first.py);
+# meanwhile a call that finds no spare starts a worker itself, and probes its bundles itself. Once
+# the host is older, a spare handed out is replaced at once, as a restart after a lost host wants.
 QUIET_S = 10.0
 SPARE_READY_TIMEOUT_S = 180.0
 PROBE_TIMEOUT_S = 60.0  # a spare on a loaded node may take a while to start
@@ -185,8 +184,7 @@ class NodeHost:
     def _start_spare(self) -> tuple[ray.actor.ActorHandle, ray.ObjectRef]:
         actor = REMOTE_WORKER.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(self.node_id, soft=False),
-        ).remote(zygote_path=self.socket_path, host_name=self.name,
-                 store_preload_after_s=STORE_PRELOAD_AFTER_S if self._young() else 0.0)
+        ).remote(zygote_path=self.socket_path, host_name=self.name)
         return actor, actor.info.remote()
 
     def _top_up(self) -> None:

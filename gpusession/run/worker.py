@@ -29,13 +29,6 @@ from .spec import RankSpec, lease_scratch_dir, scratch_dir, scratch_root  # noqa
 ZYGOTE_START_TIMEOUT_S = 120.0  # a loaded node may take a while to import torch
 EXIT_STATUS_WAIT_S = 2.0
 WATCHDOG_POLL_S = 1.0
-# Any worker may become some attempt's rank 0 and serve its TCPStore, which needs torch.distributed
-# in this process: ~1.5 s of CPU to import (more on a loaded node), imported ahead while the worker
-# waits in a pool. The spares of a cold node (nodehost.QUIET_S) import it this long after they
-# started: that node's first call takes them before then, and only its rank 0 imports it (in
-# open_rendezvous); its other workers' imports, at once, took the CPU the node's warm parent and
-# that call needed (benchmarks/spread_first.py).
-STORE_PRELOAD_AFTER_S = 15.0
 NODE_HOST_NAMESPACE = "gpusession"  # the Ray namespace of the node hosts (nodehost.py), which this worker asks
 
 
@@ -46,8 +39,7 @@ class _RankProcess(NamedTuple):
 
 
 class Worker:
-    def __init__(self, zygote_path: str | None = None, host_name: str | None = None,
-                 store_preload_after_s: float = 0.0) -> None:
+    def __init__(self, zygote_path: str | None = None, host_name: str | None = None) -> None:
         # The node host's warm parent (nodehost.py) when started by it, else one of our own (a
         # call with its own runtime_env), which starts importing torch now, in parallel.
         self._zygote_path, self._host_name = zygote_path, host_name
@@ -64,8 +56,10 @@ class Worker:
         self._conn_lock = threading.Lock()
         self._beats = BeatServer(self.address)  # the controller's heartbeat (run/heartbeat.py)
         _sweep_stale_scratch()
-        threading.Thread(target=_import_store, args=(store_preload_after_s,), name="gpusession-preload-store",
-                         daemon=True).start()  # see STORE_PRELOAD_AFTER_S
+        # Any worker may become some attempt's rank 0 and serve its TCPStore, which needs
+        # torch.distributed in this process: ~1.5 s to import (more on a loaded node), paid by a
+        # call's setup unless it is done ahead, while the worker waits idle in a pool.
+        threading.Thread(target=_import_store, name="gpusession-preload-store", daemon=True).start()
 
     def info(self) -> dict:
         self.zygote.wait_ready(ZYGOTE_START_TIMEOUT_S)
@@ -190,8 +184,7 @@ class Worker:
                     pass
 
 
-def _import_store(after_s: float = 0.0) -> None:
-    time.sleep(after_s)
+def _import_store() -> None:
     try:
         import torch.distributed  # noqa: F401  (open_rendezvous imports it again: at once, or waiting for this)
     except Exception:  # open_rendezvous raises it where a caller sees it
