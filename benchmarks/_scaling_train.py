@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 
 import torch
@@ -69,17 +70,21 @@ def train(kind: str, compression: str, steps: int, warmup: int) -> dict:
     if compression != "none":
         comm_hooks.apply_to_model(ddp, comm, device)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.2)
-    started = None
+    started = cpu_main = cpu_process = None
     for step in range(warmup + steps):
         if step == warmup:
             settle(device)
             dist.barrier()
-            started = time.perf_counter()
+            started, cpu_main, cpu_process = time.perf_counter(), time.thread_time(), time.process_time()
         x, y = (tensor.to(device) for tensor in batch(kind, step, rank))
         comm_hooks.step(torch.nn.functional.mse_loss(ddp(x), y), optimizer, comm)
     settle(device)
     dist.barrier()
     took = time.perf_counter() - started
+    # CPU seconds over the timed steps: this thread's (the model's arithmetic) and the whole
+    # process's (with gloo's and any launcher's threads). Against `took`, they tell a rank that
+    # waited for the CPU (less of it per second) from one that had more to do.
+    cpu_main, cpu_process = time.thread_time() - cpu_main, time.process_time() - cpu_process
     x, y = (tensor.to(device) for tensor in batch(kind, 10**6, 0))
     with torch.no_grad():
         loss = torch.nn.functional.mse_loss(ddp.module(x), y).item()
@@ -87,7 +92,20 @@ def train(kind: str, compression: str, steps: int, warmup: int) -> dict:
     return {"rank": rank, "samples_per_s": steps * BATCH[kind] * world / took, "loss": loss,
             "bytes_per_step": comm.counted.last, "seconds": took,
             "fp32_grad_bytes": sum(4 * p.numel() for p in ddp.parameters()),
-            "niceness": os.nice(0)}  # the launcher's: Ray starts its workers at 15 by default
+            "niceness": os.nice(0),  # the launcher's: Ray starts its workers at 15 by default
+            "cpu_main_s": cpu_main, "cpu_process_s": cpu_process, "threads": threading.active_count(),
+            "os_threads": len(os.listdir("/proc/self/task")), "torch_threads": torch.get_num_threads(),
+            "interop_threads": torch.get_num_interop_threads(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+            "cpus_allowed": len(os.sched_getaffinity(0)), "autogroup": _autogroup()}
+
+
+def _autogroup() -> str:
+    """The scheduler group the rank shares CPU time in (Linux autogroup: one per session)."""
+    try:
+        with open("/proc/self/autogroup") as f:
+            return f.read().strip()
+    except OSError:
+        return "none"
 
 
 if __name__ == "__main__":

@@ -3,7 +3,9 @@
 launcher per host, `--nnodes=2 --node_rank=i`, as torchrun's docs set up a multi-node job), on
 the same simulated hosts (tests/multihost/simcluster.py: each host a network namespace with a Ray
 node of 2 logical GPUs, its link shaped with tc tbf): 1 rank, 2 ranks on one host, 2 ranks on 2
-hosts over each shaped link, for a link-bound and a compute-bound model. Then, over the 200 Mbit/s
+hosts over each shaped link, for a link-bound and a compute-bound model, and the link-bound model
+over an imperfect network (200 Mbit/s, one host's link 20 ms slower each way, through the relay of
+tests/multihost/linkrelay.py: the same for both launchers). Then, over the 200 Mbit/s
 link with the link-bound model, each gradient compression gpusession applies (its hook,
 run/comm_hooks.py) in gpusession's ranks against plain DDP there, with the loss after the same
 steps. Needs root.
@@ -12,7 +14,9 @@ Both launchers run the same `train` function with the same hook, the same steps 
 warm-up: one discarded call per launcher before the first sample (gpusession: the nodes' warm
 parents and workers start; torchrun: the same imports read from disk once), then in every call
 11 untimed steps (PowerSGD all-reduces plainly for its first 10) and the timed steps between two
-barriers. Samples alternate (gpusession, torchrun, then torchrun, gpusession in the next round),
+barriers (--steps of them; ten times as many for the compute-bound model, whose steps are short).
+Each sample also prints rank 0's share of a CPU over the timed steps, its threads, niceness and
+scheduler group: on a shared machine, what a launcher's figure depends on. Samples alternate (gpusession, torchrun, then torchrun, gpusession in the next round),
 every configuration once per round; the results file is rewritten after each round.
 
     sudo .venv/bin/python benchmarks/scaling.py [--samples 3] [--steps 5] [--budget-s 1200]
@@ -43,6 +47,11 @@ DRIVER = str(ROOT / "benchmarks" / "_scaling_driver.py")
 WARMUP = 11
 PORT = 29555
 LINKS_MBIT = (1000, 200)
+# An imperfect network: one host's link holds every frame DELAY_MS each way (40 ms more round trip).
+# No loss here: with 1 % (tests/shaped/test_lossy_link.py) TCP over that round trip carries a few
+# Mbit/s, and one sample of the link-bound model would take minutes.
+DELAY_MS, LOSS = 20.0, 0.0
+COMPUTE_STEPS_FACTOR = 10  # the compute-bound model's steps are short: ten times --steps of them
 COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")
 GPUSESSION, TORCHRUN = "gpusession", "torchrun"
 CALL_TIMEOUT_S = 600
@@ -57,6 +66,8 @@ class Config:
     rate_mbit: float | None  # each worker's link; None: the bridge's own speed
     compression: str = "none"
     launchers: tuple = (GPUSESSION, TORCHRUN)
+    delay_ms: float = 0.0  # added to the second host's link each way (linkrelay.py), with `loss`
+    loss: float = 0.0
 
     @property
     def placement(self) -> str:
@@ -132,17 +143,27 @@ def configurations() -> list[Config]:
         configs.append(Config(model, "2 ranks, 1 host", 1, 2, None))
         for rate in LINKS_MBIT:
             configs.append(Config(model, f"2 ranks, 2 hosts, {rate} Mbit/s", 2, 2, rate))
+        if model == "link":
+            impaired = f"one link +{DELAY_MS:g} ms each way" + (f" and {LOSS:.1%} loss" if LOSS else "")
+            configs.append(Config(model, f"2 ranks, 2 hosts, 200 Mbit/s, {impaired}", 2, 2, 200,
+                                  delay_ms=DELAY_MS, loss=LOSS))
     for compression in COMPRESSIONS[1:]:  # gpusession's own option against gpusession's plain DDP
         configs.append(Config("link", "2 ranks, 2 hosts, 200 Mbit/s", 2, 2, 200, compression, (GPUSESSION,)))
     return configs
 
 
-def shape(cluster: SimCluster, rate_mbit: float | None) -> None:
-    for host in cluster.workers:
-        if rate_mbit is None:
+def shape(cluster: SimCluster, config: Config | None) -> None:
+    for i, host in enumerate(cluster.workers):
+        if config is None or config.rate_mbit is None:
             cluster.unshape_link(host)
+        elif i == 1 and (config.delay_ms or config.loss):
+            cluster.shape_link(host, rate_mbit=config.rate_mbit, delay_ms=config.delay_ms, loss=config.loss)
         else:
-            cluster.shape_link(host, rate_mbit=rate_mbit)
+            cluster.shape_link(host, rate_mbit=config.rate_mbit)
+
+
+def steps_for(config: Config, steps: int) -> int:
+    return steps * COMPUTE_STEPS_FACTOR if config.model == "compute" else steps
 
 
 def run_once(cluster: SimCluster, driver: Driver, launcher: str, config: Config, steps: int,
@@ -166,10 +187,11 @@ def warm_up(cluster: SimCluster, driver: Driver) -> None:
 
 
 def measure(cluster: SimCluster, driver: Driver, samples: int, steps: int, on_round,
-            budget_s: float | None = None) -> dict:
+            budget_s: float | None = None, only: str | None = None) -> dict:
     """Up to `samples` rounds; with budget_s, no round is begun that would end after it (by the
-    longest round so far), so a shared machine's slow hour still ends with whole rounds."""
-    configs = configurations()
+    longest round so far), so a shared machine's slow hour still ends with whole rounds. With
+    `only`, just the configurations whose description contains it."""
+    configs = [c for c in configurations() if only is None or only in describe(c)]
     measured: dict = {(config, launcher): [] for config in configs for launcher in config.launchers}
     started, longest = time.monotonic(), 0.0
     for sample in range(samples):
@@ -178,16 +200,32 @@ def measure(cluster: SimCluster, driver: Driver, samples: int, steps: int, on_ro
             break
         round_started = time.monotonic()
         for config in configs:
-            shape(cluster, config.rate_mbit)
+            shape(cluster, config)
             order = config.launchers if sample % 2 == 0 else tuple(reversed(config.launchers))
             for launcher in order:
-                result = run_once(cluster, driver, launcher, config, steps)
+                result = run_once(cluster, driver, launcher, config, steps_for(config, steps))
                 measured[(config, launcher)].append(result)
-                print(f"round {sample + 1}: {config.model}, {config.where}, {config.compression}, {launcher}: "
-                      f"{result['samples_per_s']:.1f} samples/s, loss {result['loss']:.4f}", flush=True)
+                print(f"round {sample + 1}: {describe(config)}, {launcher}: {result['samples_per_s']:.1f} samples/s, "
+                      f"loss {result['loss']:.4f}; {diagnostics(result)}", flush=True)
         on_round(measured, sample + 1)
         longest = max(longest, time.monotonic() - round_started)
     return measured
+
+
+def describe(config: Config) -> str:
+    return f"{config.model}, {config.where}, {config.compression}"
+
+
+def diagnostics(result: dict) -> str:
+    """Rank 0's share of a CPU over the timed steps (its main thread's, its process's), its
+    threads, niceness and scheduler group: what differs between launchers when samples/s do."""
+    if "cpu_main_s" not in result:
+        return ""
+    took = result["seconds"]
+    return (f"rank 0 CPU/s main {result['cpu_main_s'] / took:.2f}, process {result['cpu_process_s'] / took:.2f}; "
+            f"threads {result['threads']} ({result['os_threads']} OS), torch {result['torch_threads']}/"
+            f"{result['interop_threads']}, OMP {result['omp_num_threads']}, CPUs {result['cpus_allowed']}, "
+            f"nice {result['niceness']}, autogroup {result['autogroup']}")
 
 
 def figures(results: list[dict], field: str = "samples_per_s") -> list[float]:
@@ -206,21 +244,24 @@ def launcher_rows(measured: dict, steps: int) -> list[Row]:
     for config in configs:
         if config.compression != "none":
             continue
-        ours, theirs = measured[(config, GPUSESSION)], measured[(config, TORCHRUN)]
+        ours, theirs = measured.get((config, GPUSESSION), []), measured.get((config, TORCHRUN), [])
         if not ours or not theirs:
             continue
         note = (f"{len(ours)} samples per side; rank niceness gpusession {ours[-1].get('niceness')}, "
                 f"torchrun {theirs[-1].get('niceness')}")
         if config.ranks == 2:
             single = next(c for c in configs if c.model == config.model and c.ranks == 1)
-            ideal = {side: 2 * statistics.median(figures(measured[(single, side)])) for side in (GPUSESSION, TORCHRUN)}
-            note += (f"; scaling efficiency (samples/s / 2 x 1 rank's): gpusession "
-                     f"{statistics.median(figures(ours)) / ideal[GPUSESSION]:.2f}, torchrun "
-                     f"{statistics.median(figures(theirs)) / ideal[TORCHRUN]:.2f}")
+            singles = {side: figures(measured.get((single, side), [])) for side in (GPUSESSION, TORCHRUN)}
+            if all(singles.values()):
+                ideal = {side: 2 * statistics.median(values) for side, values in singles.items()}
+                note += (f"; scaling efficiency (samples/s / 2 x 1 rank's): gpusession "
+                         f"{statistics.median(figures(ours)) / ideal[GPUSESSION]:.2f}, torchrun "
+                         f"{statistics.median(figures(theirs)) / ideal[TORCHRUN]:.2f}")
         out.append(Row(measure=f"{config.model}-bound model, {config.where}: samples/s", unit="samples/s",
                        gpusession_samples=figures(ours), alternative="torchrun, one launcher per host",
                        alternative_samples=figures(theirs),
-                       configured=f"the same DDP script and hook (plain DDP), {WARMUP} warm-up and {steps} timed "
+                       configured=f"the same DDP script and hook (plain DDP), {WARMUP} warm-up and "
+                                  f"{steps_for(config, steps)} timed "
                                   "steps, gloo on CPU, 1 thread a rank; gpusession from a driver on the head, "
                                   f"placement='{config.placement}'", goal=">= 0.97", note=note))
     return out
@@ -229,10 +270,11 @@ def launcher_rows(measured: dict, steps: int) -> list[Row]:
 def compression_rows(measured: dict, steps: int) -> list[Row]:
     out = []
     configs = configurations()
-    plain = next(c for c in configs if c.model == "link" and c.rate_mbit == 200 and c.compression == "none")
-    base = measured[(plain, GPUSESSION)]
+    plain = next(c for c in configs if c.model == "link" and c.rate_mbit == 200 and c.compression == "none"
+                 and not c.delay_ms and not c.loss)
+    base = measured.get((plain, GPUSESSION), [])
     for config in configs:
-        results = measured[(config, GPUSESSION)] if config.compression != "none" else []
+        results = measured.get((config, GPUSESSION), []) if config.compression != "none" else []
         if not results or not base:
             continue
         out.append(Row(measure=f"link-bound model, 2 hosts at 200 Mbit/s: grad_compression={config.compression}",
@@ -254,6 +296,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--budget-s", type=float, help="begin no round that would end after this many seconds")
+    parser.add_argument("--only", help="just the configurations whose description (as printed) contains this; "
+                                       "no results file is written (to look into one configuration)")
     args = parser.parse_args()
     reason = can_run()
     if reason:
@@ -263,6 +307,8 @@ def main() -> None:
     driver = None
 
     def on_round(measured: dict, done: int) -> None:
+        if args.only:
+            return
         path = write("scaling", rows(measured, args.steps), loadavg_before=loadavg_before)
         print(f"round {done} of {args.samples} written to {path}", flush=True)
 
@@ -270,7 +316,7 @@ def main() -> None:
         cluster.start()
         driver = Driver(cluster)
         warm_up(cluster, driver)
-        measured = measure(cluster, driver, args.samples, args.steps, on_round, args.budget_s)
+        measured = measure(cluster, driver, args.samples, args.steps, on_round, args.budget_s, args.only)
     finally:
         if driver is not None:
             driver.stop()

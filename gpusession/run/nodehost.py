@@ -44,6 +44,13 @@ DEFAULT_IDLE_S = 600.0
 SPARES_ENV = "GPUSESSION_SPARE_WORKERS"
 MAX_DEFAULT_SPARES = 8  # one per GPU of the node, up to this: each spare is a ~100 MB process
 REAP_EVERY_S = 2.0
+# What only later calls need waits, on a cold node, until no worker was asked for this long: the
+# spares that replace those handed out in the host's first QUIET_S (each a Ray worker process
+# importing torch) and the prober (a Ray driver process). Both started beside a cold node's first
+# call and took the CPU its own workers, warm parent and ranks needed (benchmarks/spread_first.py);
+# meanwhile a call that finds no spare starts a worker itself, and probes its bundles itself. Once
+# the host is older, a spare handed out is replaced at once, as a restart after a lost host wants.
+QUIET_S = 10.0
 SPARE_READY_TIMEOUT_S = 180.0
 PROBE_TIMEOUT_S = 60.0  # a spare on a loaded node may take a while to start
 # Threads: `stop` and `request_checkpoint` must reach the actor while its `run` streams.
@@ -97,9 +104,10 @@ class NodeHost:
         self._target = spares
         self._spares: list[tuple[ray.actor.ActorHandle, ray.ObjectRef]] = []
         self._adopted: dict[ray.actor.ActorHandle, str] = {}  # worker handed out -> the kernel's job id
-        self._last_request = time.monotonic()
+        self._last_request = self._started = time.monotonic()
         self._idle_s = float(os.environ.get(IDLE_S_ENV, DEFAULT_IDLE_S))
-        self._prober = Prober()
+        self._stopping = False
+        self._prober: Prober | None = None  # started once the node is quiet (QUIET_S)
         self._top_up()
         threading.Thread(target=self._reap_forever, name="gpusession-node-host-reaper", daemon=True).start()
 
@@ -114,7 +122,8 @@ class NodeHost:
         for _ in range(3):  # a spare may have died while it waited (the OOM killer)
             with self._lock:
                 handle, ready = self._spares.pop(0) if self._spares else self._start_spare()
-            self._top_up()
+            if not self._young():
+                self._top_up()
             try:
                 ray.get(ready, timeout=SPARE_READY_TIMEOUT_S)
             except Exception:
@@ -122,12 +131,16 @@ class NodeHost:
                 continue
             with self._lock:
                 self._adopted[handle] = job_id
+            self._last_request = time.monotonic()  # quiet counts from the hand-out: a spare's start may be slow
             return handle
         raise RuntimeError(f"Could not start a worker on node {self.node_id}: three tries failed.")
 
     def probe_ready(self) -> bool:
         """Whether probe() answers now; a prober that died is started again (ready a bit later)."""
-        return self._live_prober().ready()
+        try:
+            return self._live_prober().ready()
+        except RuntimeError:  # not started yet (a cold node's first call probes by itself)
+            return False
 
     def probe(self, group_id: str, indices: list[int], gpus: float) -> list[tuple[str, str, list[str]]]:
         """(node id, address, GPU ids) of each of these bundles of the group (all on this node),
@@ -136,10 +149,22 @@ class NodeHost:
 
     def _live_prober(self) -> "Prober":
         with self._lock:
+            if self._prober is None:
+                raise RuntimeError("The node's prober is not started yet.")
             if not self._prober.alive():
                 self._prober.close()
                 self._prober = Prober()
             return self._prober
+
+    def _when_quiet(self) -> None:
+        """Spares back to their number and the prober started, once no worker was asked for
+        QUIET_S (see there)."""
+        if time.monotonic() - self._last_request < QUIET_S:
+            return
+        self._top_up()
+        with self._lock:
+            if self._prober is None and not self._stopping:
+                self._prober = Prober()
 
     def ensure_zygote(self) -> int:
         """Start the warm parent again if it died (killed while idle); its pid once it is ready."""
@@ -152,6 +177,10 @@ class NodeHost:
         return zygote.pid
 
     # ----- spares -----------------------------------------------------------------------------------
+    def _young(self) -> bool:
+        """Within its first QUIET_S: a cold node, whose first call is starting (see QUIET_S)."""
+        return time.monotonic() - self._started < QUIET_S
+
     def _start_spare(self) -> tuple[ray.actor.ActorHandle, ray.ObjectRef]:
         actor = REMOTE_WORKER.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(self.node_id, soft=False),
@@ -170,6 +199,7 @@ class NodeHost:
         while True:
             time.sleep(REAP_EVERY_S)
             try:
+                self._when_quiet()
                 with self._lock:
                     adopted = dict(self._adopted)
                 dead = dead_job_ids(set(adopted.values())) if adopted else set()
@@ -203,10 +233,13 @@ class NodeHost:
         """Everything this host started goes with it: spares (owned actors), the zygote, its socket."""
         with self._lock:
             spares, self._spares, self._target = self._spares, [], 0
+            self._stopping = True
+            prober = self._prober
         for handle, _ in spares:
             _kill(handle)
         self._zygote.close()
-        self._prober.close()
+        if prober is not None:
+            prober.close()
         shutil.rmtree(self._dir, ignore_errors=True)
         ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
 

@@ -35,13 +35,36 @@ def measured_where_gpusession_gives(fraction: float) -> dict:
 def test_each_configuration_is_one_row_of_gpusession_against_torchrun_with_its_ratio():
     rows = [row.as_json() for row in scaling.rows(measured_where_gpusession_gives(0.9), steps=5)]
     launcher_rows = [row for row in rows if row["alternative"].startswith("torchrun")]
-    assert len(launcher_rows) == 8  # 2 models x (1 rank, packed, 2 links)
+    assert len(launcher_rows) == 9  # 2 models x (1 rank, packed, 2 links), and the delayed, lossy link
     assert all(row["ratio"] == 0.9 and row["goal"] == ">= 0.97" for row in launcher_rows)
     assert launcher_rows[0]["gpusession_samples"] == [90.0, 99.0, 108.0]
     assert launcher_rows[0]["alternative_samples"] == [100.0, 110.0, 120.0]
     packed = next(row for row in launcher_rows if row["measure"].startswith("link-bound model, 2 ranks, 1 host"))
     assert "scaling efficiency (samples/s / 2 x 1 rank's): gpusession 1.00, torchrun 1.00" in packed["note"]
     assert "placement='pack'" in packed["configured"]
+    delayed = launcher_rows[4]
+    assert delayed["measure"] == "link-bound model, 2 ranks, 2 hosts, 200 Mbit/s, one link +20 ms each way: samples/s"
+    assert "5 timed steps" in delayed["configured"]
+    compute = next(row for row in launcher_rows if row["measure"].startswith("compute-bound model, 1 rank"))
+    assert "50 timed steps" in compute["configured"]  # ten times --steps: its steps are short
+
+
+def test_only_the_second_hosts_link_carries_the_delay_and_loss():
+    class Cluster:
+        workers = ["host1", "host2"]
+        shaped: list = []
+
+        def shape_link(self, host, **how):
+            self.shaped.append((host, how))
+
+        def unshape_link(self, host):
+            self.shaped.append((host, None))
+
+    cluster = Cluster()
+    delayed = next(c for c in scaling.configurations() if c.delay_ms)
+    scaling.shape(cluster, delayed)
+    assert cluster.shaped == [("host1", {"rate_mbit": 200}),
+                              ("host2", {"rate_mbit": 200, "delay_ms": 20.0, "loss": 0.0})]
 
 
 def test_a_compression_row_compares_gpusession_with_its_own_plain_ddp_and_states_both_losses():
