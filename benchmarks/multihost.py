@@ -138,7 +138,7 @@ def restore(cluster: SimCluster, victim, side: str) -> None:
     a run that never got going, not the loss."""
     DEATHS.setdefault(id(cluster), Deaths(cluster)).after_try(victim, side)
     started = time.monotonic()
-    cluster.restart_host(victim)
+    cluster.restart_host(victim, new_ports=True)  # see restart_host: at its old port a tuned check kills it
     gpus = sum(h.gpus for h in cluster.workers)
     r = driver_result(cluster, "whole", str(gpus), "180", timeout=300)
     if not r["whole"]:
@@ -320,8 +320,7 @@ def health_check_env(seconds: float | None) -> dict:
 HEALTH_CHECK_FAILURES = 3
 # Lower settings tried on this 2-core shared machine, and what went wrong: said in a tuned row
 # whose value is above them, so the row states why its value is the lowest that held.
-TOO_LOW = {1.0: "1 s period and timeout made Ray declare a healthy node dead (the lost host's restarted "
-                "node, while the next run started): Ray Train's next run never got going, in 2 runs of 2"}
+TOO_LOW: dict[float, str] = {}
 
 
 def health_check_text(seconds: float | None) -> str:
