@@ -4,6 +4,7 @@
     python _multihost_driver.py node-loss MARKER_FILE
     python _multihost_driver.py node-loss-raytrain MARKER_FILE [WORKERS]
     python _multihost_driver.py move MARKER_FILE
+    python _multihost_driver.py whole GPUS TIMEOUT_S
 
 Prints one line `RESULT {json}` with absolute times (time.time(): every simulated host shares
 the machine's clock, so the benchmark can subtract the moment it killed a host).
@@ -238,6 +239,26 @@ def ray_train_node_loss(marker: str, workers: int = 4, max_failures: int = 0) ->
     return result
 
 
+def whole(gpus: int, timeout_s: float) -> dict:
+    """Wait until Ray shows `gpus` GPUs on live nodes, every one of them free (no run of the try
+    before holds any): each try starts on the whole cluster. A host Ray declared dead comes back
+    only as a new node (its restarted raylet), so this waits for that node, not the old one."""
+    from ray._private.state import available_resources_per_node
+
+    ray.init(logging_level="ERROR")  # RAY_ADDRESS: this cluster
+    started = time.time()
+    deadline = started + timeout_s
+    while True:
+        alive = [n for n in ray.nodes() if n["Alive"] and n["Resources"].get("GPU")]
+        per_node = available_resources_per_node()
+        total = sum(n["Resources"]["GPU"] for n in alive)
+        free = sum(per_node.get(n["NodeID"], {}).get("GPU", 0.0) for n in alive)
+        if (total, free) == (gpus, gpus) or time.time() > deadline:
+            return {"whole": (total, free) == (gpus, gpus), "waited_s": time.time() - started, "total": total,
+                    "free": free, "nodes": {n["NodeManagerAddress"]: n["NodeID"][:8] for n in alive}}
+        time.sleep(0.5)
+
+
 def main() -> None:
     events.set_observer_factory(lambda world_size: events.Observer())
     mode = sys.argv[1]
@@ -246,6 +267,8 @@ def main() -> None:
     elif mode == "node-loss-raytrain":
         out = ray_train_node_loss(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 4,
                                   int(sys.argv[4]) if len(sys.argv) > 4 else 0)
+    elif mode == "whole":
+        out = whole(int(sys.argv[2]), float(sys.argv[3]))
     elif mode == "move":
         out = move(sys.argv[2])
     else:

@@ -103,24 +103,47 @@ def _commit() -> str | None:
         return None
 
 
-def write(name: str, rows: list[Row], *, simulated: bool = False, loadavg_before=None, details=None,
-          folder: Path | None = None) -> Path:
+def write(name: str, rows: list[Row], *, simulated: bool = False, loadavg_before=None, script: str = "",
+          merge: bool = False, details=None, folder: Path | None = None) -> Path:
     """Write benchmarks/results/NAME.json (or FOLDER/NAME.json); loadavg_before (os.getloadavg() at
-    the start) is kept too, and `details`, what a script found besides its rows (not rendered)."""
+    the start) is kept too.
+    script: the script's name when it is not NAME (a second results file of one script).
+    merge: keep the file's rows this run did not measure (a script run one part at a time); a row
+    measured again replaces the old one in place. Each row then carries its own machine and command,
+    since the parts ran at different times and loads.
+    details: what a script found besides its rows (kept, not rendered)."""
     described = machine()
     if loadavg_before is not None:
         described["loadavg_at_start"] = [round(x, 2) for x in loadavg_before]
-    document = {"benchmark": name, "command": f"python benchmarks/{name}.py {' '.join(sys.argv[1:])}".strip(),
-                "machine": described, "rows": [row.as_json() for row in rows]}
+    command = f"python benchmarks/{script or name}.py {' '.join(sys.argv[1:])}".strip()
+    measured = [row.as_json() for row in rows]
+    folder = folder or RESULTS
+    path = folder / f"{name}.json"
+    if merge:
+        for row in measured:
+            row.update(machine=described, command=command)
+        measured = merged(json.loads(path.read_text()) if path.exists() else None, measured)
+    document = {"benchmark": name, "command": command, "machine": described, "rows": measured}
+    if script:
+        document["script"] = script
     if simulated:
         document["simulated"] = True
     if details is not None:
         document["details"] = details
-    folder = folder or RESULTS
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{name}.json"
     path.write_text(json.dumps(document, indent=1) + "\n")
     return path
+
+
+def merged(old: dict | None, new_rows: list[dict]) -> list[dict]:
+    """The old document's rows with those measured again replaced (same measure), the rest kept
+    with the machine and command they were measured with; new measures last."""
+    fresh = {row["measure"]: row for row in new_rows}
+    rows = []
+    for row in (old or {}).get("rows", []):
+        kept = {"machine": old.get("machine"), "command": old.get("command"), **row}
+        rows.append(fresh.pop(row["measure"], kept))
+    return rows + list(fresh.values())
 
 
 def spread(samples) -> str:

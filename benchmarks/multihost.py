@@ -9,9 +9,13 @@ Needs root.
     sudo .venv/bin/python benchmarks/multihost.py ... --ray-health-check-s 1   # Ray's health check tuned
 
 Samples: --tries (default 3) of each loss, gpusession's and Ray Train's alternated. Writes
-benchmarks/results/multihost.json (multihost-tuned.json with --ray-health-check-s). A side that
-did not react within the watch window gets "no error within N s" and no ratio: a watch window is
-not a measurement.
+benchmarks/results/multihost.json (multihost-tuned.json with --ray-health-check-s), merging: a
+part run alone replaces its own rows and keeps the others. A side that did not react within the
+watch window gets "no error within N s" and no ratio: a watch window is not a measurement.
+Between tries the lost host comes back as a new Ray node (one Ray declared dead never rejoins
+under its old id) and the next try waits until Ray shows all 4 GPUs alive and free; a node Ray
+declares dead besides the lost host (a false death: a health check too tight for the machine)
+is printed, and said in the rows.
 
 calls: a 4-rank run spread over both hosts (all-reduce one tensor over 4 gloo ranks, one per
 logical GPU), @gs.distributed vs TorchTrainer, from a driver on the head. "first" is the first
@@ -42,6 +46,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -109,14 +114,14 @@ def loss_row(measure: str, ours: list[float], theirs: list[tuple[float, bool]], 
 def gpusession_move(cluster: SimCluster, attempt: int) -> float:
     marker = cluster.base / f"moving-{attempt}"
     proc = cluster.python(cluster.head, DRIVER, "move", str(marker))
-    _wait_marker(proc, marker)
+    _wait_marker(proc, marker, lambda: _finish(proc, timeout=60), cluster)
     victim, lost_at = lose(cluster, "kill", json.loads(marker.read_text())["host"])
     out = _finish(proc, timeout=600)
     lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"driver failed (exit status {proc.returncode}); output:\n{out[-5000:]}")
     r = json.loads(lines[-1][len("RESULT "):])
-    cluster.restart_host(victim)
+    restore(cluster, victim, "gpusession")
     if r.get("next_step") is None:
         raise SystemExit(f"the run did not go on after the host was lost: {r.get('error_type')}: {r.get('error')}")
     told = r["transitions"][0][0] - lost_at if r["transitions"] else float("nan")
@@ -124,6 +129,23 @@ def gpusession_move(cluster: SimCluster, attempt: int) -> float:
           f"{told:.2f} s, next step after {r['next_step'] - lost_at:.2f} s; {r['run_info']}; "
           f"line: {r['transitions'][0][1] if r['transitions'] else None!r}", flush=True)
     return r["next_step"] - lost_at
+
+
+def restore(cluster: SimCluster, victim, side: str) -> None:
+    """The lost host back before the next try, for either side: its Ray node restarted (a node Ray
+    declared dead never rejoins under its old id; cut or killed, the host gets a fresh raylet) and
+    Ray showing all 4 GPUs alive and free again. A try that started short of 4 GPUs would measure
+    a run that never got going, not the loss."""
+    DEATHS.setdefault(id(cluster), Deaths(cluster)).after_try(victim, side)
+    started = time.monotonic()
+    cluster.restart_host(victim, new_ports=True)  # see restart_host: at its old port a tuned check kills it
+    gpus = sum(h.gpus for h in cluster.workers)
+    r = driver_result(cluster, "whole", str(gpus), "180", timeout=300)
+    if not r["whole"]:
+        raise SystemExit(f"{victim.name} restarted, but Ray shows {r['total']:g} GPUs alive, {r['free']:g} free "
+                         f"(not {gpus}) after {r['waited_s']:.0f} s; nodes {r['nodes']}\n{cluster.head_report()}")
+    print(f"    ({victim.name} restarted; Ray shows {gpus} GPUs alive and free "
+          f"{time.monotonic() - started:.0f} s after the restart began)", flush=True)
 
 
 def lose(cluster: SimCluster, how: str, rank0_host: str):
@@ -141,7 +163,7 @@ def ray_train_node_loss(cluster: SimCluster, how: str, attempt: int, watch_s: fl
     output: list[str] = []  # read as it comes: Ray Train is chatty, and a full pipe would stall it
     reader = threading.Thread(target=lambda: output.extend(proc.stdout), daemon=True)
     reader.start()
-    _wait_marker(proc, marker)
+    _wait_marker(proc, marker, lambda: (reader.join(10), "".join(output))[1], cluster)
     victim, lost_at = lose(cluster, how, json.loads(marker.read_text())["host"])
     restarted = Path(str(marker) + ".restarted")
     deadline = time.monotonic() + watch_s
@@ -162,7 +184,7 @@ def ray_train_node_loss(cluster: SimCluster, how: str, attempt: int, watch_s: fl
     kill_session(proc)
     print(f"--- Ray Train, {workers} workers, host {victim.name} ({victim.ip}) lost by {how}: {what} after "
           f"{heard - lost_at:.1f} s", flush=True)
-    cluster.restart_host(victim)
+    restore(cluster, victim, "Ray Train")
     return heard - lost_at, not what.startswith("nothing")
 
 
@@ -175,12 +197,64 @@ def _finish(proc, timeout: float) -> str:
         raise SystemExit(f"the driver did not end within {timeout:.0f} s; it printed:\n{proc.communicate()[0][-5000:]}")
 
 
-def _wait_marker(proc, marker: Path) -> None:
+def _wait_marker(proc, marker: Path, printed, cluster: SimCluster) -> None:
+    """Until the run's rank 0 wrote the marker (it is running); printed() is the driver's output,
+    shown when the run ended or did not get going within 300 s, with Ray's view of the nodes."""
     deadline = time.monotonic() + 300
     while not marker.exists() or not marker.read_text():
         if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit("the Ray Train run never got going")
+            kill_session(proc)
+            raise SystemExit(f"the run never got going; driver output:\n{printed()[-3000:]}\n{node_deaths(cluster)}")
         time.sleep(0.1)
+
+
+def node_deaths(cluster: SimCluster) -> str:
+    """What the head's GCS said about nodes' registrations and deaths, and the nodes Ray shows
+    now: a healthy host declared dead (a health check too tight for a loaded machine) shows here."""
+    status, out = cluster.run_python(cluster.head, DRIVER, "whole", "4", "0", timeout=120)
+    now = [line for line in out.splitlines() if line.startswith("RESULT ")]
+    return ("the head's GCS on nodes:\n" + "\n".join(line[:300] for line in gcs_node_lines(cluster)[-25:])
+            + f"\nRay now: {now[-1] if now else out[-500:]}")
+
+
+def gcs_node_lines(cluster: SimCluster) -> list[str]:
+    """The GCS log's lines on nodes registering, failing health checks and dying (not its stats)."""
+    return [line.rstrip() for path in cluster.head.tmp.glob("ray/session_2*/logs/gcs_server.out")
+            for line in path.read_text(errors="replace").splitlines()
+            if line.startswith("[") and re.search(r"gcs_health_check_manager|gcs_node_manager", line)]
+
+
+DEATH = re.compile(r"death reason = .*node_id=(\w+) node_name=([\d.]+)")  # every death, whatever its reason
+
+
+class Deaths:
+    """Nodes Ray declared dead, from the GCS log: each try should see exactly one, the host it
+    lost; any other is a healthy host (or the lost host's restarted node) declared dead, a false
+    death, which would leave the next try short of GPUs."""
+
+    def __init__(self, cluster: SimCluster) -> None:
+        self.cluster, self.seen = cluster, 0
+        self.false: list[tuple[str, list]] = []
+
+    def all(self) -> list[tuple[str, str]]:
+        return [(m.group(1)[:8], m.group(2)) for line in gcs_node_lines(self.cluster) if (m := DEATH.search(line))]
+
+    def after_try(self, victim, side: str, wait_s: float = 150.0) -> None:
+        """Wait (up to wait_s) until Ray declared the lost host dead, so that its restart never
+        races its old node's death; then say whether any other node died in this try."""
+        deadline = time.monotonic() + wait_s
+        while not any(address == victim.ip for _, address in self.all()[self.seen:]) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        deaths = self.all()
+        new, self.seen = deaths[self.seen:], len(deaths)
+        if len(new) != 1 or new[0][1] != victim.ip:
+            print(f"!!! {side}'s try: Ray declared {new or 'no node'} dead; only {victim.name} ({victim.ip}) was lost"
+                  + (": a false node death, the health check is too tight for this machine" if len(new) > 1 else ""),
+                  flush=True)
+            self.false.append((side, new))
+
+
+DEATHS: dict[int, Deaths] = {}  # id(cluster) -> its deaths
 
 
 def gpusession_node_loss(cluster: SimCluster, how: str, attempt: int) -> float:
@@ -202,7 +276,7 @@ def gpusession_node_loss(cluster: SimCluster, how: str, attempt: int) -> float:
         raise SystemExit(f"driver failed (exit status {proc.returncode}); output:\n{out[-5000:]}")
     result = json.loads(lines[-1][len("RESULT "):])
     report(result, how, lost_at, victim, survivor)
-    cluster.restart_host(victim)
+    restore(cluster, victim, "gpusession")
     return result.get("error_time", time.time()) - lost_at
 
 
@@ -240,7 +314,21 @@ def health_check_env(seconds: float | None) -> dict:
         return {}
     ms = str(int(seconds * 1000))
     return {"RAY_health_check_period_ms": ms, "RAY_health_check_timeout_ms": ms,
-            "RAY_health_check_failure_threshold": "3", "RAY_health_check_initial_delay_ms": "1000"}
+            "RAY_health_check_failure_threshold": str(HEALTH_CHECK_FAILURES), "RAY_health_check_initial_delay_ms": "1000"}
+
+
+HEALTH_CHECK_FAILURES = 3
+# Lower settings tried on this 2-core shared machine, and what went wrong: said in a tuned row
+# whose value is above them, so the row states why its value is the lowest that held.
+TOO_LOW: dict[float, str] = {}
+
+
+def health_check_text(seconds: float | None) -> str:
+    if seconds is None:
+        return "Ray health check default (3 s period, 10 s timeout, 5 failures)"
+    failed = [text for value, text in sorted(TOO_LOW.items()) if value < seconds]
+    return ("Ray health check tuned: " + ", ".join(f"{k}={v}" for k, v in health_check_env(seconds).items())
+            + " (set on every node)" + (f", the lowest that held here ({'; '.join(failed)})" if failed else ""))
 
 
 def main() -> None:
@@ -260,9 +348,7 @@ def main() -> None:
     started = time.monotonic()
     env = {"GPUSESSION_PG_TIMEOUT_S": "120", **health_check_env(args.ray_health_check_s)}
     setup = ("simulated cluster: head + 2 hosts x 2 logical GPUs in network namespaces; gpusession "
-             "GPUSESSION_HOST_SILENCE_S default 5 s; Ray health check "
-             + (f"{args.ray_health_check_s:g} s period and timeout, 3 failures" if args.ray_health_check_s
-                else "default (3 s period, 10 s timeout, 5 failures)"))
+             "GPUSESSION_HOST_SILENCE_S default 5 s; " + health_check_text(args.ray_health_check_s))
     rows: list[Row] = []
     with SimCluster(hosts=2, gpus_per_host=2, extra_env=env) as cluster:
         print(f"simulated cluster up in {time.monotonic() - started:.0f} s: head {cluster.head.ip}, "
@@ -273,8 +359,14 @@ def main() -> None:
             rows += node_loss(cluster, how, args.tries, setup)
         if everything or args.move:
             rows += move(cluster, args.tries, setup)
-    name = "multihost-tuned" if args.ray_health_check_s else "multihost"
-    write(name, rows)
+        false = DEATHS[id(cluster)].false if id(cluster) in DEATHS else []
+    if false:  # said in the row: a try after a false death did not start on the whole cluster
+        rows = [replace(row, configured=f"{row.configured}; Ray declared a healthy node dead in {len(false)} "
+                        "tries of this run") for row in rows]
+    if args.ray_health_check_s:
+        rows = [replace(row, note="Ray's health check tuned") for row in rows]
+    # merge: each part may be run on its own (--node-loss cut, then kill, then --move)
+    write("multihost-tuned" if args.ray_health_check_s else "multihost", rows, script="multihost", merge=True)
     print(f"ratios gpusession/ray_train (lower is better; all took {time.monotonic() - started:.0f} s):")
     for row in (r.as_json() for r in rows):
         print(f"  {row['measure']}: {row['ratio'] if row['ratio'] is not None else row['alternative_value']}")

@@ -40,7 +40,8 @@ def load_results(folder: Path) -> list[dict]:
         document = json.loads(path.read_text())
         document.setdefault("benchmark", path.stem)
         documents.append(document)
-    return documents
+    # a script's second file (multihost-tuned) right after its first, whatever the names sort as
+    return sorted(documents, key=lambda d: (script_name(d), d["benchmark"] != script_name(d), d["benchmark"]))
 
 
 def figure(value, samples, unit: str) -> str:
@@ -86,26 +87,32 @@ def alternative_cell(row: dict, previous: dict | None) -> str:
     return alternative
 
 
+def script_name(document: dict) -> str:
+    """The script that wrote the file: its name, or "script" for a second file of one script
+    (multihost-tuned.json, written by multihost.py with Ray's health check tuned)."""
+    return document.get("script") or document["benchmark"]
+
+
 def measured_line(document: dict, row: dict, previous: dict | None = None) -> str:
     unit = row.get("unit", "")
-    what = f"`{document['benchmark']}.py`: {row['measure']}"
+    what = f"`{script_name(document)}.py`: {row['measure']}"
     alternative = alternative_cell(row, previous)
     if row.get("note"):
         what += f" ({row['note']})"
     return "| " + " | ".join([
         what, figure(row.get("gpusession"), row.get("gpusession_samples"), unit), alternative,
         figure(row.get("alternative_value"), row.get("alternative_samples"), unit), ratio_cell(row),
-        machine_cell(document.get("machine", {}))]) + " |"
+        machine_cell(row.get("machine") or document.get("machine", {}))]) + " |"
 
 
 def simulated_line(document: dict, row: dict, previous: dict | None = None) -> str:
     unit = row.get("unit", "")
-    what = f"`{document['benchmark']}.py`: {row['measure']}"
+    what = f"`{script_name(document)}.py`: {row['measure']}"
     alternative = alternative_cell(row, previous)
     return "| " + " | ".join([
         what, figure(row.get("gpusession"), None, unit), alternative,
         figure(row.get("alternative_value"), None, unit), ratio_cell(row),
-        machine_cell(document.get("machine", {}))]) + " |"
+        machine_cell(row.get("machine") or document.get("machine", {}))]) + " |"
 
 
 def document_lines(document: dict, line) -> list[str]:
@@ -123,7 +130,7 @@ def render(documents: list[dict], scripts: list[str]) -> str:
     lines = ["Measured side by side (each row from `benchmarks/results/NAME.json`, written by `benchmarks/NAME.py`):",
              "", MEASURED_HEADER]
     lines += [line for d in measured for line in document_lines(d, measured_line)]
-    have = {d["benchmark"] for d in documents}
+    have = {script_name(d) for d in documents}
     lines += [f"| `{name}.py` | " + ("not measured yet" if name in NEVER_MEASURED else
                                       f"not re-measured since {NOT_REMEASURED_SINCE}") + " | | | | |"
               for name in scripts if name not in have]

@@ -36,6 +36,8 @@ RAY_PORT = 6379
 READY_LINE = "Ray runtime started"
 STARTUP_NICE = -10
 INNER_IF = "simnet0"  # the host's interface on the bridge, as seen inside its namespace
+NODE_PORTS = {"dashboard-agent-grpc-port": 52366, "dashboard-agent-listen-port": 52365, "metrics-export-port": 52367,
+              "runtime-env-agent-port": 52368, "node-manager-port": 52369, "object-manager-port": 52370}
 RESOLVE_MODES = ("own", "loopback")  # a host's own name -> its address, or -> 127.0.1.1 (Debian)
 
 
@@ -55,6 +57,7 @@ class SimHost:
     proc: subprocess.Popen | None = None  # `ray start --block`, leader of its own session
     log_path: Path | None = None
     own_head: bool = False  # heads a Ray cluster of its own (a host added with add_host(head=True))
+    ports_offset: int = 0  # added to its node's fixed ports (restart_host(new_ports=True))
 
     @property
     def home(self) -> Path:
@@ -292,9 +295,7 @@ class SimCluster:
                # Fixed ports (each host has its own network namespace, so they never collide):
                # with port 0 the raylet waits for its agents to write their ports to files, and
                # gives up after ~15 s, which a loaded 2-core machine can exceed.
-               "--dashboard-agent-grpc-port=52366", "--dashboard-agent-listen-port=52365",
-               "--metrics-export-port=52367", "--runtime-env-agent-port=52368",
-               "--node-manager-port=52369", "--object-manager-port=52370"]
+               *(f"--{name}={port + host.ports_offset}" for name, port in NODE_PORTS.items())]
         if host is self.head or host.own_head:
             ray += ["--head", f"--port={RAY_PORT}", "--include-dashboard=false"]
         else:
@@ -415,8 +416,14 @@ class SimCluster:
     def _index(self, host: SimHost) -> int:
         return self._every_host().index(host)
 
-    def restart_host(self, host: SimHost) -> None:
-        """The host back again, with a fresh Ray node (a new node id) and its link up."""
+    def restart_host(self, host: SimHost, *, new_ports: bool = False) -> None:
+        """The host back again, with a fresh Ray node (a new node id) and its link up. new_ports:
+        the node listens on ports 10 above its last ones, as a node started with Ray's default
+        random ports would. At the same address and port, the head's GCS health-checked the new
+        node over its connection to the old one, still in reconnect backoff after the loss: a
+        health check tuned below that backoff declared the new node dead from its first check."""
+        if new_ports:
+            host.ports_offset += 10
         kill_namespace(host.netns)
         self.restore_link(host)
         self.start_node(host)

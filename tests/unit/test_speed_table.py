@@ -3,6 +3,7 @@ README may show no figure that a results file does not hold."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 
 from ..conftest import ROOT
 
@@ -10,6 +11,7 @@ from ..conftest import ROOT
 def load(name: str):
     spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # a dataclass looks its module up there
     spec.loader.exec_module(module)
     return module
 
@@ -72,3 +74,27 @@ def test_check_reports_a_changed_figure_and_a_missing_table():
     assert "-| `call_overhead.py`" in report.difference(edited, rendered)
     assert "no speed tables" in report.difference("intro only\n", rendered)
     assert report.with_block(edited, rendered) == readme
+
+
+def test_a_second_results_file_of_one_script_renders_under_the_scripts_name_with_each_rows_own_machine():
+    later = {**MACHINE, "loadavg": [7.25, 1.0, 1.0], "when": "2026-11-27T11:00:00Z"}
+    tuned = {**document(note="Ray's health check tuned", machine=later), "benchmark": "multihost-tuned",
+             "script": "multihost"}
+    table = report.render([tuned], ["multihost"])
+    line = next(line for line in table.splitlines() if line.startswith("| `multihost.py`: warm call"))
+    assert "(Ray's health check tuned)" in line and "load 7.2, 2026-11-27" in line
+    assert "multihost-tuned.py" not in table and "not re-measured" not in table
+
+
+results = load("_results")
+
+
+def test_a_part_measured_again_replaces_its_row_and_the_other_parts_keep_theirs_with_their_machine():
+    old = {"command": "python benchmarks/multihost.py --node-loss cut", "machine": MACHINE,
+           "rows": [{"measure": "cut", "gpusession": 6.0}, {"measure": "kill", "gpusession": 1.0}]}
+    rows = results.merged(old, [{"measure": "kill", "gpusession": 0.8, "machine": {"cores": 4}},
+                                {"measure": "move", "gpusession": 1.2, "machine": {"cores": 4}}])
+    assert [(r["measure"], r["gpusession"]) for r in rows] == [("cut", 6.0), ("kill", 0.8), ("move", 1.2)]
+    assert rows[0]["machine"] == MACHINE and rows[0]["command"].endswith("--node-loss cut")
+    assert rows[1]["machine"] == {"cores": 4}
+    assert results.merged(None, rows[1:]) == rows[1:]
