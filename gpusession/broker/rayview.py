@@ -40,6 +40,7 @@ class GroupState:
 class Snapshot:
     nodes: list[NodeCapacity]
     logical: bool  # every GPU node declares GPUs with no real accelerator behind them
+    _: dataclasses.KW_ONLY  # the rest by name: a field added in between once broke a positional call
     groups: dict[int, GroupState] = field(default_factory=dict)  # lease id -> its group
     dead_jobs: dict[str, float] = field(default_factory=dict)  # job id -> when it ended
     raw_unmanaged: dict[str, float] = field(default_factory=dict)  # this reading, before smoothing
@@ -101,8 +102,9 @@ def take(ledger_id: str, previous: Snapshot | None = None) -> Snapshot:
         unmanaged = min(raw[info.node_id], before.get(info.node_id, raw[info.node_id]))
         nodes.append(NodeCapacity(info.node_id, info.gpus, round(unmanaged, 6)))
     dead, live = _jobs()
-    return Snapshot(nodes, logical and bool(nodes), groups, dead, raw, lost,
-                    {info.node_id: info.address for info in infos}, first_seen, live)
+    return Snapshot(nodes, logical and bool(nodes), groups=groups, dead_jobs=dead, raw_unmanaged=raw, lost=lost,
+                    addresses={info.node_id: info.address for info in infos}, first_seen=first_seen,
+                    live_jobs=live)
 
 
 def replaced(infos, first_seen: dict[str, float]) -> set[str]:
