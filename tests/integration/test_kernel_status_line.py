@@ -12,6 +12,11 @@ from gpusession.broker import client
 from .kernels import Kernel
 
 FIRST_OUTPUT_S = 1.0
+# The line's text changes once a second; 2 s of margin: in a fresh kernel's first cell, on a loaded
+# 2-core machine, the ticker thread waits for the GIL while the cell imports Ray and starts workers
+# (seen: 2.3 s between two ticks in a clean-clone CI run).
+TICK_GAP_S = 3.0
+TICK_GAP_S_WHY = "1 s between texts plus 2 s for a loaded machine"
 BODY = """%%gpu 2
 import time
 print("hello from", gs.context().rank, flush=True)
@@ -69,12 +74,15 @@ def test_the_first_cell_shows_its_status_at_once_and_never_blank(fresh_kernel):
     phases = [line.split(" ")[0] for line in lines]
     assert phases[0] == "asking" and "starting" in phases and "running" in phases and phases[-1] == "done"
     assert lines[-1].startswith("done · 2 logical GPUs")
-    # between the phases, nothing is silent for more than about a second: the line ticks by itself
+    # between the phases the line ticks by itself: its text (the elapsed seconds) changes every
+    # second, so no gap comes near a frozen line's (the whole start, 5 s and more here)
     times = [t for t, m in outputs if _id(m) == status_id]
     starts = [t for (t, m) in outputs if _id(m) == status_id and _text(m).startswith("starting")]
     if len(starts) > 1:
-        assert max(b - a for a, b in zip(starts, starts[1:])) < 2.0
-    assert max(b - a for a, b in zip(times, times[1:])) < 2.5
+        gap = max(b - a for a, b in zip(starts, starts[1:]))
+        assert gap < TICK_GAP_S, f"the starting line was silent for {gap:.2f} s (bound: {TICK_GAP_S_WHY})"
+    gap = max(b - a for a, b in zip(times, times[1:]))
+    assert gap < TICK_GAP_S, f"the status line was silent for {gap:.2f} s (bound: {TICK_GAP_S_WHY})"
     # layout: status line, then the table and plot, then the worker log below them
     kinds = [("status" if _id(m) == status_id else m["msg_type"]) for _, m in outputs]
     first_stream = kinds.index("stream")
