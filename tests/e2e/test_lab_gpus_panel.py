@@ -1,7 +1,7 @@
 """gpusession inside JupyterLab itself, in Debian's headless chromium: the "GPUs" sidebar and the
 status bar item follow a `%%gpu 2` cell (running with its step, then finished), show a queued run
 with its position, and stop runs; the admin panel edits quotas and revokes leases, for admins
-only. What the page shows is sampled every 50 ms in the page itself; screenshots (light, dark,
+only. What the page shows is recorded in the page itself at each change; screenshots (light, dark,
 narrow) are kept under test-artifacts/."""
 from __future__ import annotations
 
@@ -27,7 +27,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 NOTEBOOK = "gpus-panel.ipynb"
 SHOWN_WITHIN_S = 1.0  # SPEC 8: the sidebar and status bar show a change within 1 s
 FREED_WITHIN_S = 1.0  # SPEC 8: stop from the sidebar frees the GPUs within 1 s
-SAMPLE_S = 0.05
 CELLS = [
     "%load_ext gpusession\nimport gpusession as gs",
     # 1: a short run that reports its step
@@ -39,17 +38,31 @@ CELLS = [
     # 4: the same in the background (the cell returns at once)
     "%%gpu 2 --bg -o bgrun\nimport time\nfor step in range(100000):\n    gs.report(step=step)\n    time.sleep(0.1)",
 ]
-# Every 50 ms: [unix seconds, the status bar item's text, {lease id: [state class, state text]}].
+# [unix seconds, the status bar item's text, {lease id: [state class, state text]}], one entry per
+# change of what the panel shows, stamped when the page changed: a MutationObserver's callback runs
+# right after the change, before the page's next task. (A 50 ms setInterval sampler missed the
+# change in CI: under load the page ran Playwright's read of the samples before the timer's next
+# tick, so the finished entry was on screen but in no sample.)
 SAMPLER = """() => {
   window.__gsPanel = [];
-  setInterval(() => {
+  let last = '';
+  const sample = () => {
     const item = document.querySelector('.gs-statusitem');
     const runs = {};
     for (const li of document.querySelectorAll('#gpusession-sidebar li.gs-run')) {
-      runs[li.dataset.lease] = [li.className, li.querySelector('.gs-run-state').innerText];
+      const state = li.querySelector('.gs-run-state');
+      runs[li.dataset.lease] = [li.className, state ? state.innerText : ''];
     }
-    window.__gsPanel.push([Date.now() / 1000, item ? item.innerText : null, runs]);
-  }, 50);
+    const shown = [item ? item.innerText : null, runs];
+    const key = JSON.stringify(shown);
+    if (key !== last) {
+      last = key;
+      window.__gsPanel.push([Date.now() / 1000, ...shown]);
+    }
+  };
+  sample();
+  new MutationObserver(sample).observe(document.body,
+    { childList: true, subtree: true, characterData: true, attributes: true });
 }"""
 
 
@@ -101,7 +114,7 @@ def run_entry(page, lease_id: int):
 
 
 def first_sample(page, predicate) -> float | None:
-    """Unix seconds of the first sample the predicate accepts (samples are 50 ms apart)."""
+    """Unix seconds of the first recorded change of the page that the predicate accepts."""
     return next((t for t, item, runs in page.evaluate("() => window.__gsPanel") if predicate(item, runs)), None)
 
 
@@ -146,11 +159,14 @@ def test_a_gpu_cell_shows_its_step_in_the_status_bar_and_sidebar_then_finished_w
     released_at = newest_lease(jupyter, started)["released_at"]
     key = str(lease["lease_id"])
     seen = first_sample(lab, lambda item, runs: "gs-state-ended" in runs.get(key, [""])[0])
-    assert seen is not None and seen - released_at <= SHOWN_WITHIN_S + SAMPLE_S, (
+    assert seen is not None, "the sidebar shows the run finished, but no recorded change of the page has it"
+    assert seen - released_at <= SHOWN_WITHIN_S, (
         f"the sidebar showed the run finished {seen - released_at:.2f} s after the broker released it "
-        f"(bound {SHOWN_WITHIN_S} s, plus {SAMPLE_S} s between samples)")
+        f"(bound {SHOWN_WITHIN_S} s)")
     idle = first_sample(lab, lambda item, runs: item == "GPUs: idle" and "gs-state-ended" in runs.get(key, [""])[0])
-    assert idle is not None and idle - released_at <= SHOWN_WITHIN_S + SAMPLE_S, "the status bar did not go idle"
+    assert idle is not None, "the status bar did not go idle"
+    assert idle - released_at <= SHOWN_WITHIN_S, (
+        f"the status bar went idle {idle - released_at:.2f} s after the broker released it (bound {SHOWN_WITHIN_S} s)")
     ended = newest_lease(jupyter, started)
     facts = entry.locator(".gs-muted").inner_text()  # "2 GPUs · 12 s · 24 GPU-s": the ledger's GPU-seconds
     billed = re.search(r"2 GPUs · \d+ (?:min \d+ )?s · (\d+) GPU-s", facts)
