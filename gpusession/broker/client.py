@@ -30,6 +30,11 @@ log = logging.getLogger("gpusession")
 BROKER_NAME = "gpusession-broker"
 NAMESPACE = "gpusession"
 _CALL_TIMEOUT_S = 60.0
+# The first answer of a broker this client may just have started: Ray starts a process for it and
+# the broker imports gpusession and reads its ledger. Seen on the loaded 2-core test machine
+# (load 16-34): 61 s (35 s for Ray to start the process, 27 s in the constructor); with the plain
+# call timeout, the thread that started it failed with GetTimeoutError while the broker came up.
+_START_TIMEOUT_S = 300.0
 ADMIN_TOKEN_ENV = "GPUSESSION_ADMIN_TOKEN"
 # Reentrant: broker() holds it while it checks the broker's version through call(), and call()
 # takes it again (forget(), then broker()) when that broker died meanwhile; a plain Lock deadlocked
@@ -101,11 +106,15 @@ def admin_token_here() -> str | None:
 
 def ledger_path_here(db_path: str | None = None) -> str | None:
     """Where this cluster's ledger is when this process runs on its head: `db_path` or
-    $GPUSESSION_DB_PATH if set, else the directory the cluster's broker recorded (statedir.py)."""
+    $GPUSESSION_DB_PATH if set, else the ledger path or the directory the cluster's broker
+    recorded (statedir.py)."""
     explicit = explicit_db_path(BrokerConfig(db_path=db_path))
     if explicit:
         return explicit
     ensure_connected()
+    recorded_ledger = statedir.recorded_explicit_ledger()
+    if recorded_ledger is not None:
+        return recorded_ledger
     recorded = statedir.recorded_here()
     if recorded is not None:
         return str(recorded / statedir.LEGACY_LEDGER)
@@ -115,7 +124,7 @@ def ledger_path_here(db_path: str | None = None) -> str | None:
 
 def _get_or_create(config: BrokerConfig) -> Any:
     handle = _create(config)
-    running = call(handle.version)
+    running = call(handle.version, timeout=_START_TIMEOUT_S)
     if Version(running) >= Version(__version__):
         return handle
     db_path = _retire(handle, admin_token_here())
@@ -124,7 +133,7 @@ def _get_or_create(config: BrokerConfig) -> Any:
         ray.kill(handle, no_restart=True)
         _wait_until_gone()
         handle = _create(BrokerConfig(db_path=db_path))
-        call(handle.version)
+        call(handle.version, timeout=_START_TIMEOUT_S)
         return handle
     protocol = call(handle.info).get("protocol", 1)
     if protocol == PROTOCOL:

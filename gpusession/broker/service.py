@@ -55,6 +55,10 @@ class BrokerService(AdminMethods, ResizeMethods, RelocateMethods, ProgressMethod
         self.version_string = self.config.version_override or __version__
         self.db_path = settings.explicit_db_path(self.config)
         self.state_claim = None  # held while this broker runs: no other cluster's broker takes its directory
+        if self.db_path is not None:  # so a broker started later with defaults opens this ledger too
+            self.db_path = await asyncio.to_thread(statedir.record_explicit_ledger, self.db_path)
+        else:
+            self.db_path = await asyncio.to_thread(statedir.recorded_explicit_ledger)
         if self.db_path is None:
             self.state_claim = await asyncio.to_thread(statedir.claim_for_this_cluster)
             self.db_path = self.state_claim.db_path

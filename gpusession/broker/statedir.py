@@ -13,7 +13,13 @@ usage carry on.
 Existing users: a ledger from before this layout (~/.gpusession/ledger.db and its two secrets)
 stays where it is and belongs to the first host whose broker starts after the upgrade (the host
 is written to ledger.db.owner beside it); brokers of other hosts never use it.
-An explicit db_path (config or $GPUSESSION_DB_PATH) is used as given, as before.
+An explicit db_path (config or $GPUSESSION_DB_PATH) is used as given, as before, and recorded
+in the cluster's key-value store too: a broker started later on the same cluster without one (a
+kernel's client re-creating a broker that was killed for good, e.g. in the moment between an
+admin's replacement killing the old one and starting the new) opens that same ledger. Before, it
+took this directory layout's ledger instead: the leases of the running calls were unknown there
+(their next `watch` failed with LeaseNotFound), and the policy the first broker was started with
+(the hub's and a Jupyter server's `require_signed_identity`, quotas) was not in force.
 """
 from __future__ import annotations
 
@@ -28,6 +34,7 @@ from ..cluster.raycluster import state_dir
 
 KV_KEY = b"gpusession-state-dir"
 KV_NAMESPACE = "gpusession"
+KV_LEDGER_KEY = b"gpusession-explicit-ledger"  # the ledger path a broker was started with, if one was given
 LOCK_NAME = "broker.lock"
 LEGACY_LEDGER = "ledger.db"
 LEGACY_OWNER = "ledger.db.owner"
@@ -137,3 +144,22 @@ def recorded_here() -> Path | None:
 
     recorded = rayprivate.kv_get(KV_KEY, namespace=KV_NAMESPACE)
     return (state_dir() / recorded.decode()).resolve() if recorded else None
+
+
+def record_explicit_ledger(db_path: str) -> str:
+    """Called by a broker started with an explicit ledger path (on the head node): record it as
+    this cluster's ledger; returns the path as recorded (absolute)."""
+    from ..cluster import rayprivate
+
+    path = os.path.abspath(db_path)
+    rayprivate.kv_put(KV_LEDGER_KEY, path.encode(), namespace=KV_NAMESPACE)
+    return path
+
+
+def recorded_explicit_ledger() -> str | None:
+    """The ledger path a broker of this cluster was started with, if one was (None: the
+    directory layout above decides)."""
+    from ..cluster import rayprivate
+
+    recorded = rayprivate.kv_get(KV_LEDGER_KEY, namespace=KV_NAMESPACE)
+    return recorded.decode() if recorded else None

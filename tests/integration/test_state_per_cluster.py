@@ -76,8 +76,12 @@ def test_two_clusters_sharing_a_home_never_share_a_ledger(cluster, tmp_path):
     # As on a fresh head, nothing recorded yet: an earlier test may have left this cluster's
     # record ("." for a broker that took over the session's home, e.g. one a client created
     # while the session's broker was being replaced), and the record is where a broker goes.
+    # The session's broker was started on an explicit ledger, which is recorded too: a broker
+    # started here with defaults would open it (statedir.py), so that record goes for the test.
     recorded = internal_kv._internal_kv_get(statedir.KV_KEY, namespace=statedir.KV_NAMESPACE)
     internal_kv._internal_kv_del(statedir.KV_KEY, namespace=statedir.KV_NAMESPACE)
+    explicit = internal_kv._internal_kv_get(statedir.KV_LEDGER_KEY, namespace=statedir.KV_NAMESPACE)
+    internal_kv._internal_kv_del(statedir.KV_LEDGER_KEY, namespace=statedir.KV_NAMESPACE)
     other = _start(tmp_path)
     broker = ray.remote(BrokerService).options(  # this cluster's broker as a fresh head would start it
         name="state-dir-test", namespace="gpusession-test", max_restarts=1, num_cpus=0,
@@ -107,6 +111,8 @@ def test_two_clusters_sharing_a_home_never_share_a_ledger(cluster, tmp_path):
         internal_kv._internal_kv_del(statedir.KV_KEY, namespace=statedir.KV_NAMESPACE)
         if recorded is not None:  # the session's broker, if it restarts, goes back where it was
             internal_kv._internal_kv_put(statedir.KV_KEY, recorded, namespace=statedir.KV_NAMESPACE)
+        if explicit is not None:
+            internal_kv._internal_kv_put(statedir.KV_LEDGER_KEY, explicit, namespace=statedir.KV_NAMESPACE)
         try:
             other.communicate("done\n", timeout=60)
         except subprocess.TimeoutExpired:

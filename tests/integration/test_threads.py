@@ -104,3 +104,98 @@ def test_a_lease_taken_back_while_it_releases_kills_no_worker_of_another_threads
         go.set()
         releaser.join(60)
         take_back_from_a_stuck_caller(releaser, broker, admin)
+
+
+def _waits_for_file(path, value):
+    import os
+    import time
+
+    while not os.path.exists(path):
+        time.sleep(0.02)
+    return value
+
+
+@pytest.fixture
+def broker_on_a_chosen_ledger(cluster, tmp_path):
+    """The session's broker swapped for one started on an explicit ledger elsewhere (as `gpusession
+    hub` and a Jupyter server with c.GPUSession.db_path start theirs); afterwards the session's
+    broker as conftest started it, on the session's ledger again."""
+    import ray
+
+    from gpusession.broker import client
+    from gpusession.broker.settings import BrokerConfig
+
+    session = dict(preemption_grace_s=3.0, revoke_grace_s=3.0, heartbeat_timeout_s=3.0, claim_timeout_s=10.0)
+
+    def replace(config: BrokerConfig):
+        try:
+            ray.kill(ray.get_actor(client.BROKER_NAME, namespace=client.NAMESPACE), no_restart=True)
+        except ValueError:
+            pass
+        client._wait_until_gone()
+        client.forget()
+        handle = client.broker(config)
+        client.call(handle.info)
+        return handle
+
+    chosen = tmp_path / "hub-state" / "ledger.db"
+    chosen.parent.mkdir()
+    yield replace(BrokerConfig(db_path=str(chosen), **session)), chosen
+    replace(BrokerConfig(db_path=str(cluster.db_path), **session))
+
+
+@pytest.mark.slow
+def test_calls_of_plain_threads_go_on_when_their_broker_is_killed_for_good_and_a_thread_starts_one(
+        cluster, quiet, broker_on_a_chosen_ledger, tmp_path):
+    """Two threads' calls run on leases of a broker started on an explicit ledger. That broker is
+    killed for good (as when an admin's newer client replaces it, before its new one is up); the
+    calls' watches fail, and the first thread to look the broker up again starts one with the
+    default settings. Both calls return their values, and the broker answering now keeps the
+    ledger they were granted in: both leases end there as finished. Before, the new broker opened
+    the default directory's ledger, where the calls' lease ids were unknown (LeaseNotFound from
+    the watch, or another lease of that ledger under the same id)."""
+    import ray
+
+    from gpusession.broker import client
+
+    first, chosen = broker_on_a_chosen_ledger
+    admin = {"token": (chosen.parent / "admin_token").read_text().strip(), "user": "admin"}
+    gate = tmp_path / "gate"
+    train = gs.distributed(gpus=1, max_failures=0)(_waits_for_file)
+    results: dict[int, object] = {}
+
+    def call(i):
+        try:
+            results[i] = train(str(gate), i)
+        except BaseException as exc:  # noqa: BLE001 - the assertion shows it
+            results[i] = exc
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        wait_for(lambda: len([r for r in client.call(first.leases, admin) if r["state"] == "placed"]) == 2
+                 or results, timeout=120, message="both calls' leases placed")
+        leases = [r["lease_id"] for r in client.call(first.leases, admin)]
+        ray.kill(first, no_restart=True)  # gone for good: the calls' watches fail at once
+        # A broker started afresh under load takes a minute and more (seen: 61 s at load 16-34).
+        wait_for(lambda: _named_broker_answers(client), timeout=client._START_TIMEOUT_S,
+                 message="a thread starting a broker again after its watch failed")
+    finally:
+        gate.touch()
+        for t in threads:
+            t.join(120)
+    assert results == {0: 0, 1: 1}, results
+    now = client.broker()
+    assert client.call(now.info, admin)["db_path"] == str(chosen)
+    ended = {r["lease_id"]: r["end_reason"] for r in client.call(now.leases, admin, True) if r["lease_id"] in leases}
+    assert ended == {lease_id: "finished" for lease_id in leases}
+
+
+def _named_broker_answers(client) -> bool:
+    import ray
+
+    try:
+        return bool(ray.get(ray.get_actor(client.BROKER_NAME, namespace=client.NAMESPACE).version.remote(), timeout=5))
+    except (ValueError, ray.exceptions.RayError):
+        return False
