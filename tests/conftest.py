@@ -76,6 +76,8 @@ SLOW_TESTS = {
         "replaces the session's broker",
     "integration/test_broker_lifecycle.py::test_a_run_in_flight_survives_its_broker_being_replaced_by_another_client":
         "replaces the session's broker during a run",
+    "integration/test_broker_lifecycle.py::test_an_older_broker_started_by_another_client_while_a_newer_one_replaces_it_is_replaced_too":
+        "replaces the session's broker twice",
     "integration/test_broker_lifecycle.py::test_a_worker_stops_by_itself_when_its_leases_group_is_taken_back":
         "takes a lease's placement group back and waits for its worker to stop",
     "integration/test_preemption.py::test_a_within_quota_lease_of_equal_priority_is_never_preempted":

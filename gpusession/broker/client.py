@@ -36,6 +36,7 @@ _CALL_TIMEOUT_S = 60.0
 # call timeout, the thread that started it failed with GetTimeoutError while the broker came up.
 _START_TIMEOUT_S = 300.0
 ADMIN_TOKEN_ENV = "GPUSESSION_ADMIN_TOKEN"
+_REPLACEMENTS = 3  # an admin's client replaces an older broker at most this often in one lookup
 # Reentrant: broker() holds it while it checks the broker's version through call(), and call()
 # takes it again (forget(), then broker()) when that broker died meanwhile; a plain Lock deadlocked
 # that thread, and every other thread of the kernel waiting for a handle behind it.
@@ -122,19 +123,21 @@ def ledger_path_here(db_path: str | None = None) -> str | None:
     return str(legacy) if legacy.exists() else None
 
 
-def _get_or_create(config: BrokerConfig) -> Any:
+def _get_or_create(config: BrokerConfig, *, replacements: int = _REPLACEMENTS) -> Any:
     handle = _create(config)
     running = call(handle.version, timeout=_START_TIMEOUT_S)
     if Version(running) >= Version(__version__):
         return handle
-    db_path = _retire(handle, admin_token_here())
+    # (replacements run out: older kernels keep starting their own; it is used as any client would)
+    db_path = _retire(handle, admin_token_here()) if replacements > 0 else None
     if db_path is not None:
         log.warning("Replacing broker %s with %s (ledger kept)", running, __version__)
         ray.kill(handle, no_restart=True)
         _wait_until_gone()
-        handle = _create(BrokerConfig(db_path=db_path))
-        call(handle.version, timeout=_START_TIMEOUT_S)
-        return handle
+        # Another process whose call found the old broker gone may start one of its own code in
+        # this moment (its client re-creates a missing broker): ours then gets that one, so the
+        # version is checked again, and an older one replaced again.
+        return _get_or_create(BrokerConfig(db_path=db_path), replacements=replacements - 1)
     protocol = call(handle.info).get("protocol", 1)
     if protocol == PROTOCOL:
         log.info("The cluster's broker runs gpusession %s (this client: %s); using it. An admin can upgrade "

@@ -177,3 +177,34 @@ def test_a_worker_stops_by_itself_when_its_leases_group_is_taken_back(cluster, q
         take_back_from_a_stuck_caller(caller, broker, admin)
     assert isinstance(outcome.get("error"), gs.WorkerFailed)
     assert free_gpus() == CLUSTER_GPUS
+
+
+def test_an_older_broker_started_by_another_client_while_a_newer_one_replaces_it_is_replaced_too(
+        cluster, quiet, broker, admin, monkeypatch):
+    """An admin's newer client kills the older broker; before it starts its own, another kernel of
+    the older gpusession, whose call found the broker gone, starts one of its own code (played
+    here in the moment between the two). The newer client checks again and replaces that one
+    too: the broker answering is this client's version, on the same ledger. Before, it kept the
+    one it found under the name, older code and all, believing it had replaced it."""
+    @gs.distributed(gpus=1)
+    def leave_a_row():
+        return gs.context().lease_id
+
+    old_lease = leave_a_row()
+    ray.kill(broker, no_restart=True)
+    client._wait_until_gone()
+    client._create(BrokerConfig(db_path=str(cluster.db_path), version_override="0.0.1"))
+    wait_until_gone, raced = client._wait_until_gone, []
+
+    def and_an_older_client_starts_one(*args, **kwargs):
+        wait_until_gone(*args, **kwargs)
+        if not raced:  # once: the older client's broker, its settings from the recorded ledger
+            raced.append(client._create(BrokerConfig(version_override="0.0.2")))
+
+    monkeypatch.setattr(client, "_wait_until_gone", and_an_older_client_starts_one)
+    client.forget()
+    fresh = client.broker()
+    assert raced, "the older client's broker was never started in between"
+    assert client.call(fresh.version) == gs.__version__
+    assert client.call(fresh.info, admin)["db_path"] == str(cluster.db_path)
+    assert _row(fresh, admin, old_lease)["end_reason"] == "finished"
