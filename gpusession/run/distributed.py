@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 from typing import Any, Callable
 
 from ..errors import GPUSessionError
@@ -33,8 +34,24 @@ class DistributedFunction:
         self.fn = fn
         self.options = options
         self.observer = observer  # an events.Observer; None: the default renderer (a sweep's trial has its own)
-        self.last_run: RunInfo | None = None
-        self._last_call: tuple[tuple, dict] | None = None
+        # The latest call, (RunInfo, (args, kwargs)), per thread and of any thread (see last_run).
+        self._mine = threading.local()
+        self._anyone: tuple[RunInfo, tuple[tuple, dict]] | None = None
+
+    @property
+    def last_run(self) -> RunInfo | None:
+        """The RunInfo of the latest call this thread made (a submit() counts for the thread that
+        submitted); in a thread that made none, of the latest call any thread made. Per thread so
+        that blocking calls from several threads each see their own run, and resume() continues
+        its own thread's, never whichever call started last."""
+        latest = self._latest()
+        return latest[0] if latest is not None else None
+
+    def _latest(self) -> tuple[RunInfo, tuple[tuple, dict]] | None:
+        return getattr(self._mine, "latest", None) or self._anyone
+
+    def _note(self, info: RunInfo, call: tuple[tuple, dict]) -> None:
+        self._mine.latest = self._anyone = (info, call)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._run(args, kwargs, checkpoint_ref=None)
@@ -53,25 +70,28 @@ class DistributedFunction:
         def start(run_observer, info: RunInfo) -> Any:
             return self._run(args, kwargs, checkpoint_ref=None, observer=run_observer, info=info)
 
-        return handle(self.__name__, start, observer, **extra)._begin()
+        run = handle(self.__name__, start, observer, **extra)._begin()
+        self._note(run.info, (args, kwargs))
+        return run
 
     def resume(self, *args: Any, **kwargs: Any) -> Any:
         """Run again from `last_run.checkpoint` (what gs.load_checkpoint() returns); with no
         arguments, the last call's arguments are used."""
-        if self.last_run is None or self.last_run.checkpoint_ref is None:
+        latest = self._latest()  # read once: another thread's call may start meanwhile
+        if latest is None or latest[0].checkpoint_ref is None:
             raise GPUSessionError(
                 f"{self.__name__}.resume() needs a checkpoint, but the last run saved none "
                 "(call gs.save_checkpoint(...) inside the function)."
             )
-        if not args and not kwargs and self._last_call is not None:
-            args, kwargs = self._last_call
-        last = self.last_run
+        last, call = latest
+        if not args and not kwargs:
+            args, kwargs = call
         return self._run(args, kwargs, checkpoint_ref=last.checkpoint_ref, checkpoint_step=last.checkpoint_step)
 
     def _run(self, args: tuple, kwargs: dict, *, checkpoint_ref, checkpoint_step=None,
              observer: Any = None, info: RunInfo | None = None) -> Any:
         info = info if info is not None else RunInfo()
-        self.last_run, self._last_call = info, (args, kwargs)
+        self._note(info, (args, kwargs))
         # beside the cell's renderer: the live step for JupyterLab's sidebar (gpusession.stepreport)
         observer = Fanout(observer or self.observer or default_observer(self.options.lease.workers),
                           StepToBroker())

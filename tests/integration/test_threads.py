@@ -22,25 +22,31 @@ def _rank_sum(x):
 @pytest.mark.slow
 def test_blocking_calls_from_plain_threads_more_than_fit_at_once_all_return_their_own_values(cluster):
     """Three calls of 2 GPUs from three threads on 4 GPUs (one waits in the queue), twice in a
-    row, with the default console renderer: each returns its own value and every GPU is free
+    row, with the default console renderer: each returns its own value, each thread's
+    `train.last_run` is its own call's (not whichever started last), and every GPU is free
     after (the autouse no_leaked_gpus check)."""
     train = gs.distributed(gpus=2)(_rank_sum)
     results: dict[int, object] = {}
+    seen: dict[int, object] = {}
 
     def call(i):
         try:
             results[i] = train(i)
         except BaseException as exc:  # noqa: BLE001 - the assertion shows it
             results[i] = exc
+        seen[i] = train.last_run
 
     for _round in range(2):
         results.clear()
+        seen.clear()
         threads = [threading.Thread(target=call, args=(i,)) for i in range(3)]
         for t in threads:
             t.start()
         for t in threads:
             t.join(300)
         assert results == {i: 2.0 * i for i in range(3)}, results
+        assert len({id(info) for info in seen.values()}) == 3, "threads saw one another's last_run"
+        assert all(info.end_reason == "finished" for info in seen.values())
 
 
 
