@@ -3,9 +3,10 @@
 launcher per host, `--nnodes=2 --node_rank=i`, as torchrun's docs set up a multi-node job), on
 the same simulated hosts (tests/multihost/simcluster.py: each host a network namespace with a Ray
 node of 2 logical GPUs, its link shaped with tc tbf): 1 rank, 2 ranks on one host, 2 ranks on 2
-hosts over each shaped link, for a link-bound and a compute-bound model, and the link-bound model
-over an imperfect network (200 Mbit/s, one host's link 20 ms slower each way, through the relay of
-tests/multihost/linkrelay.py: the same for both launchers). Then, over the 200 Mbit/s
+hosts over each shaped link, for a link-bound and a compute-bound model, and both over an
+imperfect network (200 Mbit/s, one host's link 20 ms slower each way, and for the compute-bound
+model also losing 1 % of its frames each way, through the relay of tests/multihost/linkrelay.py:
+the same for both launchers). Then, over the 200 Mbit/s
 link with the link-bound model, each gradient compression gpusession applies (its hook,
 run/comm_hooks.py) in gpusession's ranks against plain DDP there, with the loss after the same
 steps. Needs root.
@@ -20,6 +21,7 @@ scheduler group: on a shared machine, what a launcher's figure depends on. Sampl
 every configuration once per round; the results file is rewritten after each round.
 
     sudo .venv/bin/python benchmarks/scaling.py [--samples 3] [--steps 5] [--budget-s 1200]
+    sudo .venv/bin/python benchmarks/scaling.py --only "loss" --merge   # one part, merged into the file
 """
 from __future__ import annotations
 
@@ -51,6 +53,10 @@ LINKS_MBIT = (1000, 200)
 # No loss here: with 1 % (tests/shaped/test_lossy_link.py) TCP over that round trip carries a few
 # Mbit/s, and one sample of the link-bound model would take minutes.
 DELAY_MS, LOSS = 20.0, 0.0
+# A lossy network too, for the compute-bound model only: its 0.27 MB of gradients a step still pass
+# a link where TCP over that round trip with 1 % of frames lost carries a few Mbit/s, so a sample
+# takes under a minute. (On such a link the model is bound by the link, not the CPU.)
+COMPUTE_LOSS = 0.01
 COMPUTE_STEPS_FACTOR = 10  # the compute-bound model's steps are short: ten times --steps of them
 COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")
 GPUSESSION, TORCHRUN = "gpusession", "torchrun"
@@ -143,10 +149,10 @@ def configurations() -> list[Config]:
         configs.append(Config(model, "2 ranks, 1 host", 1, 2, None))
         for rate in LINKS_MBIT:
             configs.append(Config(model, f"2 ranks, 2 hosts, {rate} Mbit/s", 2, 2, rate))
-        if model == "link":
-            impaired = f"one link +{DELAY_MS:g} ms each way" + (f" and {LOSS:.1%} loss" if LOSS else "")
-            configs.append(Config(model, f"2 ranks, 2 hosts, 200 Mbit/s, {impaired}", 2, 2, 200,
-                                  delay_ms=DELAY_MS, loss=LOSS))
+        loss = LOSS if model == "link" else COMPUTE_LOSS
+        impaired = f"one link +{DELAY_MS:g} ms each way" + (f" and {loss:.1%} loss" if loss else "")
+        configs.append(Config(model, f"2 ranks, 2 hosts, 200 Mbit/s, {impaired}", 2, 2, 200,
+                              delay_ms=DELAY_MS, loss=loss))
     for compression in COMPRESSIONS[1:]:  # gpusession's own option against gpusession's plain DDP
         configs.append(Config("link", "2 ranks, 2 hosts, 200 Mbit/s", 2, 2, 200, compression, (GPUSESSION,)))
     return configs
@@ -297,8 +303,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--budget-s", type=float, help="begin no round that would end after this many seconds")
     parser.add_argument("--only", help="just the configurations whose description (as printed) contains this; "
-                                       "no results file is written (to look into one configuration)")
+                                       "no results file is written (to look into one configuration) unless --merge")
+    parser.add_argument("--merge", action="store_true",
+                        help="with --only: write the rows measured into the results file, keeping its other rows "
+                             "(each row keeps the machine and command it was measured with)")
     args = parser.parse_args()
+    if args.merge and not args.only:
+        parser.error("--merge goes with --only (a full run rewrites the whole results file)")
     reason = can_run()
     if reason:
         raise SystemExit(reason)
@@ -307,9 +318,9 @@ def main() -> None:
     driver = None
 
     def on_round(measured: dict, done: int) -> None:
-        if args.only:
+        if args.only and not args.merge:
             return
-        path = write("scaling", rows(measured, args.steps), loadavg_before=loadavg_before)
+        path = write("scaling", rows(measured, args.steps), loadavg_before=loadavg_before, merge=args.merge)
         print(f"round {done} of {args.samples} written to {path}", flush=True)
 
     try:
