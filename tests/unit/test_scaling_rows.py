@@ -35,7 +35,7 @@ def measured_where_gpusession_gives(fraction: float) -> dict:
 def test_each_configuration_is_one_row_of_gpusession_against_torchrun_with_its_ratio():
     rows = [row.as_json() for row in scaling.rows(measured_where_gpusession_gives(0.9), steps=5)]
     launcher_rows = [row for row in rows if row["alternative"].startswith("torchrun")]
-    assert len(launcher_rows) == 9  # 2 models x (1 rank, packed, 2 links), and the delayed, lossy link
+    assert len(launcher_rows) == 10  # 2 models x (1 rank, packed, 2 links, an impaired link)
     assert all(row["ratio"] == 0.9 and row["goal"] == ">= 0.97" for row in launcher_rows)
     assert launcher_rows[0]["gpusession_samples"] == [90.0, 99.0, 108.0]
     assert launcher_rows[0]["alternative_samples"] == [100.0, 110.0, 120.0]
@@ -45,6 +45,9 @@ def test_each_configuration_is_one_row_of_gpusession_against_torchrun_with_its_r
     delayed = launcher_rows[4]
     assert delayed["measure"] == "link-bound model, 2 ranks, 2 hosts, 200 Mbit/s, one link +20 ms each way: samples/s"
     assert "5 timed steps" in delayed["configured"]
+    lossy = launcher_rows[9]
+    assert lossy["measure"] == ("compute-bound model, 2 ranks, 2 hosts, 200 Mbit/s, one link +20 ms each way "
+                                "and 1.0% loss: samples/s")
     compute = next(row for row in launcher_rows if row["measure"].startswith("compute-bound model, 1 rank"))
     assert "50 timed steps" in compute["configured"]  # ten times --steps: its steps are short
 
@@ -65,6 +68,12 @@ def test_only_the_second_hosts_link_carries_the_delay_and_loss():
     scaling.shape(cluster, delayed)
     assert cluster.shaped == [("host1", {"rate_mbit": 200}),
                               ("host2", {"rate_mbit": 200, "delay_ms": 20.0, "loss": 0.0})]
+    cluster.shaped.clear()
+    lossy = next(c for c in scaling.configurations() if c.loss)
+    scaling.shape(cluster, lossy)
+    assert lossy.model == "compute"
+    assert cluster.shaped == [("host1", {"rate_mbit": 200}),
+                              ("host2", {"rate_mbit": 200, "delay_ms": 20.0, "loss": 0.01})]
 
 
 def test_a_compression_row_compares_gpusession_with_its_own_plain_ddp_and_states_both_losses():
