@@ -4,6 +4,7 @@ caller's clock, a broker replaced without the admin token, and a usage query tha
 everyone. Each is refused quickly and leaves the ledger and Ray's view as they were."""
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import threading
@@ -15,6 +16,7 @@ import ray
 
 import gpusession as gs
 from gpusession.broker import client
+from gpusession.broker.secrets import admin_token_path
 from gpusession.broker.settings import BrokerConfig
 from gpusession.errors import InvalidRequest
 from gpusession.identity import current_user
@@ -290,6 +292,18 @@ except Exception as exc:
 """
 
 
+@contextlib.contextmanager
+def token_hidden(db_path):
+    """The admin token file beside the ledger renamed away, and back on every path."""
+    token = admin_token_path(db_path)
+    hidden = token.with_name(token.name + ".hidden-by-test")
+    token.rename(hidden)
+    try:
+        yield
+    finally:
+        hidden.rename(token)
+
+
 def test_a_newer_client_without_the_admin_token_cannot_replace_the_broker(cluster, quiet, driver, broker, admin,
                                                                           tmp_path):
     info = client.call(broker.info)
@@ -302,8 +316,13 @@ def test_a_newer_client_without_the_admin_token_cannot_replace_the_broker(cluste
             stale = client._create(BrokerConfig(db_path=str(cluster.db_path), version_override="0.0.1",
                                                 protocol_override=protocol))
             pid = client.call(stale.info)["pid"]
-            # a kernel of a newer gpusession with no token (its home has none; none in its environment)
-            line = driver(ASK_FOR_THE_BROKER, GPUSESSION_HOME=str(tmp_path)).wait_for_line(expected.split()[0], 120)
+            # A kernel of a newer gpusession with no token: none in its home or environment, and the
+            # file beside the ledger unreadable to it. A client finds that file through the cluster's
+            # record of its ledger, and root reads any file, so the test hides it while the kernel
+            # looks (the broker read its token when it started).
+            with token_hidden(cluster.db_path):
+                line = driver(ASK_FOR_THE_BROKER, GPUSESSION_HOME=str(tmp_path)).wait_for_line(
+                    expected.split()[0], 120)
             assert line.startswith(expected), line
             if protocol is None:
                 assert line.split()[-1] == str(pid)  # the same broker, not a replacement
