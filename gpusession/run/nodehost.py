@@ -82,11 +82,12 @@ def host_for(node_id: str, spares: int) -> ray.actor.ActorHandle:
     ).remote(node_id, spares)
 
 
-def spares_due(now: float, last_request: float, settled: bool) -> bool:
+def spares_due(now: float, last_request: float, settled: bool, asking: int) -> bool:
     """Whether the host starts spares (to their number) and its prober now: at once on a settled
     host; on one that never was quiet (a cold node, its first call still asking for workers),
-    once no worker was asked for QUIET_S."""
-    return settled or now - last_request >= QUIET_S
+    once no request is waiting for its worker (`asking`: a spare's start may take long) and the
+    last one was answered QUIET_S ago."""
+    return settled or (asking == 0 and now - last_request >= QUIET_S)
 
 
 def default_spares(node_gpus: float) -> int:
@@ -114,7 +115,8 @@ class NodeHost:
         self._target = spares
         self._spares: list[tuple[ray.actor.ActorHandle, ray.ObjectRef]] = []
         self._adopted: dict[ray.actor.ActorHandle, str] = {}  # worker handed out -> the kernel's job id
-        self._last_request = time.monotonic()
+        self._last_request = time.monotonic()  # asked for or handed out a worker
+        self._asking = 0  # requests waiting for their worker
         self._settled = False  # quiet once since it started (see QUIET_S)
         self._idle_s = float(os.environ.get(IDLE_S_ENV, DEFAULT_IDLE_S))
         self._stopping = False
@@ -129,11 +131,22 @@ class NodeHost:
 
     def worker(self, job_id: str) -> ray.actor.ActorHandle:
         """A worker actor connected to this node's warm parent, ready, for the kernel of job_id."""
-        self._last_request = time.monotonic()
+        with self._lock:
+            self._asking += 1
+            self._last_request = time.monotonic()
+        try:
+            return self._hand_out(job_id)
+        finally:
+            with self._lock:
+                self._asking -= 1
+                self._last_request = time.monotonic()  # quiet counts from the answer: a spare's start may be slow
+
+    def _hand_out(self, job_id: str) -> ray.actor.ActorHandle:
         for _ in range(3):  # a spare may have died while it waited (the OOM killer)
             with self._lock:
                 handle, ready = self._spares.pop(0) if self._spares else self._start_spare()
-            if spares_due(time.monotonic(), self._last_request, self._settled):
+                due = spares_due(time.monotonic(), self._last_request, self._settled, self._asking)
+            if due:
                 self._top_up()
             try:
                 ray.get(ready, timeout=SPARE_READY_TIMEOUT_S)
@@ -142,7 +155,6 @@ class NodeHost:
                 continue
             with self._lock:
                 self._adopted[handle] = job_id
-            self._last_request = time.monotonic()  # quiet counts from the hand-out: a spare's start may be slow
             return handle
         raise RuntimeError(f"Could not start a worker on node {self.node_id}: three tries failed.")
 
@@ -170,7 +182,9 @@ class NodeHost:
     def _when_quiet(self) -> None:
         """Spares back to their number and the prober started, once no worker was asked for
         QUIET_S (see there)."""
-        if not spares_due(time.monotonic(), self._last_request, self._settled):
+        with self._lock:
+            due = spares_due(time.monotonic(), self._last_request, self._settled, self._asking)
+        if not due:
             return
         self._settled = True
         self._top_up()

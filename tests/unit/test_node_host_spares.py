@@ -31,22 +31,27 @@ def test_a_bad_value_is_refused_naming_the_variable(monkeypatch, value):
 
 def test_a_cold_host_starts_no_spare_while_its_first_call_keeps_asking_for_workers():
     # Asked 1 s ago, and just before the quiet time is up: the first call is still starting.
-    assert not spares_due(now=101.0, last_request=100.0, settled=False)
-    assert not spares_due(now=100.0 + QUIET_S - 0.01, last_request=100.0, settled=False)
+    assert not spares_due(now=101.0, last_request=100.0, settled=False, asking=0)
+    assert not spares_due(now=100.0 + QUIET_S - 0.01, last_request=100.0, settled=False, asking=0)
 
 
 def test_a_cold_host_starts_its_spares_once_nobody_asked_for_a_worker_for_the_quiet_time():
-    assert spares_due(now=100.0 + QUIET_S, last_request=100.0, settled=False)
+    assert spares_due(now=100.0 + QUIET_S, last_request=100.0, settled=False, asking=0)
 
 
 def test_quiet_counts_from_the_last_request_not_from_the_hosts_start():
     """A host started at 0 whose first call asks for workers at 30 (a loaded machine: the
     call probed its bundles first) is still cold at 31."""
-    assert not spares_due(now=31.0, last_request=30.0, settled=False)
+    assert not spares_due(now=31.0, last_request=30.0, settled=False, asking=0)
+
+
+def test_a_request_still_waiting_for_its_worker_keeps_a_cold_host_from_being_quiet():
+    """Its spare may take a minute to start on a loaded node: the first call is still starting."""
+    assert not spares_due(now=100.0 + 60.0, last_request=100.0, settled=False, asking=1)
 
 
 def test_a_settled_host_replaces_a_spare_handed_out_at_once():
-    assert spares_due(now=500.0, last_request=500.0, settled=True)
+    assert spares_due(now=500.0, last_request=500.0, settled=True, asking=1)
 
 
 def test_a_host_this_kernel_just_started_is_not_asked_to_probe_it_has_no_prober_yet():
