@@ -18,7 +18,11 @@ import gpusession as gs
 from gpusession import events
 
 
-def ddp_function(called_at: float) -> dict:
+def ddp_body() -> dict:
+    """The DDP function both spread benchmarks time (this one and _spread_first_driver.py):
+    gs.prepare_model(Linear(4, 1)), 5 steps, an all_reduce and an all_gather, no Ray inside.
+    Returns the rank, its host and the absolute times (time.time()) at which it entered, wrapped
+    the model, stepped and returned; each benchmark derives its own spans from them."""
     import socket
 
     import torch
@@ -36,9 +40,15 @@ def ddp_function(called_at: float) -> dict:
     dist.all_reduce(total)
     gathered = [torch.zeros(1) for _ in range(ctx.world_size)]
     dist.all_gather(gathered, torch.ones(1))
-    return {"rank": ctx.rank, "host": socket.gethostname(), "to_function_s": entered - called_at,
-            "prepare_model_s": wrapped - entered, "steps_s": stepped - wrapped,
-            "collectives_s": time.time() - stepped, "returned_at": time.time()}
+    return {"rank": ctx.rank, "host": socket.gethostname(), "entered": entered, "wrapped": wrapped,
+            "stepped": stepped, "returned": time.time(), "sum": total.item()}
+
+
+def ddp_function(called_at: float) -> dict:
+    r = ddp_body()
+    return {"rank": r["rank"], "host": r["host"], "to_function_s": r["entered"] - called_at,
+            "prepare_model_s": r["wrapped"] - r["entered"], "steps_s": r["stepped"] - r["wrapped"],
+            "collectives_s": r["returned"] - r["stepped"], "returned_at": r["returned"]}
 
 
 def one_call(call) -> dict:

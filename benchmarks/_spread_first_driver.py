@@ -1,7 +1,8 @@
 """Run by benchmarks/spread_first.py on the head of the simulated cluster (RAY_ADDRESS is set), as a
 new process for every sample: a user's script whose first gpusession call is a 4-rank DDP call
 spread over 2 hosts (issue 23, item 5: gs.prepare_model(Linear(4, 1)), 5 steps, an all_reduce and
-an all_gather; no Ray inside), then exits.
+an all_gather; no Ray inside: _spread_ddp_driver.ddp_body, which benchmarks/spread_ddp.py times
+too), then exits.
 
     python _spread_first_driver.py
 
@@ -19,35 +20,14 @@ import json  # noqa: E402
 
 import gpusession as gs  # noqa: E402
 from gpusession import events  # noqa: E402
+from _spread_ddp_driver import ddp_body  # noqa: E402  (beside this script: shipped to the ranks by value)
 
 IMPORTED = time.time()
 
 
-def ddp_function() -> dict:
-    import socket
-
-    import torch
-    import torch.distributed as dist
-
-    entered = time.time()
-    ctx = gs.context()
-    model = gs.prepare_model(torch.nn.Linear(4, 1))
-    wrapped = time.time()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for _ in range(5):
-        gs.step(model(torch.randn(8, 4)).pow(2).mean(), opt)
-    stepped = time.time()
-    total = torch.ones(1)
-    dist.all_reduce(total)
-    gathered = [torch.zeros(1) for _ in range(ctx.world_size)]
-    dist.all_gather(gathered, torch.ones(1))
-    return {"rank": ctx.rank, "host": socket.gethostname(), "entered": entered, "wrapped": wrapped,
-            "stepped": stepped, "returned": time.time(), "sum": total.item()}
-
-
 def main() -> None:
     events.set_observer_factory(lambda world_size: events.Observer())  # no cell to draw on
-    call = gs.distributed(gpus=4, placement="spread", return_all=True, timeout="600s")(ddp_function)
+    call = gs.distributed(gpus=4, placement="spread", return_all=True, timeout="600s")(ddp_body)
     called = time.time()
     ranks = call()
     returned = time.time()

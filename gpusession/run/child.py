@@ -67,7 +67,12 @@ def main(fd: int) -> None:
     conn = Connection(fd)
     code = 0
     try:
-        launch: m.Launch = conn.recv()
+        launch: m.Launch | m.ServeStore = conn.recv()
+        if isinstance(launch, m.ServeStore):  # not a rank: the attempt's rendezvous store (store.py)
+            from .store import serve
+
+            serve(conn, launch)
+            return
         channel = Channel(conn)
         channel.listen()
         code = _run(launch, channel)

@@ -122,6 +122,25 @@ class Launch:
 
 
 @dataclass(frozen=True)
+class ServeStore:
+    """Sent instead of a Launch: this fork of the warm parent serves an attempt's rendezvous
+    store (TCPStore, the master) on `address`, answers the port it bound, and exits when its pipe
+    closes (worker.py: the next attempt, or the actor gone)."""
+
+    address: str
+    world_size: int
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class StoreServing:
+    """The rendezvous store's answer: the port it bound, or why it could not."""
+
+    port: int = 0
+    error: str = ""
+
+
+@dataclass(frozen=True)
 class CheckpointAck:
     """The caller holds its own copy of the checkpoint: gs.save_checkpoint may return."""
 

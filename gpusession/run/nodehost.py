@@ -45,11 +45,14 @@ SPARES_ENV = "GPUSESSION_SPARE_WORKERS"
 MAX_DEFAULT_SPARES = 8  # one per GPU of the node, up to this: each spare is a ~100 MB process
 REAP_EVERY_S = 2.0
 # What only later calls need waits, on a cold node, until no worker was asked for this long: the
-# spares that replace those handed out in the host's first QUIET_S (each a Ray worker process
-# importing torch) and the prober (a Ray driver process). Both started beside a cold node's first
-# call and took the CPU its own workers, warm parent and ranks needed (benchmarks/spread_first.py);
-# meanwhile a call that finds no spare starts a worker itself, and probes its bundles itself. Once
-# the host is older, a spare handed out is replaced at once, as a restart after a lost host wants.
+# spares that replace those handed out before (each a Ray worker process) and the prober (a Ray
+# driver process). Both started beside a cold node's first call and took the CPU its own workers,
+# warm parent and ranks needed (benchmarks/spread_first.py); meanwhile a call that finds no spare
+# starts a worker itself, and probes its bundles itself. Once the host has been quiet that long
+# (it is settled), a spare handed out is replaced at once, as a restart after a lost host wants.
+# Counted from the last request, not from the host's start: on a loaded machine a cold node's
+# first call asked for its workers more than QUIET_S after the host started, and the replacements
+# then started beside it all the same.
 QUIET_S = 10.0
 SPARE_READY_TIMEOUT_S = 180.0
 PROBE_TIMEOUT_S = 60.0  # a spare on a loaded node may take a while to start
@@ -79,6 +82,14 @@ def host_for(node_id: str, spares: int) -> ray.actor.ActorHandle:
     ).remote(node_id, spares)
 
 
+def spares_due(now: float, last_request: float, settled: bool, asking: int) -> bool:
+    """Whether the host starts spares (to their number) and its prober now: at once on a settled
+    host; on one that never was quiet (a cold node, its first call still asking for workers),
+    once no request is waiting for its worker (`asking`: a spare's start may take long) and the
+    last one was answered QUIET_S ago."""
+    return settled or (asking == 0 and now - last_request >= QUIET_S)
+
+
 def default_spares(node_gpus: float) -> int:
     configured = os.environ.get(SPARES_ENV)
     if configured is not None:
@@ -104,7 +115,9 @@ class NodeHost:
         self._target = spares
         self._spares: list[tuple[ray.actor.ActorHandle, ray.ObjectRef]] = []
         self._adopted: dict[ray.actor.ActorHandle, str] = {}  # worker handed out -> the kernel's job id
-        self._last_request = self._started = time.monotonic()
+        self._last_request = time.monotonic()  # asked for or handed out a worker
+        self._asking = 0  # requests waiting for their worker
+        self._settled = False  # quiet once since it started (see QUIET_S)
         self._idle_s = float(os.environ.get(IDLE_S_ENV, DEFAULT_IDLE_S))
         self._stopping = False
         self._prober: Prober | None = None  # started once the node is quiet (QUIET_S)
@@ -118,11 +131,22 @@ class NodeHost:
 
     def worker(self, job_id: str) -> ray.actor.ActorHandle:
         """A worker actor connected to this node's warm parent, ready, for the kernel of job_id."""
-        self._last_request = time.monotonic()
+        with self._lock:
+            self._asking += 1
+            self._last_request = time.monotonic()
+        try:
+            return self._hand_out(job_id)
+        finally:
+            with self._lock:
+                self._asking -= 1
+                self._last_request = time.monotonic()  # quiet counts from the answer: a spare's start may be slow
+
+    def _hand_out(self, job_id: str) -> ray.actor.ActorHandle:
         for _ in range(3):  # a spare may have died while it waited (the OOM killer)
             with self._lock:
                 handle, ready = self._spares.pop(0) if self._spares else self._start_spare()
-            if not self._young():
+                due = spares_due(time.monotonic(), self._last_request, self._settled, self._asking)
+            if due:
                 self._top_up()
             try:
                 ray.get(ready, timeout=SPARE_READY_TIMEOUT_S)
@@ -131,7 +155,6 @@ class NodeHost:
                 continue
             with self._lock:
                 self._adopted[handle] = job_id
-            self._last_request = time.monotonic()  # quiet counts from the hand-out: a spare's start may be slow
             return handle
         raise RuntimeError(f"Could not start a worker on node {self.node_id}: three tries failed.")
 
@@ -159,8 +182,11 @@ class NodeHost:
     def _when_quiet(self) -> None:
         """Spares back to their number and the prober started, once no worker was asked for
         QUIET_S (see there)."""
-        if time.monotonic() - self._last_request < QUIET_S:
+        with self._lock:
+            due = spares_due(time.monotonic(), self._last_request, self._settled, self._asking)
+        if not due:
             return
+        self._settled = True
         self._top_up()
         with self._lock:
             if self._prober is None and not self._stopping:
@@ -177,10 +203,6 @@ class NodeHost:
         return zygote.pid
 
     # ----- spares -----------------------------------------------------------------------------------
-    def _young(self) -> bool:
-        """Within its first QUIET_S: a cold node, whose first call is starting (see QUIET_S)."""
-        return time.monotonic() - self._started < QUIET_S
-
     def _start_spare(self) -> tuple[ray.actor.ActorHandle, ray.ObjectRef]:
         actor = REMOTE_WORKER.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(self.node_id, soft=False),

@@ -54,6 +54,7 @@ class WorkerPool:
         self._idle_s = float(os.environ.get(IDLE_S_ENV, DEFAULT_IDLE_S))
         self._reaper: threading.Timer | None = None
         self._hosts: dict[str, ray.actor.ActorHandle] = {}  # node id -> its node host
+        self._started: dict[str, float] = {}  # node id -> when this pool started its host (it found none)
 
     def checkout(self, node_ids: list[str], runtime_env: dict | None) -> list[WorkerHandle]:
         """One worker per entry of node_ids, warm ones first; new ones start now, not awaited."""
@@ -192,6 +193,10 @@ class WorkerPool:
         try:
             bundle_nodes = ray.util.placement_group_table(group)["bundles_to_node_id"]
             hosts = [self._host(bundle_nodes[i]) for i in range(count)]
+            # A host this pool started moments ago has no prober yet (it starts one once quiet):
+            # asking it would only add HOST_ANSWER_S to a cold node's first call.
+            if any(too_young_to_probe(self._started.get(bundle_nodes[i]), time.monotonic()) for i in range(count)):
+                return None
             # A host that is still starting would make the caller wait longer than its own probe.
             if not all(ray.get([host.probe_ready.remote() for host in set(hosts)], timeout=HOST_ANSWER_S)):
                 return None
@@ -212,8 +217,14 @@ class WorkerPool:
     def _host(self, node_id: str) -> ray.actor.ActorHandle:
         host = self._hosts.get(node_id)
         if host is None:
-            gpus = next((n.gpus for n in raycluster.nodes() if n.node_id == node_id), 1.0)
-            host = self._hosts[node_id] = nodehost.host_for(node_id, nodehost.default_spares(gpus))
+            try:  # one running already (another kernel's, or ours before Ray's session renewed)
+                host = ray.get_actor(nodehost.host_name(node_id), namespace=nodehost.NAMESPACE)
+                self._started.pop(node_id, None)
+            except ValueError:  # none: this call starts it, on a cold node
+                gpus = next((n.gpus for n in raycluster.nodes() if n.node_id == node_id), 1.0)
+                host = nodehost.host_for(node_id, nodehost.default_spares(gpus))
+                self._started[node_id] = time.monotonic()
+            self._hosts[node_id] = host
         return host
 
     def _schedule_reap(self) -> None:
@@ -235,6 +246,12 @@ class WorkerPool:
         self._reaper = None
         if remaining:
             self._schedule_reap()
+
+
+def too_young_to_probe(started: float | None, now: float) -> bool:
+    """Whether a node host this pool started at `started` (None: found running) cannot have its
+    prober yet: it starts one only once no worker was asked for QUIET_S (nodehost.py)."""
+    return started is not None and now - started < nodehost.QUIET_S
 
 
 def _kill(handle: WorkerHandle) -> None:

@@ -4,8 +4,9 @@ The actor never runs user code. For each rank of each attempt it asks its zygote
 warm parent: torch imported, CUDA untouched) for a fresh process, sends it the rank's Launch,
 and relays what the rank sends as items of a Ray streaming generator. So the actor itself can
 serve every call of its kernel, on real GPUs too, while each rank starts with nothing a previous
-call changed. Rank 0's actor also serves the attempt's rendezvous store, which must outlive the
-rank processes (a peer may still be waiting on its last answer when rank 0 exits).
+call changed. Rank 0's actor also keeps the attempt's rendezvous store, which must outlive the
+rank processes (a peer may still be waiting on its last answer when rank 0 exits): a fork of
+the warm parent too (store.py), so the actor itself never imports torch.
 """
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ import os
 import socket
 import threading
 import time
-from datetime import timedelta
 from typing import NamedTuple
 
 import ray
@@ -28,6 +28,7 @@ from .spec import RankSpec, lease_scratch_dir, scratch_dir, scratch_root  # noqa
 
 ZYGOTE_START_TIMEOUT_S = 120.0  # a loaded node may take a while to import torch
 EXIT_STATUS_WAIT_S = 2.0
+STORE_ANSWER_MARGIN_S = 30.0  # beyond the store's own timeout (its bind takes milliseconds; it then checks itself)
 WATCHDOG_POLL_S = 1.0
 NODE_HOST_NAMESPACE = "gpusession"  # the Ray namespace of the node hosts (nodehost.py), which this worker asks
 
@@ -47,7 +48,7 @@ class Worker:
         self.node_id = ray.get_runtime_context().get_node_id()
         self.address = ray.util.get_node_ip_address()
         self.cluster = ray.get_runtime_context().get_session_name()  # keys this cluster's scratch
-        self._store = None  # the rendezvous store rank 0's actor serves for the current attempt
+        self._store: tuple[Zygote, int, object] | None = None  # rank 0's actor: the attempt's store process and its pipe
         self._run_lock = threading.Lock()  # one rank at a time
         self._child: _RankProcess | None = None  # the rank process now running, if any
         self._stopped_runs: collections.deque = collections.deque(maxlen=64)  # attempts told to stop
@@ -56,10 +57,6 @@ class Worker:
         self._conn_lock = threading.Lock()
         self._beats = BeatServer(self.address)  # the controller's heartbeat (run/heartbeat.py)
         _sweep_stale_scratch()
-        # Any worker may become some attempt's rank 0 and serve its TCPStore, which needs
-        # torch.distributed in this process: ~1.5 s to import (more on a loaded node), paid by a
-        # call's setup unless it is done ahead, while the worker waits idle in a pool.
-        threading.Thread(target=_import_store, name="gpusession-preload-store", daemon=True).start()
 
     def info(self) -> dict:
         self.zygote.wait_ready(ZYGOTE_START_TIMEOUT_S)
@@ -67,14 +64,33 @@ class Worker:
                 "host": socket.gethostname(), "zygote_pid": self.zygote.pid, "beat_port": self._beats.port}
 
     def open_rendezvous(self, world_size: int, timeout_s: float) -> tuple[str, int]:
-        """Rank 0's actor: bind the attempt's TCPStore on a port the OS picks and serve it until
-        the next attempt. Binding here (not "find a free port, close it, bind it later") leaves
-        no gap in which another process could take the port."""
-        from torch.distributed import TCPStore
+        """Rank 0's actor: the attempt's TCPStore, served until the next attempt by a fork of the
+        warm parent (store.py), which binds a port the OS picks and answers it."""
+        self._close_store()  # the last attempt's: its ranks are gone by now
+        self.zygote.wait_ready(ZYGOTE_START_TIMEOUT_S)
+        pid, conn = self._fork()
+        zygote = self.zygote
+        self._store = (zygote, pid, conn)
+        try:
+            conn.send(m.ServeStore(self.address, world_size, timeout_s))
+            waited = timeout_s + STORE_ANSWER_MARGIN_S
+            answer = conn.recv() if conn.poll(waited) else m.StoreServing(
+                error=f"the store process did not answer within {waited:.0f} s")
+        except (EOFError, OSError):
+            answer = m.StoreServing(error="the store process exited before it answered")
+        if answer.error:
+            self._close_store()
+            raise RuntimeError(f"Could not serve the rendezvous store on {self.address}: {answer.error}")
+        return self.address, answer.port
 
-        self._store = TCPStore(self.address, 0, world_size, is_master=True,
-                               timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
-        return self.address, self._store.port
+    def _close_store(self) -> None:
+        store, self._store = self._store, None
+        if store is None:
+            return
+        zygote, pid, conn = store
+        conn.close()  # the store process exits at EOF; the kill makes sure, the wait reaps its status
+        zygote.kill(pid)
+        zygote.exit_status(pid, EXIT_STATUS_WAIT_S)
 
     def cleanup(self, lease_id: int) -> None:
         """The lease ended: remove its scratch directories on this node (a backstop: each
@@ -101,6 +117,7 @@ class Worker:
 
     def shutdown(self) -> None:
         self.stop()
+        self._close_store()
         self.zygote.close()
 
     @ray.method(num_returns="streaming")
@@ -182,13 +199,6 @@ class Worker:
                     self._conn.send(item)
                 except OSError:  # the rank just exited
                     pass
-
-
-def _import_store() -> None:
-    try:
-        import torch.distributed  # noqa: F401  (open_rendezvous imports it again: at once, or waiting for this)
-    except Exception:  # open_rendezvous raises it where a caller sees it
-        pass
 
 
 def _sweep_stale_scratch() -> None:

@@ -45,7 +45,7 @@ REAP_EVERY_S = 0.05
 # no thread (the fork stays safe).
 PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "cloudpickle", "psutil",
            "gpusession.run.child", "gpusession.run.process_group", "gpusession.run.spec", "gpusession.run.context",
-           "gpusession.capture", "gpusession.cluster.netif", "gpusession.errors")
+           "gpusession.run.store", "gpusession.capture", "gpusession.cluster.netif", "gpusession.errors")
 
 
 # ----- the zygote process ------------------------------------------------------------------------
