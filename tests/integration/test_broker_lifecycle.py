@@ -50,7 +50,9 @@ def test_a_restarted_broker_keeps_live_leases_and_closes_one_whose_caller_died_m
     assert free_gpus() == CLUSTER_GPUS
 
 
-def test_a_newer_client_replaces_an_older_broker_and_keeps_its_ledger(cluster, quiet, broker, admin):
+def a_finished_lease_then_an_older_broker(cluster, broker) -> tuple[int, object]:
+    """A call's lease ends "finished" in the ledger; then the broker is killed for good and one
+    that says it runs gpusession 0.0.1 is started on the same ledger. Returns (lease id, handle)."""
     @gs.distributed(gpus=1)
     def leave_a_row():
         return gs.context().lease_id
@@ -58,7 +60,11 @@ def test_a_newer_client_replaces_an_older_broker_and_keeps_its_ledger(cluster, q
     old_lease = leave_a_row()
     ray.kill(broker, no_restart=True)
     client._wait_until_gone()
-    stale = client._create(BrokerConfig(db_path=str(cluster.db_path), version_override="0.0.1"))
+    return old_lease, client._create(BrokerConfig(db_path=str(cluster.db_path), version_override="0.0.1"))
+
+
+def test_a_newer_client_replaces_an_older_broker_and_keeps_its_ledger(cluster, quiet, broker, admin):
+    old_lease, stale = a_finished_lease_then_an_older_broker(cluster, broker)
     assert client.call(stale.version) == "0.0.1"
 
     client.forget()
@@ -186,14 +192,7 @@ def test_an_older_broker_started_by_another_client_while_a_newer_one_replaces_it
     here in the moment between the two). The newer client checks again and replaces that one
     too: the broker answering is this client's version, on the same ledger. Before, it kept the
     one it found under the name, older code and all, believing it had replaced it."""
-    @gs.distributed(gpus=1)
-    def leave_a_row():
-        return gs.context().lease_id
-
-    old_lease = leave_a_row()
-    ray.kill(broker, no_restart=True)
-    client._wait_until_gone()
-    client._create(BrokerConfig(db_path=str(cluster.db_path), version_override="0.0.1"))
+    old_lease, _ = a_finished_lease_then_an_older_broker(cluster, broker)
     wait_until_gone, raced = client._wait_until_gone, []
 
     def and_an_older_client_starts_one(*args, **kwargs):
