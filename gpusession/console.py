@@ -150,6 +150,12 @@ class ConsoleObserver(Observer):
         self._last_line = None  # a held lease's next run says its receipt again
         _in_flight.end(self.number)
 
+    def released(self, info: RunInfo) -> None:
+        # A held lease released without a run (or after its last one), or a request that failed
+        # before its run: no `finished` follows, and a call left counted as going would label
+        # every later call of this process as overlapping.
+        _in_flight.end(self.number)
+
 
 def _short(value) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)

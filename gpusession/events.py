@@ -111,6 +111,10 @@ class Observer:
     def finished(self, info: RunInfo, error: BaseException | None) -> None:
         """The run ended and its GPUs were released."""
 
+    def released(self, info: RunInfo) -> None:
+        """The lease is over: its GPUs were given back, or it was never granted (a held lease
+        released after any number of runs, none included; a request that failed or gave up)."""
+
 
 class Fanout(Observer):
     def __init__(self, *observers: Observer) -> None:
@@ -151,6 +155,10 @@ class Fanout(Observer):
     def finished(self, info, error):
         for o in self.observers:
             o.finished(info, error)
+
+    def released(self, info):
+        for o in self.observers:
+            o.released(info)
 
 
 _factory: Callable[[int], Observer] | None = None

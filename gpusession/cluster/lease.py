@@ -120,6 +120,7 @@ class Lease:
             finally:
                 if resizing:
                     self.run_lock.release()
+                self.observer.released(self.info)
 
     def __enter__(self) -> "Lease":
         return self
@@ -138,11 +139,15 @@ class Lease:
         silence_timeout()  # a bad GPUSESSION_HOST_SILENCE_S fails here, before anything is leased
         self.observer.requesting(self.gpus, self.workers)  # the status line shows before Ray connects
         asked = time.time()  # the receipt's queue: connecting and a first call's broker start count too
-        raycluster.ensure_connected()
-        broker = client.broker()
-        warm_probe_process()
-        requested = time.time()
-        view = client.call(broker.request, self._spec())
+        try:
+            raycluster.ensure_connected()
+            broker = client.broker()
+            warm_probe_process()
+            requested = time.time()
+            view = client.call(broker.request, self._spec())
+        except BaseException:
+            self.observer.released(self.info)  # nothing was leased: what began with `requesting` ends
+            raise
         self.lease_id = view["lease_id"]
         self.info.lease_id = self.lease_id
         held.add(self)

@@ -65,3 +65,22 @@ def test_console_lines_of_calls_that_overlap_carry_their_call_and_a_lone_call_st
     c.output(0, "stdout", "just me\n")
     c.finished(RunInfo(), None)
     assert _lines(lone)[0] == "just me" and _lines(lone)[-1].startswith("gpusession: done")
+
+
+def test_a_lease_released_without_a_run_leaves_later_calls_unlabelled():
+    """`gs.lease(...)` asks (`requesting`) and may be released without any run, so no `finished`
+    comes: its release ends it. Before, it stayed counted as going, and every later call of the
+    process printed `[call N]` on each line as if it overlapped another (seen in CI: a console
+    test after a test that held and released a lease)."""
+    out = io.StringIO()
+    held = ConsoleObserver(1, stdout=out, stderr=out)
+    held.requesting(1, 1)
+    held.released(RunInfo())
+    failed = ConsoleObserver(1, stdout=out, stderr=out)
+    failed.requesting(1, 1)  # a request that failed before the broker answered ends the same way
+    failed.released(RunInfo())
+    later = ConsoleObserver(1, stdout=out, stderr=out)
+    later.requesting(1, 1)
+    later.output(0, "stdout", "plain\n")
+    later.finished(RunInfo(), None)
+    assert _lines(out)[0] == "plain" and _lines(out)[-1].startswith("gpusession: done")
