@@ -50,13 +50,14 @@ def test_a_restarted_broker_keeps_live_leases_and_closes_one_whose_caller_died_m
     assert free_gpus() == CLUSTER_GPUS
 
 
+@gs.distributed(gpus=1)
+def leave_a_row():
+    return gs.context().lease_id
+
+
 def a_finished_lease_then_an_older_broker(cluster, broker) -> tuple[int, object]:
     """A call's lease ends "finished" in the ledger; then the broker is killed for good and one
     that says it runs gpusession 0.0.1 is started on the same ledger. Returns (lease id, handle)."""
-    @gs.distributed(gpus=1)
-    def leave_a_row():
-        return gs.context().lease_id
-
     old_lease = leave_a_row()
     ray.kill(broker, no_restart=True)
     client._wait_until_gone()

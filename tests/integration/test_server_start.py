@@ -7,6 +7,7 @@ import gc
 import json
 import logging
 import socket
+from pathlib import Path
 
 import pytest
 from pytest_jupyter.jupyter_server import *  # jp_serverapp, jp_fetch and the fixtures they need
@@ -33,9 +34,16 @@ def closed_port():
         return sock.getsockname()[1]  # closed on return: nothing listens there
 
 
+RAY_TOKEN = Path.home() / ".ray" / "auth_token"  # read before jp_environ moves HOME
+
+
 @pytest.fixture
 def jp_server_config(request, tmp_path, monkeypatch):
     monkeypatch.setenv("GPUSESSION_HOME", str(tmp_path / "gs-home"))
+    # Once an earlier test of the session turned Ray's token auth on, it stays on in this process,
+    # and with no token found (jp_environ moves HOME) the bring-up failed at once instead of
+    # waiting on the silent port: the first answer could already say "failed" (seen in CI).
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(RAY_TOKEN))
     port = request.getfixturevalue(request.param)
     return Config({"ServerApp": {"jpserver_extensions": {"gpusession": True}},
                    "GPUSession": {"ray_address": f"127.0.0.1:{port}"}})
