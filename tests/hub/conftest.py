@@ -44,9 +44,12 @@ class Hub:
         return [self.admin.name, self.alice.name, self.bob.name, self.layout.service_user]
 
     def processes(self) -> list[psutil.Process]:
-        """Every process the hub's accounts run (users' servers and kernels, Ray, the broker)."""
+        """Every process the hub's accounts run (users' servers and kernels, Ray, the broker).
+        A zombie is left out: it has exited, and its parent (or init, for an orphan) reaps it
+        moments later (seen in CI: two exited kernels listed as zombies just after the stop)."""
         uids = {_uid(name) for name in self.accounts} - {None}
-        return [p for p in psutil.process_iter(["uids"]) if p.info["uids"] and p.info["uids"].real in uids]
+        return [p for p in psutil.process_iter(["uids", "status"])
+                if p.info["uids"] and p.info["uids"].real in uids and p.info["status"] != psutil.STATUS_ZOMBIE]
 
     def descendants(self) -> list[psutil.Process]:
         """Every process `gpusession hub` started that is running now (by pid and start time)."""
