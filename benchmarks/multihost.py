@@ -138,7 +138,7 @@ def restore(cluster: SimCluster, victim, side: str) -> None:
     a run that never got going, not the loss."""
     DEATHS.setdefault(id(cluster), Deaths(cluster)).after_try(victim, side)
     started = time.monotonic()
-    cluster.restart_host(victim, new_ports=True)  # see restart_host: at its old port a tuned check kills it
+    cluster.restart_host(victim)  # on new ports: see restart_host
     gpus = sum(h.gpus for h in cluster.workers)
     r = driver_result(cluster, "whole", str(gpus), "180", timeout=300)
     if not r["whole"]:

@@ -27,6 +27,11 @@ from .resize import deadline_to_act
 
 POLL_S = 0.2  # how often the loop looks at the clock when no rank says anything
 FAILURE_GRACE_S = 1.0  # after a rank's communication error, how long to wait for the root cause
+# After a rank's process died, how long its host's heartbeat has to say the whole host went: a
+# host killed at once loses its processes one by one, and a rank's worker can report its rank's
+# death a moment before the worker's own end closes the heartbeat (seen: the run restarted for
+# "rank 3 died (exit code None)", then found the host lost). A death alone restarts this later.
+DEATH_GATHER_S = 0.5
 DRAIN_S = 0.3  # after a failure, how long to keep taking what the other ranks already sent
 
 
@@ -59,7 +64,7 @@ class Follower:
         self.reported = False  # this attempt's first report marks where it resumed
         self.stop_at_checkpoint: tuple[float, dict] | None = None
         self.resize_at_checkpoint: tuple[float, dict] | None = None  # (act by, shrink or grow notice)
-        self.failures: list[tuple[bool, Fault, WorkerFailed]] = []  # (collateral, fault, error)
+        self.failures: list[tuple[bool, Fault, WorkerFailed, float]] = []  # (collateral, fault, error, when)
         self.failing_since: float | None = None
 
     # what the controller needs to recover from a loss
@@ -100,6 +105,7 @@ class Follower:
             if end is not None:
                 return end
             self.observer.poll()  # the user's own stop (interrupt, cancel) raises here
+        self.losses.check_heartbeats(wait=True)
         self.losses.settle_suspects(wait=True)
         end = self._check_failures()
         if end is not None:
@@ -108,23 +114,27 @@ class Follower:
 
     # ----- failures -------------------------------------------------------------------------------
     def _fail(self, fault: Fault, error: WorkerFailed, *, collateral: bool) -> None:
-        self.failures.append((collateral, fault, error))
+        self.failures.append((collateral, fault, error, time.monotonic()))
         self.failing_since = self.failing_since or time.monotonic()
 
     def _check_failures(self) -> AttemptEnd | None:
         """End the attempt on the root cause (judgements.root_cause)."""
-        if not self.failures or self.losses.suspects:  # a suspect is judged first: it may be the root cause
-            return None
-        chosen = judge.root_cause([judge.Failure(c, i) for i, (c, _, _) in enumerate(self.failures)],
-                                  waited_s=time.monotonic() - self.failing_since, grace_s=FAILURE_GRACE_S,
-                                  ranks_left=len(self.streams))
+        if not self.failures or self.losses.suspects or self.losses.pending:
+            return None  # a suspect host, or a lost heartbeat, is judged first: it may be the root cause
+        now = time.monotonic()
+        chosen = judge.root_cause(
+            [judge.Failure(collateral, i, host_lost=fault.kind is FaultKind.HOST_LOST,
+                           died_s=now - at if fault.kind is FaultKind.PROCESS_DIED else None)
+             for i, (collateral, fault, _, at) in enumerate(self.failures)],
+            waited_s=now - self.failing_since, grace_s=FAILURE_GRACE_S, ranks_left=len(self.streams),
+            death_gather_s=DEATH_GATHER_S)
         if chosen is None:
             return None
         end = self._drain(DRAIN_S)
         if end is not None:  # the commit just taken is where the run was to stop or resize anyway
             return end
-        collateral, fault, error = self.failures[chosen]
-        others = [e for _, _, e in self.failures if e is not error]
+        collateral, fault, error, _ = self.failures[chosen]
+        others = [e for _, _, e, _ in self.failures if e is not error]
         if collateral and others:  # no root cause found: show what every rank reported
             error.args = (error.args[0] + " Other ranks: " + "; ".join(
                 f"rank {e.rank}: {e.remote_type}: {(e.remote_message or '')[:300]}" for e in others),)
@@ -240,7 +250,8 @@ class Follower:
         elif isinstance(message, m.RankExited) and message.clean:
             self.losses.exited.add(rank)
         elif isinstance(message, m.RankExited):
-            how = signal_name(message.signal) or f"exit code {message.exit_code}"
+            how = signal_name(message.signal) or (f"exit code {message.exit_code}" if message.exit_code is not None
+                                                   else "exit status unknown: its warm parent did not say")
             fault = Fault(FaultKind.PROCESS_DIED, rank, self.losses.where(rank, message.host), how)
             self._fail(fault, WorkerFailed(
                 f"The process of rank {rank} on {fault.host} died ({how}) before its function returned. "

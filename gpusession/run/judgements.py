@@ -18,22 +18,39 @@ ROOT_CAUSE, COLLATERAL = 0, 2  # a failure's rank: a rank's own error or death /
 @dataclass(frozen=True)
 class Failure:
     """One rank's failure as reported: `collateral` when it looks like the echo of a peer's
-    (a collective that lost its peer), else a root cause."""
+    (a collective that lost its peer), else a root cause. `host_lost`: the rank's whole host went
+    (it explains its ranks' deaths and the echoes elsewhere). `died_s`: for a rank whose process
+    died, seconds since that was reported (None for any other failure)."""
 
     collateral: bool
     index: int  # its place in the order failures came in
+    host_lost: bool = False
+    died_s: float | None = None
 
 
-def root_cause(failures: Sequence[Failure], *, waited_s: float, grace_s: float, ranks_left: int) -> int | None:
-    """The index of the failure that ends the attempt, or None to wait for a root cause: a rank's
-    own error or death ends it at once; an echo only after `grace_s` (its peers had a moment to
-    report theirs) or when no rank is left to report. The first root cause wins, else the first echo."""
+def root_cause(failures: Sequence[Failure], *, waited_s: float, grace_s: float, ranks_left: int,
+               death_gather_s: float = 0.0) -> int | None:
+    """The index of the failure that ends the attempt, or None to wait for a root cause.
+
+    A lost host ends it at once, before anything else reported: its ranks' deaths and its peers'
+    echoes are its consequences. A rank's own error ends it at once; a rank's process death only
+    after `death_gather_s`: the processes of a host that dies do not all go at once, and a rank
+    can die (its worker telling so) a moment before its host's heartbeat stops. An echo ends it
+    only after `grace_s` (its peers had a moment to report theirs). With no rank left to report,
+    the best failure reported ends it. The first root cause wins, else the first echo."""
     if not failures:
         return None
+    hosts = [f for f in failures if f.host_lost]
+    if hosts:
+        return hosts[0].index
     best = min(failures, key=lambda f: (f.collateral, f.index))
-    if not best.collateral or waited_s >= grace_s or ranks_left == 0:
+    if ranks_left == 0:
         return best.index
-    return None
+    if best.collateral:
+        return best.index if waited_s >= grace_s else None
+    if best.died_s is not None and best.died_s < death_gather_s:
+        return None
+    return best.index
 
 
 class Blame(enum.Enum):

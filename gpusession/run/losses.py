@@ -62,7 +62,9 @@ class Losses:
             how = self.pending.pop(rank).how
         self._blame(self.rank_node_ids.get(rank, ""), [Loss(rank, how, time.time())])
 
-    def check_heartbeats(self) -> None:
+    def check_heartbeats(self, *, wait: bool = False) -> None:
+        """Judge the lost heartbeats once LOSS_GATHER_S has passed since the first (wait: the
+        attempt is over, so wait for that now)."""
         if self.beats is None:
             return
         for loss in self.beats.take_losses():
@@ -71,7 +73,9 @@ class Losses:
         if not self.pending:
             return
         first = min(loss.at for loss in self.pending.values())
-        if not judge.losses_gathered(first, time.time(), LOSS_GATHER_S):
+        if wait:
+            time.sleep(max(0.0, first + LOSS_GATHER_S - time.time()))
+        elif not judge.losses_gathered(first, time.time(), LOSS_GATHER_S):
             return  # the other ranks of that host report theirs within moments
         losses, self.pending = self.pending, {}
         by_node: dict[str, list[Loss]] = {}

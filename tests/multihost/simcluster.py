@@ -57,7 +57,7 @@ class SimHost:
     proc: subprocess.Popen | None = None  # `ray start --block`, leader of its own session
     log_path: Path | None = None
     own_head: bool = False  # heads a Ray cluster of its own (a host added with add_host(head=True))
-    ports_offset: int = 0  # added to its node's fixed ports (restart_host(new_ports=True))
+    ports_offset: int = 0  # added to its node's fixed ports (each restart_host adds 10)
 
     @property
     def home(self) -> Path:
@@ -416,14 +416,15 @@ class SimCluster:
     def _index(self, host: SimHost) -> int:
         return self._every_host().index(host)
 
-    def restart_host(self, host: SimHost, *, new_ports: bool = False) -> None:
-        """The host back again, with a fresh Ray node (a new node id) and its link up. new_ports:
-        the node listens on ports 10 above its last ones, as a node started with Ray's default
-        random ports would. At the same address and port, the head's GCS health-checked the new
-        node over its connection to the old one, still in reconnect backoff after the loss: a
-        health check tuned below that backoff declared the new node dead from its first check."""
-        if new_ports:
-            host.ports_offset += 10
+    def restart_host(self, host: SimHost) -> None:
+        """The host back again, with a fresh Ray node (a new node id) on new ports (10 above its
+        last ones, as a node started with Ray's default random ports would be) and its link up.
+        Why new ports: at the same address and port, the head's GCS health-checks the new node
+        over the gRPC connection it had to the old one, still in reconnect backoff after the loss.
+        Seen here: a health check tuned below that backoff declared the new node dead from its
+        first check (benchmarks/multihost.py); with Ray's defaults, the restarted raylet was
+        declared dead before it was up (tests/multihost/test_node_loss.py, 1 run in 6)."""
+        host.ports_offset += 10
         kill_namespace(host.netns)
         self.restore_link(host)
         self.start_node(host)

@@ -37,6 +37,28 @@ def test_the_first_of_several_root_causes_wins_and_no_failure_ends_nothing():
     assert judge.root_cause([], waited_s=9.0, grace_s=1.0, ranks_left=0) is None
 
 
+def test_a_lost_host_ends_the_attempt_before_a_death_or_an_echo_reported_earlier():
+    reported = [judge.Failure(ECHO, 0), judge.Failure(OWN, 1, died_s=5.0), judge.Failure(OWN, 2, host_lost=True)]
+    assert judge.root_cause(reported, waited_s=5.0, grace_s=1.0, ranks_left=2, death_gather_s=0.5) == 2
+
+
+def test_a_process_death_waits_for_its_hosts_heartbeat_then_ends_the_attempt():
+    died = [judge.Failure(OWN, 0, died_s=0.2)]
+    assert judge.root_cause(died, waited_s=0.2, grace_s=1.0, ranks_left=3, death_gather_s=0.5) is None
+    later = [judge.Failure(OWN, 0, died_s=0.5)]
+    assert judge.root_cause(later, waited_s=0.5, grace_s=1.0, ranks_left=3, death_gather_s=0.5) == 0
+
+
+def test_a_process_death_ends_the_attempt_at_once_when_no_rank_is_left_to_report():
+    died = [judge.Failure(OWN, 0, died_s=0.0)]
+    assert judge.root_cause(died, waited_s=0.0, grace_s=1.0, ranks_left=0, death_gather_s=0.5) == 0
+
+
+def test_a_ranks_own_error_is_not_held_like_a_death():
+    raised = [judge.Failure(OWN, 0)]
+    assert judge.root_cause(raised, waited_s=0.0, grace_s=1.0, ranks_left=3, death_gather_s=0.5) == 0
+
+
 @pytest.mark.parametrize("answers, settled, expected", [
     (False, False, judge.Blame.HOST),  # the host does not answer: every rank on it is gone
     (False, True, judge.Blame.HOST),
