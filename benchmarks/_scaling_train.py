@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import sys
 import threading
 import time
@@ -76,6 +77,7 @@ def train(kind: str, compression: str, steps: int, warmup: int) -> dict:
             settle(device)
             dist.barrier()
             started, cpu_main, cpu_process = time.perf_counter(), time.thread_time(), time.process_time()
+            usage = resource.getrusage(resource.RUSAGE_THREAD)
         x, y = (tensor.to(device) for tensor in batch(kind, step, rank))
         comm_hooks.step(torch.nn.functional.mse_loss(ddp(x), y), optimizer, comm)
     settle(device)
@@ -85,6 +87,12 @@ def train(kind: str, compression: str, steps: int, warmup: int) -> dict:
     # process's (with gloo's and any launcher's threads). Against `took`, they tell a rank that
     # waited for the CPU (less of it per second) from one that had more to do.
     cpu_main, cpu_process = time.thread_time() - cpu_main, time.process_time() - cpu_process
+    # The main thread's page faults and context switches over the timed steps: a rank whose
+    # steps fault in fresh pages, or get switched out, does less per second of CPU.
+    after = resource.getrusage(resource.RUSAGE_THREAD)
+    faults = {"minor_faults": after.ru_minflt - usage.ru_minflt, "major_faults": after.ru_majflt - usage.ru_majflt,
+              "voluntary_switches": after.ru_nvcsw - usage.ru_nvcsw,
+              "involuntary_switches": after.ru_nivcsw - usage.ru_nivcsw, "system_s": after.ru_stime - usage.ru_stime}
     x, y = (tensor.to(device) for tensor in batch(kind, 10**6, 0))
     with torch.no_grad():
         loss = torch.nn.functional.mse_loss(ddp.module(x), y).item()
@@ -96,7 +104,7 @@ def train(kind: str, compression: str, steps: int, warmup: int) -> dict:
             "cpu_main_s": cpu_main, "cpu_process_s": cpu_process, "threads": threading.active_count(),
             "os_threads": len(os.listdir("/proc/self/task")), "torch_threads": torch.get_num_threads(),
             "interop_threads": torch.get_num_interop_threads(), "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-            "cpus_allowed": len(os.sched_getaffinity(0)), "autogroup": _autogroup()}
+            "cpus_allowed": len(os.sched_getaffinity(0)), "autogroup": _autogroup(), **faults}
 
 
 def _autogroup() -> str:

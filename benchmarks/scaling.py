@@ -231,7 +231,10 @@ def diagnostics(result: dict) -> str:
     return (f"rank 0 CPU/s main {result['cpu_main_s'] / took:.2f}, process {result['cpu_process_s'] / took:.2f}; "
             f"threads {result['threads']} ({result['os_threads']} OS), torch {result['torch_threads']}/"
             f"{result['interop_threads']}, OMP {result['omp_num_threads']}, CPUs {result['cpus_allowed']}, "
-            f"nice {result['niceness']}, autogroup {result['autogroup']}")
+            f"nice {result['niceness']}, autogroup {result['autogroup']}"
+            + (f"; main thread over the timed steps: {result['minor_faults']} minor faults, "
+               f"{result['system_s']:.2f} s in the kernel, {result['involuntary_switches']} involuntary switches"
+               if "minor_faults" in result else ""))
 
 
 def figures(results: list[dict], field: str = "samples_per_s") -> list[float]:

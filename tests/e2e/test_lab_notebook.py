@@ -131,18 +131,26 @@ def run_cell(page, index: int) -> None:
 
 
 def wait_for_line(page, index: int, text: str | re.Pattern, timeout_ms: int = 180_000) -> str:
-    """The first text the cell's status line was drawn with that has `text` (a substring, or a
-    pattern searched for), once it was drawn: from the page's record, so a state replaced quickly
-    still counts."""
+    """Wait until the cell's status line shows `text` now; its whole text then. For a state that
+    lasts (a receipt, "revoked"); other modules use it without this module's recorder."""
+    line = cell(page, index).locator(".gpusession-status-text")
+    line.filter(has_text=text).wait_for(timeout=timeout_ms)
+    return line.inner_text()
+
+
+def wait_for_drawn(page, index: int, text: str | re.Pattern, timeout_ms: int = 180_000) -> str:
+    """The first text the status line of the cell run last (run_cell) was drawn with that has
+    `text` (a substring, or a pattern searched for), once it was drawn: from the page's record
+    (SAMPLER), so a state replaced within moments still counts."""
     pattern = text.pattern if isinstance(text, re.Pattern) else re.escape(text)
-    assert page.evaluate("() => window.__gs.cell") == index, "wait_for_line reads the cell run last"
+    assert page.evaluate("() => window.__gs.cell") == index, "wait_for_drawn reads the cell run last"
     try:
         handle = page.wait_for_function(
             "(pattern) => window.__gs.seen.find((t) => new RegExp(pattern).test(t)) || false",
             arg=pattern, timeout=timeout_ms, polling=100)
     except PlaywrightTimeout:
-        seen = page.evaluate("() => window.__gs.seen")
-        pytest.fail(f"cell {index}'s status line never read {text!r} within {timeout_ms} ms; it read {seen}")
+        drawn = page.evaluate("() => window.__gs.seen")
+        pytest.fail(f"cell {index}'s status line never read {text!r} within {timeout_ms} ms; it read {drawn}")
     return handle.json_value()
 
 
@@ -179,13 +187,13 @@ def assert_never_blank_after_first_second(page, recorded: list[tuple[float, str]
 
 def test_the_first_gpu_cell_shows_its_status_at_once_then_workers_starting_running_and_the_receipt(lab):
     run_cell(lab, 1)
-    starting = wait_for_line(lab, 1, "starting 2 workers on 1 node", timeout_ms=60_000)
+    starting = wait_for_drawn(lab, 1, "starting 2 workers on 1 node", timeout_ms=60_000)
     if cell(lab, 1).locator(".gpusession-status-text").inner_text() == starting:  # warm workers pass it in ms
         screenshot(lab, "lab-1-starting-workers")
     # the first running line has no step yet ("running on 2 GPUs · 0 s"): wait for one with a step
-    running = wait_for_line(lab, 1, re.compile(r"running on 2 GPUs · step \d"))
+    running = wait_for_drawn(lab, 1, re.compile(r"running on 2 GPUs · step \d"))
     screenshot(lab, "lab-2-running")
-    receipt = wait_for_line(lab, 1, "2 logical GPUs · queued")
+    receipt = wait_for_drawn(lab, 1, "2 logical GPUs · queued")
     screenshot(lab, "lab-3-receipt")
     drawn = seen(lab)
     assert drawn.index(starting) < drawn.index(running) < drawn.index(receipt), drawn
@@ -207,13 +215,13 @@ def test_a_queued_cell_says_its_position_and_reason_then_runs_without_a_blank_mo
     holder = Lease(validate_run_options(gpus=CLUSTER_GPUS), identity=Identity("holder")).acquire()
     try:
         run_cell(lab, 2)
-        line = wait_for_line(lab, 2, "waiting for 1 GPU · position 1 in the queue", timeout_ms=30_000)
+        line = wait_for_drawn(lab, 2, "waiting for 1 GPU · position 1 in the queue", timeout_ms=30_000)
         assert "waiting for capacity" in line
-        wait_for_line(lab, 2, " · 2 s", timeout_ms=30_000)  # the seconds move
+        wait_for_drawn(lab, 2, " · 2 s", timeout_ms=30_000)  # the seconds move
         screenshot(lab, "lab-4-queued")
     finally:
         holder.release()
-    receipt = wait_for_line(lab, 2, "1 logical GPU · queued")
+    receipt = wait_for_drawn(lab, 2, "1 logical GPU · queued")
     assert "granted at last" in cell(lab, 2).inner_text()
     assert_never_blank_after_first_second(lab, samples(lab))
     # The line showed "2 s" (its seconds are rounded, and count from when it turned to "waiting",
@@ -225,10 +233,10 @@ def test_a_cell_on_borrowed_gpus_says_it_may_be_preempted_first_and_its_receipt_
     client.call(broker.set_quota, ADMIN, {"max_gpus": 1}, admin)
     try:
         run_cell(lab, 3)
-        running = wait_for_line(lab, 3, "running on 2 GPUs")
+        running = wait_for_drawn(lab, 3, "running on 2 GPUs")
         assert "on borrowed GPUs" in running and "preempted first" in running
         screenshot(lab, "lab-5-borrowed")
-        receipt = wait_for_line(lab, 3, "2 logical GPUs · queued")
+        receipt = wait_for_drawn(lab, 3, "2 logical GPUs · queued")
     finally:
         client.call(broker.reset_quota, ADMIN, admin)
     assert "on borrowed GPUs (over quota)" in receipt
