@@ -423,7 +423,7 @@ class SimCluster:
         over the gRPC connection it had to the old one, still in reconnect backoff after the loss.
         Seen here: a health check tuned below that backoff declared the new node dead from its
         first check (benchmarks/multihost.py); with Ray's defaults, the restarted raylet was
-        declared dead before it was up (tests/multihost/test_node_loss.py, 1 run in 6)."""
+        declared dead before it was up (tests/multihost/test_node_loss.py, once in 15 runs)."""
         host.ports_offset += 10
         kill_namespace(host.netns)
         self.restore_link(host)
