@@ -73,6 +73,9 @@ def main(fd: int) -> None:
 
             serve(conn, launch)
             return
+        from .heap import keep_freed_memory
+
+        keep_freed_memory()  # before the user's code: see heap.py
         channel = Channel(conn)
         channel.listen()
         code = _run(launch, channel)
