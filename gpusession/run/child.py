@@ -18,6 +18,7 @@ import traceback
 from multiprocessing.connection import Connection
 
 from . import messages as m
+from .heap import keep_freed_memory  # imported by the warm parent (PRELOAD), not by each rank
 
 ACCELERATE_CPU_ENV = {"ACCELERATE_USE_CPU": "true"}  # what `accelerate launch --cpu` sets
 
@@ -73,8 +74,6 @@ def main(fd: int) -> None:
 
             serve(conn, launch)
             return
-        from .heap import keep_freed_memory
-
         keep_freed_memory()  # before the user's code: see heap.py
         channel = Channel(conn)
         channel.listen()

@@ -114,8 +114,9 @@ class Follower:
 
     # ----- failures -------------------------------------------------------------------------------
     def _fail(self, fault: Fault, error: WorkerFailed, *, collateral: bool) -> None:
-        self.failures.append((collateral, fault, error, time.monotonic()))
-        self.failing_since = self.failing_since or time.monotonic()
+        now = time.monotonic()
+        self.failures.append((collateral, fault, error, now))
+        self.failing_since = self.failing_since or now
 
     def _check_failures(self) -> AttemptEnd | None:
         """End the attempt on the root cause (judgements.root_cause)."""
