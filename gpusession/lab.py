@@ -8,7 +8,8 @@
     gpusession lab: Ctrl-C stops JupyterLab, its kernels and the cluster it started.
 
 It runs `python -m jupyterlab` in the foreground with the extension enabled on the command line
-(so an editable install without the config file works too), a token it makes, and --allow-root
+(so an editable install without the config file works too), a token it makes (in the server's
+environment, never on its command line; its log is private), and --allow-root
 when run as root (as in a container). The URL is printed once the server answers; the cluster
 comes up behind it (the page and every kernel wait for it).
 """
@@ -32,15 +33,18 @@ from .cluster.raycluster import state_dir
 NOT_INSTALLED = ("JupyterLab is not installed in this environment. Install it with "
                  "`pip install 'gpusession[lab]'` (scripts/setup does), then run `gpusession lab` again.")
 DEFAULT_PORT = 8888
+TOKEN_ENV = "JUPYTER_TOKEN"
 
 
 @dataclass(frozen=True)
 class LabPlan:
-    """What `gpusession lab` runs: the command line and the URLs it will print."""
+    """What `gpusession lab` runs: the command line, what it adds to the environment (the token),
+    and the URLs it will print."""
 
     command: list[str]
     port: int
     token: str
+    env: dict[str, str]
 
     @property
     def url(self) -> str:
@@ -59,9 +63,10 @@ def plan(*, port: int | None, ip: str, gpus: int | None, open_browser: bool, not
     """PURE: the jupyter lab command for these choices."""
     chosen_port = port or DEFAULT_PORT
     token = token or secrets.token_hex(24)
+    # The token goes in the environment (JUPYTER_TOKEN, which Jupyter reads), never on the command
+    # line: any account on the machine may read a process's command line, only its own its environment.
     command = [sys.executable, "-m", "jupyterlab", f"--ServerApp.port={chosen_port}", "--ServerApp.port_retries=0",
-               f"--ServerApp.ip={ip}", f"--IdentityProvider.token={token}",
-               "--ServerApp.jpserver_extensions=gpusession=True",
+               f"--ServerApp.ip={ip}", "--ServerApp.jpserver_extensions=gpusession=True",
                f"--ServerApp.open_browser={open_browser}"]
     if gpus:
         command.append(f"--GPUSession.local_gpus={gpus}")
@@ -69,7 +74,14 @@ def plan(*, port: int | None, ip: str, gpus: int | None, open_browser: bool, not
         command.append(f"--ServerApp.root_dir={notebook_dir}")
     if is_root:
         command.append("--allow-root")  # Jupyter refuses root otherwise; containers often run as root
-    return LabPlan(command + list(extra), chosen_port, token)
+    return LabPlan(command + list(extra), chosen_port, token, {TOKEN_ENV: token})
+
+
+def private_log(path: Path):
+    """The log file, emptied, readable and writable by this account alone (also when it existed)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    os.fchmod(fd, 0o600)
+    return os.fdopen(fd, "w")
 
 
 def free_port(preferred: int = DEFAULT_PORT) -> int:
@@ -101,8 +113,9 @@ def run_lab(*, port: int | None, ip: str, gpus: int | None, open_browser: bool, 
     home.mkdir(parents=True, exist_ok=True)
     log_path = home / "lab.log"
     say(f"starting JupyterLab on port {chosen.port} (its log: {log_path})...")
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(chosen.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    with private_log(log_path) as log:  # Jupyter writes its URL, token included, into it
+        proc = subprocess.Popen(chosen.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**os.environ, **chosen.env})
         try:
             if watch(proc, chosen, log_path, ready_timeout_s):
                 say("Ctrl-C stops JupyterLab, its kernels and the cluster it started.")

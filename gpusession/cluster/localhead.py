@@ -104,6 +104,40 @@ def start(*, gpus: int | None = None, timeout_s: float = 120.0,
     raise AssertionError("unreachable: the last try raises")
 
 
+# `ray start --head` opens these servers; each has a fixed default port (the client server 10001,
+# the dashboard agent 52365, workers 10002-19999) or one Ray picks. A second head on this machine
+# (another user's, a hub's, a test's) then fails to bind, and the head dies moments after it said
+# it had started. Every one gets a port of its own; worker ports 0 are the OS's choice.
+PORT_FLAGS = ("--ray-client-server-port", "--dashboard-port", "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
+              "--runtime-env-agent-port", "--metrics-export-port", "--node-manager-port", "--object-manager-port")
+# Lines of Ray's logs that say why a process of the head could not run (the first one found is shown)
+FAILURE_MARKERS = ("Address already in use", "Failed to bind", "Failed to add port", "Permission denied",
+                   "No space left on device", "Cannot allocate memory")
+
+
+def port_options(free_port: Callable[[], int]) -> list[str]:
+    """PURE over free_port: the `ray start` flags that give every server of the head a free port."""
+    return [f"{flag}={free_port()}" for flag in PORT_FLAGS] + ["--min-worker-port=0", "--max-worker-port=0"]
+
+
+def failure_cause(log_text: str) -> str | None:
+    """PURE: the first line of a head's log that says why one of its processes failed, if any."""
+    for line in log_text.splitlines():
+        if any(marker in line for marker in FAILURE_MARKERS):
+            return line.strip()[-400:]
+    return None
+
+
+def explain(head: LocalHead) -> str:
+    """' The Ray head's log (PATH) says: LINE' when its log names a cause; else where the log is."""
+    try:
+        cause = failure_cause(Path(head.log_path).read_text(errors="replace"))
+    except OSError:
+        cause = None
+    return (f" The Ray head's log ({head.log_path}) says: {cause}" if cause
+            else f" The Ray head's log: {head.log_path}.")
+
+
 def retry_start(log_text: str, attempt: int) -> bool:
     """PURE: try `ray start` again after this failed try?"""
     return STARTUP_TIMEOUT in log_text and attempt < START_ATTEMPTS - 1
@@ -118,10 +152,7 @@ def _spawn(gpus: int | None) -> tuple[LocalHead, subprocess.Popen]:
     log_path = home / "local-head.log"
     command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
                f"--node-ip-address={address.rpartition(':')[0]}", f"--port={address.rpartition(':')[2]}",
-               "--include-dashboard=false", "--disable-usage-stats",
-               # Ray's fixed default (52365) is taken when another head runs on this machine (another
-               # user's, or a hub's), and the agent then fails after a few retries: take a free one
-               f"--dashboard-agent-listen-port={_free_port()}"]
+               "--include-dashboard=false", "--disable-usage-stats", *port_options(_free_port)]
     if not real:
         command.append(f"--num-gpus={count}")
     auth_mode = os.environ.get("RAY_AUTH_MODE") or "token"  # Ray's default for a new cluster
@@ -227,11 +258,16 @@ def _wait_ready(proc: subprocess.Popen, log_path: Path, timeout_s: float) -> Non
             return
         if proc.poll() is not None:
             raise LocalHeadError(f"`ray start` exited with status {proc.returncode} before the head was up "
-                                 f"(log: {log_path}).\nIts last lines:\n{_tail(log_path)}")
+                                 f"(log: {log_path}).{_cause(log_path)}\nIts last lines:\n{_tail(log_path)}")
         time.sleep(0.2)
     terminate(proc.pid, timeout_s=10)
     raise LocalHeadError(f"The local Ray head did not start within {timeout_s:.0f} s; stopped it "
-                         f"(log: {log_path}).\nIts last lines:\n{_tail(log_path)}")
+                         f"(log: {log_path}).{_cause(log_path)}\nIts last lines:\n{_tail(log_path)}")
+
+
+def _cause(log_path: Path) -> str:
+    cause = failure_cause(log_path.read_text(errors="replace"))
+    return f" Cause: {cause}" if cause else ""
 
 
 def _tail(path: Path, lines: int = 15) -> str:

@@ -2,12 +2,12 @@
 owners and modes, and Ray's token. Each step is idempotent: a restarted hub finds them in place."""
 from __future__ import annotations
 
-import os
 import pwd
 import secrets
 import subprocess
 from pathlib import Path
 
+from . import rootfs
 from .plan import HubLayout
 
 
@@ -15,12 +15,23 @@ class HubSetupError(RuntimeError):
     """The hub could not prepare its account or directories; the message says what to do."""
 
 
+SYSTEM_UID_MAX = 999  # Debian's SYS_UID_MAX: accounts above it are people's
+
+
 def ensure_service_user(name: str, home: Path) -> pwd.struct_passwd:
-    """The service account that runs Ray and the broker: a system account with no login shell."""
+    """The service account that runs Ray and the broker: a system account with no login shell.
+    An existing account is used only if it is a system account other than root: a person's
+    account (or root) would run every user's cluster service with its own rights."""
     try:
-        return pwd.getpwnam(name)
+        found = pwd.getpwnam(name)
     except KeyError:
-        pass
+        found = None
+    if found is not None:
+        if not 0 < found.pw_uid <= SYSTEM_UID_MAX:
+            raise HubSetupError(f"The service account {name!r} is uid {found.pw_uid}, not a system account "
+                                f"(1-{SYSTEM_UID_MAX}): the hub will not run its cluster as a person or as root. "
+                                "Name another with --service-user (it is made if missing).")
+        return found
     done = subprocess.run(["useradd", "--system", "--user-group", "--no-create-home", "--home-dir", str(home),
                            "--shell", "/usr/sbin/nologin", name], capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -30,31 +41,20 @@ def ensure_service_user(name: str, home: Path) -> pwd.struct_passwd:
 
 
 def prepare_directories(layout: HubLayout, account: pwd.struct_passwd) -> None:
-    """STATE readable by all (0755, root); cluster/ and the Ray temp dir the account's alone
-    (0700): ledger, secrets, checkpoints and Ray's sessions; hub/ root's alone (0700)."""
-    _directory(layout.state, 0, 0, 0o755)
-    _directory(layout.hub_dir, 0, 0, 0o700)
-    _directory(layout.cluster_dir, account.pw_uid, account.pw_gid, 0o700)
-    _directory(layout.cluster_dir / "tmp", account.pw_uid, account.pw_gid, 0o700)
+    """STATE readable by all (0755, root); cluster/ the account's alone (0700): ledger, secrets,
+    checkpoints (the account makes its own tmp/ in it); hub/ root's alone (0700); Ray's temp
+    directory the account's (0711). Made and checked without following a symlink (rootfs.py):
+    a path another account put in the way is refused, naming it, and nothing is changed."""
+    layout.state.parent.mkdir(parents=True, exist_ok=True)
+    rootfs.ensure_directory(layout.state, uid=0, gid=0, mode=0o755)
+    rootfs.ensure_directory(layout.hub_dir, uid=0, gid=0, mode=0o700)
+    rootfs.ensure_directory(layout.cluster_dir, uid=account.pw_uid, gid=account.pw_gid, mode=0o700)
     # Users' kernels are Ray drivers on this machine: they reach the raylet's sockets and write
     # their logs in the session directory below (Ray makes its own directories there for all).
-    _directory(layout.ray_tmp, account.pw_uid, account.pw_gid, 0o711)
+    rootfs.ensure_directory(layout.ray_tmp, uid=account.pw_uid, gid=account.pw_gid, mode=0o711)
 
 
-def ray_token(layout: HubLayout) -> str:
-    """Ray's token for this hub's cluster (kept in hub/, made once, as Ray itself makes one)."""
-    path = layout.ray_token_path
-    try:
-        return path.read_text().strip()
-    except FileNotFoundError:
-        value = secrets.token_hex(32)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(value)
-        return value
-
-
-def _directory(path: Path, uid: int, gid: int, mode: int) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-    os.chown(path, uid, gid)
-    os.chmod(path, mode)
+def ray_token() -> str:
+    """Ray's token for this start of the hub's cluster: made anew each time and kept in memory only
+    (the service's and the servers' environments), so a token seen once is useless after a restart."""
+    return secrets.token_hex(32)

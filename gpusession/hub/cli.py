@@ -6,7 +6,7 @@ import json
 import socket
 from pathlib import Path
 
-from .plan import DEFAULT_PREFIX, DEFAULT_SERVICE_USER, DEFAULT_STATE, HubLayout, HubOptions
+from .plan import DEFAULT_PREFIX, DEFAULT_SERVICE_USER, DEFAULT_STATE, HubLayout, HubOptions, listen_refusal
 
 QUICK_START = """quick start (as root, on the GPU machine):
   scripts/setup --hub && useradd -m alice && passwd alice
@@ -27,10 +27,20 @@ def register(subparsers) -> None:
     hub.add_argument("--config", type=Path, default=None, metavar="FILE",
                      help='JSON file with "admins", "default_quota" (the quota of users without their own) and '
                          '"allow_borrowing"')
-    hub.add_argument("--ip", default="0.0.0.0", help="address the Hub listens on (default all: 0.0.0.0)")
-    hub.add_argument("--port", type=int, default=8000, help="the Hub's port (default 8000)")
-    hub.add_argument("--gpus", type=int, default=4, metavar="N",
-                     help="logical GPUs when the machine has none (default 4); a machine's real GPUs are all used")
+    hub.add_argument("--ip", default="127.0.0.1",
+                     help="address the Hub listens on (default 127.0.0.1: this machine only; reach it through an "
+                          "SSH tunnel or a TLS proxy). Any other address needs --ssl-cert and --ssl-key, or "
+                          "--insecure-http")
+    hub.add_argument("--ssl-cert", type=Path, default=None, metavar="FILE",
+                     help="the Hub's TLS certificate (PEM); with --ssl-key the Hub serves HTTPS")
+    hub.add_argument("--ssl-key", type=Path, default=None, metavar="FILE", help="the private key of --ssl-cert (PEM)")
+    hub.add_argument("--insecure-http", action="store_true",
+                     help="serve plain HTTP on a non-loopback --ip anyway: Unix passwords then cross the network "
+                          "in clear text (a warning says so at every start)")
+    hub.add_argument("--port", type=_port, default=8000, help="the Hub's port, 1-65535 (default 8000)")
+    hub.add_argument("--gpus", type=_gpus, default=4, metavar="N",
+                     help="logical GPUs when the machine has none, at least 1 (default 4); a machine's real GPUs "
+                          "are all used")
     hub.add_argument("--prefix", type=Path, default=DEFAULT_PREFIX,
                      help=f"where scripts/setup --hub installed the hub's environment (default {DEFAULT_PREFIX})")
     hub.add_argument("--state-dir", type=Path, default=DEFAULT_STATE,
@@ -45,8 +55,36 @@ def options_from(args: argparse.Namespace) -> tuple[HubLayout, HubOptions]:
     config = _read_config(args.config) if args.config else {}
     admins = tuple(sorted({*args.admin, *config.get("admins", [])}))
     policy = {key: config[key] for key in ("default_quota", "allow_borrowing") if key in config}
+    refusal = listen_refusal(args.ip, args.ssl_cert, args.ssl_key, args.insecure_http)
+    if refusal:
+        raise ValueError(refusal)
+    for flag, path in (("--ssl-cert", args.ssl_cert), ("--ssl-key", args.ssl_key)):
+        if path is not None and not path.is_file():
+            raise ValueError(f"{flag} {path}: no such file. Give the path of a PEM file.")
     layout = HubLayout(args.prefix, args.state_dir, args.service_user)
-    return layout, HubOptions(args.ip, args.port, admins, args.gpus, _free_port(), _free_port(), policy)
+    return layout, HubOptions(args.ip, args.port, admins, args.gpus, _free_port(), _free_port(), policy,
+                              ssl_cert=args.ssl_cert, ssl_key=args.ssl_key, insecure_http=args.insecure_http)
+
+
+def _port(text: str) -> int:
+    value = _whole(text, "a port number")
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number from 1 to 65535; got {value}")
+    return value
+
+
+def _gpus(text: str) -> int:
+    value = _whole(text, "a number of GPUs")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (the logical GPUs to offer); got {value}")
+    return value
+
+
+def _whole(text: str, what: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be {what}, a whole number; got {text!r}") from None
 
 
 def _read_config(path: Path) -> dict:

@@ -5,11 +5,12 @@
     STATE (root, 0755)                             cluster/ (the service account's, 0700): the broker's ledger,
                                                             admin_token and identity_key, the Ray head's log
                                                    hub/ (root's, 0700): JupyterHub's config, database, cookie
-                                                            secret, Ray's token, the logs
+                                                            secret, the logs
     /tmp/gsh-<service account>                     Ray's temp and session directories (the account's)
 """
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,10 +64,6 @@ class HubLayout:
         return self.cluster_dir / "identity_key"
 
     @property
-    def ray_token_path(self) -> Path:
-        return self.hub_dir / "ray_auth_token"
-
-    @property
     def config_path(self) -> Path:
         return self.hub_dir / "jupyterhub_config.py"
 
@@ -84,6 +81,46 @@ class HubOptions:
     hub_api_port: int
     proxy_api_port: int
     policy: dict = field(default_factory=dict)
+    ssl_cert: Path | None = None  # with ssl_key: the Hub serves HTTPS
+    ssl_key: Path | None = None
+    insecure_http: bool = False  # plain HTTP on a non-loopback address, asked for by name
+
+    @property
+    def url(self) -> str:
+        scheme = "https" if self.ssl_cert else "http"
+        host = f"[{self.ip}]" if ":" in self.ip else self.ip
+        return f"{scheme}://{host}:{self.port}/"
+
+
+INSECURE_WARNING = ("WARNING: --insecure-http: logins on {ip} travel as plain HTTP. Users type their Unix "
+                    "passwords there, and anyone on the network path can read them, and then log in to this "
+                    "machine as them. Use --ssl-cert/--ssl-key, or keep the default 127.0.0.1 and reach it "
+                    "through an SSH tunnel or a TLS proxy.")
+
+
+def is_loopback(ip: str) -> bool:
+    """PURE: whether an address (or host name) is this machine's loopback only."""
+    if ip == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(ip).is_loopback
+    except ValueError:  # a host name, or "" (JupyterHub: every address)
+        return False
+
+
+def listen_refusal(ip: str, ssl_cert: Path | None, ssl_key: Path | None, insecure_http: bool) -> str | None:
+    """PURE: why the Hub must not listen so (naming the option and what to write), or None."""
+    if (ssl_cert is None) != (ssl_key is None):
+        return ("--ssl-cert and --ssl-key go together: give both, the certificate and its private key "
+                "(PEM files), e.g. --ssl-cert /etc/ssl/hub.pem --ssl-key /etc/ssl/hub.key.")
+    if ssl_cert is not None and insecure_http:
+        return "--insecure-http and --ssl-cert contradict each other: keep one."
+    if ssl_cert is None and not insecure_http and not is_loopback(ip):
+        return (f"--ip {ip or '(all)'} would serve logins to the network over plain HTTP, and users type their "
+                "Unix passwords there. Give --ssl-cert and --ssl-key (PEM files); or --insecure-http on a "
+                "network you trust; or keep the default --ip 127.0.0.1 and reach it through an SSH tunnel "
+                "(ssh -L 8000:127.0.0.1:8000 HOST) or a TLS proxy.")
+    return None
 
 
 def broker_policy(layout: HubLayout, options: HubOptions) -> dict:
@@ -119,10 +156,13 @@ def jupyterhub_config(layout: HubLayout, options: HubOptions, *, user_env: dict[
         "Spawner.args": [f"--GPUSession.admin_users={name}" for name in admins],
         "Spawner.start_timeout": 300, "Spawner.http_timeout": 300,  # a loaded machine starts servers slowly
     }
+    if options.ssl_cert is not None:
+        settings.update({"JupyterHub.ssl_cert": str(options.ssl_cert), "JupyterHub.ssl_key": str(options.ssl_key)})
     lines = ["# Written by `gpusession hub` at each start; edit its options instead.",
              "from gpusession.hub.spawnhook import pre_spawn_hook", ""]
     for name, value in settings.items():
         lines.append(f"c.{name} = {value!r}")
     lines.append(f"c.Spawner.pre_spawn_hook = pre_spawn_hook(key_path={str(layout.identity_key_path)!r}, "
-                 f"admin_token_path={str(layout.admin_token_path)!r}, admins={admins!r})")
+                 f"admin_token_path={str(layout.admin_token_path)!r}, admins={admins!r}, "
+                 f"owner={layout.service_user!r})")
     return "\n".join(lines) + "\n"

@@ -8,6 +8,7 @@ import json
 import selectors
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -16,8 +17,9 @@ import urllib.request
 from pathlib import Path
 
 from ..cluster.localhead import terminate
-from . import accounts
-from .plan import NOT_SET_UP, HubLayout, HubOptions, broker_policy, jupyterhub_config, user_environment
+from . import accounts, rootfs
+from .plan import (INSECURE_WARNING, NOT_SET_UP, HubLayout, HubOptions, broker_policy, jupyterhub_config,
+                   user_environment)
 
 STOP_TIMEOUT_S = 60.0
 
@@ -40,15 +42,17 @@ def run_hub(layout: HubLayout, options: HubOptions, *, ready_timeout_s: float = 
     try:
         account = accounts.ensure_service_user(layout.service_user, layout.cluster_dir)
         accounts.prepare_directories(layout, account)
-        token = accounts.ray_token(layout)
+        token = accounts.ray_token()
         say(f"starting the cluster as {layout.service_user} (its log: {layout.hub_dir / 'service.log'})...")
         service, ready = start_service(layout, options, account, token, ready_timeout_s)
         kind = "logical GPUs (training runs on the CPU)" if ready["logical"] else "GPUs"
         say(f"cluster ready: {ready['gpus']} {kind}, Ray at {ready['address']}, run as {layout.service_user}")
         layout.config_path.write_text(jupyterhub_config(
             layout, options, user_env=user_environment(layout, ray_address=ready["address"], ray_token=token)))
+        if options.insecure_http:
+            say(INSECURE_WARNING.format(ip=options.ip))
         hub = start_jupyterhub(layout)
-        url = f"http://{options.ip}:{options.port}/"
+        url = options.url
         if not wait_answering(hub, f"{url}hub/api/", ready_timeout_s):
             say(f"JupyterHub did not come up; the end of its log ({layout.hub_dir / 'jupyterhub.log'}):\n"
                 f"{_tail(layout.hub_dir / 'jupyterhub.log')}")
@@ -60,7 +64,7 @@ def run_hub(layout: HubLayout, options: HubOptions, *, ready_timeout_s: float = 
     except (KeyboardInterrupt, HubStopped):
         say("stopping the users' servers, then the cluster...")
         return 0
-    except (accounts.HubSetupError, ServiceFailed) as exc:
+    except (accounts.HubSetupError, rootfs.UnsafePath, ServiceFailed) as exc:
         say(str(exc))
         return 1
     finally:
@@ -123,8 +127,10 @@ def wait_answering(proc: subprocess.Popen, url: str, timeout_s: float) -> bool:
 
 
 def hub_answers(url: str) -> bool:
+    # Our own Hub on our own address: its certificate may be one a browser is told to trust by hand
+    context = ssl._create_unverified_context() if url.startswith("https:") else None
     try:
-        with urllib.request.urlopen(url, timeout=5) as answer:
+        with urllib.request.urlopen(url, timeout=5, context=context) as answer:
             return answer.status == 200 and "version" in json.loads(answer.read() or b"{}")
     except (OSError, ValueError):  # HTTPError (the proxy's 404/503) is an OSError
         return False

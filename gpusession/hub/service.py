@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import signal
+import stat
 import sys
 import threading
 import time
@@ -37,6 +38,7 @@ def serve(gpus: int, policy: dict) -> int:
     head = link = None
     try:
         os.environ["PYTHONPATH"] = str(PRIVATE_FILES)  # Ray's workers create files for this account only
+        make_private_tmp(Path(os.environ["GPUSESSION_HOME"]))
         head = _start_head(gpus)
         open_session_to_drivers()
         link = BrokerLink(env={**os.environ, **head.client_env()}, policy=policy, log=log)
@@ -47,7 +49,7 @@ def serve(gpus: int, policy: dict) -> int:
         return 0
     except Exception as exc:  # one line for the hub; the service's log has the traceback
         log.exception("The hub's cluster service failed")
-        _say({"failed": f"{type(exc).__name__}: {exc}"})
+        _say({"failed": f"{type(exc).__name__}: {exc}" + (localhead.explain(head) if head is not None else "")})
         return 1
     finally:
         if link is not None:
@@ -55,6 +57,21 @@ def serve(gpus: int, policy: dict) -> int:
             link.stop()
         if head is not None:
             localhead.stop(pid=head.pid)
+
+
+def make_private_tmp(home: Path) -> Path:
+    """The account's own temporary directory (ranks' scratch, checkpoints), 0700, made here by the
+    account itself: root never acts inside a directory this account can change (issue 28)."""
+    private = home / "tmp"
+    try:
+        private.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(private)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        raise RuntimeError(f"{private} is not a directory of this account ({os.geteuid()}); remove it and start again.")
+    os.chmod(private, 0o700)
+    return private
 
 
 def _wait_for_stop(stop: threading.Event, close_now: threading.Event, link: BrokerLink, db_path: str) -> None:

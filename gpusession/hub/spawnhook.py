@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from ..identity import SIGNATURE_ENV, USER_ENV, sign
+from . import rootfs
 
 ADMIN_TOKEN_ENV = "GPUSESSION_ADMIN_TOKEN"
 
@@ -24,22 +25,27 @@ def identity_environment(user: str, *, key: bytes, admin_token: str | None) -> d
     return env
 
 
-def sign_spawner(spawner, *, key_path: str | Path, admin_token_path: str | Path, admins: Iterable[str]) -> None:
+def sign_spawner(spawner, *, key_path: str | Path, admin_token_path: str | Path, admins: Iterable[str],
+                 owner: str | None = None) -> None:
     """Put the signed identity of `spawner.user` (and, for an admin, the admin token) into the
     environment JupyterHub gives the server it is about to spawn. The files are read at each
-    spawn, so a key rotated on disk applies to the next server."""
+    spawn, so a key rotated on disk applies to the next server. They are read as rootfs reads a
+    secret: never a FIFO (which would hang every login) or an empty file; with `owner` (the
+    service account, under `gpusession hub`) never through a symlink and only if that account
+    owns them privately. A refusal fails this spawn with a message naming the file."""
     user = spawner.user.name
-    key = Path(key_path).read_text().strip().encode()
-    token = Path(admin_token_path).read_text().strip() if user in set(admins) else None
+    owner_uid = rootfs.uid_of(owner) if owner else None
+    key = rootfs.read_secret(Path(key_path), owner=owner_uid).encode()
+    token = rootfs.read_secret(Path(admin_token_path), owner=owner_uid) if user in set(admins) else None
     spawner.environment.update(identity_environment(user, key=key, admin_token=token))
 
 
 def pre_spawn_hook(*, key_path: str | Path, admin_token_path: str | Path,
-                   admins: Iterable[str]) -> Callable[[object], None]:
+                   admins: Iterable[str], owner: str | None = None) -> Callable[[object], None]:
     """A `c.Spawner.pre_spawn_hook` that signs every server JupyterHub spawns (sign_spawner)."""
     admin_names = frozenset(admins)
 
     def gpusession_identity(spawner) -> None:
-        sign_spawner(spawner, key_path=key_path, admin_token_path=admin_token_path, admins=admin_names)
+        sign_spawner(spawner, key_path=key_path, admin_token_path=admin_token_path, admins=admin_names, owner=owner)
 
     return gpusession_identity

@@ -57,7 +57,7 @@ def test_the_jupyterhub_config_signs_every_spawn_and_runs_servers_as_their_users
     assert c.values["Spawner.environment"]["RAY_ADDRESS"] == "10.0.0.1:6379"
     assert c.values["Spawner.pre_spawn_hook"] == ("hook", {"key_path": "/var/lib/gsh/cluster/identity_key",
                                                            "admin_token_path": "/var/lib/gsh/cluster/admin_token",
-                                                           "admins": ["alice"]})
+                                                           "admins": ["alice"], "owner": "gpusvc"})
 
 
 def test_the_hub_refuses_to_start_without_root_or_its_environment(monkeypatch, capsys):

@@ -17,12 +17,14 @@ def test_lab_runs_jupyterlab_with_the_extension_a_token_and_the_chosen_port():
                   is_root=False, token="t0k")
     assert chosen.command[:3] == [sys.executable, "-m", "jupyterlab"]
     assert "--ServerApp.jpserver_extensions=gpusession=True" in chosen.command
-    assert {"--ServerApp.port=8890", "--ServerApp.port_retries=0", "--IdentityProvider.token=t0k",
+    assert {"--ServerApp.port=8890", "--ServerApp.port_retries=0",
             "--GPUSession.local_gpus=2", "--ServerApp.root_dir=/home/alice/notebooks",
             "--ServerApp.open_browser=False"} <= set(chosen.command)
     assert "--allow-root" not in chosen.command
     assert chosen.url == "http://localhost:8890/lab?token=t0k"
     assert chosen.admin_url == "http://localhost:8890/gpusession/admin?token=t0k"
+    assert chosen.env == {"JUPYTER_TOKEN": "t0k"}
+    assert not any("t0k" in arg for arg in chosen.command), "any account may read a command line"
 
 
 def test_as_root_lab_passes_allow_root_and_the_users_own_options_last():
