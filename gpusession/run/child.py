@@ -18,6 +18,7 @@ import traceback
 from multiprocessing.connection import Connection
 
 from . import messages as m
+from . import wire
 from .heap import keep_freed_memory  # imported by the warm parent (PRELOAD), not by each rank
 
 ACCELERATE_CPU_ENV = {"ACCELERATE_USE_CPU": "true"}  # what `accelerate launch --cpu` sets
@@ -25,7 +26,9 @@ ACCELERATE_CPU_ENV = {"ACCELERATE_USE_CPU": "true"}  # what `accelerate launch -
 
 class Channel:
     """The rank's side of the pipe: sends are atomic across threads (capture pumps, the user's
-    thread); replies (checkpoint acks, checkpoint requests) are read by one thread."""
+    thread) and never pickled (wire.py); replies (checkpoint acks, checkpoint requests, pickled
+    by the worker actor: the rank trusts the service, not the other way round) are read by one
+    thread."""
 
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
@@ -36,9 +39,13 @@ class Channel:
         self.checkpoint_reason = ""
 
     def send(self, *items) -> None:
+        """Each item as wire.py's frames: JSON, then its raw bytes if it carries any (no pickle)."""
         with self._send_lock:
             for item in items:
-                self.conn.send(item)
+                header, data = wire.encode(item)
+                self.conn.send_bytes(header)
+                if data is not None:
+                    self.conn.send_bytes(data)
 
     def listen(self) -> None:
         threading.Thread(target=self._read, name="gpusession-rank-control", daemon=True).start()

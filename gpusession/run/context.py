@@ -75,7 +75,7 @@ def report(metrics: dict | None = None, /, **values: Any) -> None:
     merged = {**(metrics or {}), **values}
     from . import messages
 
-    run.channel.send(messages.Report({k: _plain(v) for k, v in merged.items()}))
+    run.channel.send(messages.Report({str(k): _plain(v) for k, v in merged.items()}))
 
 
 def save_checkpoint(state: Any) -> None:

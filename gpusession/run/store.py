@@ -14,6 +14,7 @@ from datetime import timedelta
 from multiprocessing.connection import Connection
 
 from . import messages as m
+from . import wire
 
 
 def serve(conn: Connection, request: m.ServeStore) -> None:
@@ -25,9 +26,9 @@ def serve(conn: Connection, request: m.ServeStore) -> None:
         store = TCPStore(request.address, 0, request.world_size, is_master=True,
                          timeout=timedelta(seconds=request.timeout_s), wait_for_workers=False)
     except Exception as exc:  # the actor raises it where the caller sees it
-        conn.send(m.StoreServing(error=f"{type(exc).__name__}: {exc}"))
+        conn.send_bytes(wire.encode(m.StoreServing(error=f"{type(exc).__name__}: {exc}"))[0])
         return
-    conn.send(m.StoreServing(port=store.port))
+    conn.send_bytes(wire.encode(m.StoreServing(port=store.port))[0])
     try:
         while True:
             conn.recv()  # nothing is sent: this returns at EOF, when the actor closes its end

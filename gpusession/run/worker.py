@@ -21,6 +21,7 @@ from typing import NamedTuple
 import ray
 
 from . import messages as m
+from . import wire
 from .zygote import Zygote
 from . import scratch
 from .heartbeat import BeatServer
@@ -74,10 +75,12 @@ class Worker:
         try:
             conn.send(m.ServeStore(self.address, world_size, timeout_s))
             waited = timeout_s + STORE_ANSWER_MARGIN_S
-            answer = conn.recv() if conn.poll(waited) else m.StoreServing(
+            answer = wire.decode(conn.recv_bytes(), conn.recv_bytes) if conn.poll(waited) else m.StoreServing(
                 error=f"the store process did not answer within {waited:.0f} s")
         except (EOFError, OSError):
             answer = m.StoreServing(error="the store process exited before it answered")
+        except wire.WireError as exc:
+            answer = m.StoreServing(error=f"the store process answered with something else: {exc}")
         if answer.error:
             self._close_store()
             raise RuntimeError(f"Could not serve the rendezvous store on {self.address}: {answer.error}")
@@ -149,7 +152,7 @@ class Worker:
                 try:
                     conn.send(m.Launch(spec, call, bytes(snapshot.data) if snapshot else None,
                                        snapshot.loader_epochs if snapshot else ()))
-                    for item in _relay(conn):
+                    for item in _relay(conn, spec):
                         clean = clean or isinstance(item, (m.Result, m.RankError))
                         yield item
                 finally:
@@ -211,39 +214,63 @@ def _sweep_stale_scratch() -> None:
         pass
 
 
-def _relay(conn):
-    """Items from the rank's pipe, consecutive output merged (chatty code costs a few stream
-    items, not thousands), until the rank closes it."""
+def _relay(conn, spec: RankSpec):
+    """Items from the rank's pipe, decoded by wire.py (never unpickled: the rank runs the user's
+    code), consecutive output merged (chatty code costs a few stream items, not thousands), until
+    the rank closes it. A rank that sends anything but its messages is reported as its error, and
+    nothing more is read from it."""
+    def receive():
+        return wire.decode(conn.recv_bytes(), conn.recv_bytes, comm=spec.comm)
+
     held = None
     while True:
         try:
-            item = held if held is not None else conn.recv()
+            item = held if held is not None else receive()
+            held = None
+            if isinstance(item, m.Output):
+                chunks = list(item.chunks)
+                while held is None and conn.poll(0):
+                    try:
+                        nxt = receive()
+                    except (EOFError, OSError):
+                        break
+                    if isinstance(nxt, m.Output):
+                        chunks.extend(nxt.chunks)
+                    else:
+                        held = nxt
+                yield m.Output(tuple(chunks))
+            elif isinstance(item, m.CheckpointSaved):
+                payload = _expect(receive(), m.CheckpointData, item)
+                yield item
+                yield _out_of_band(payload)  # the rank waits for the caller's ack (checkpoint_kept)
+            elif isinstance(item, m.Result):
+                payload = _expect(receive(), m.Pickled, item) if item.has_value else None
+                yield item
+                if payload is not None:
+                    yield payload
+            else:
+                yield item
         except (EOFError, OSError):
             return
-        held = None
-        if isinstance(item, m.Output):
-            chunks = list(item.chunks)
-            while held is None and conn.poll(0):
-                try:
-                    nxt = conn.recv()
-                except (EOFError, OSError):
-                    break
-                if isinstance(nxt, m.Output):
-                    chunks.extend(nxt.chunks)
-                else:
-                    held = nxt
-            yield m.Output(tuple(chunks))
-        elif isinstance(item, m.CheckpointSaved):
-            payload = conn.recv()
-            yield item
-            yield _out_of_band(payload)  # the rank waits for the caller's ack (checkpoint_kept)
-        elif isinstance(item, m.Result):
-            payload = conn.recv() if item.has_value else None
-            yield item
-            if payload is not None:
-                yield payload
-        else:
-            yield item
+        except wire.WireError as exc:
+            yield _protocol_error(spec, exc)
+            return
+
+
+def _expect(item, kind: type, after):
+    if not isinstance(item, kind):
+        raise wire.WireError(f"a {type(after).__name__} must be followed by its {kind.__name__}, "
+                             f"not a {type(item).__name__}")
+    return item
+
+
+def _protocol_error(spec: RankSpec, exc: wire.WireError) -> m.RankError:
+    return m.RankError(
+        rank=spec.rank, host=socket.gethostname(), type="ProtocolError",
+        message=(f"rank {spec.rank} sent its worker something that is not one of its messages ({exc}); "
+                 "gpusession stopped reading it and ended the rank. Code that writes to gpusession's pipe "
+                 "(its file descriptor) breaks the run."),
+        traceback="", at=time.time(), mro=("gpusession.run.wire.WireError", "builtins.ValueError"))
 
 
 def _out_of_band(payload: m.CheckpointData) -> m.CheckpointData:

@@ -9,6 +9,7 @@ import psutil
 from torch.distributed import TCPStore
 
 from gpusession.run import messages as m
+from gpusession.run import wire
 from gpusession.run.zygote import Zygote
 
 START_S = 180.0  # the warm parent imports torch; a loaded 2-core machine is slow
@@ -20,7 +21,7 @@ def _serve(zygote: Zygote, address: str) -> tuple[int, object, m.StoreServing]:
     pid, pipe = zygote.fork()
     pipe.send(m.ServeStore(address, 2, STORE_TIMEOUT_S))
     assert pipe.poll(ANSWER_S), f"the store process did not answer within {ANSWER_S:.0f} s"
-    return pid, pipe, pipe.recv()
+    return pid, pipe, wire.decode(pipe.recv_bytes(), pipe.recv_bytes)  # as the worker actor reads it
 
 
 def test_a_fork_of_the_warm_parent_serves_the_store_until_its_pipe_closes():
