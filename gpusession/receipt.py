@@ -31,6 +31,8 @@ def costs(info, *, hosts: bool = True) -> str:
         parts.append("on borrowed GPUs (over quota)")
     if getattr(info, "communication", None) is not None:
         parts.append(info.communication.summary())
+    if getattr(info, "shipped_bytes", 0):
+        parts.append(f"shipped {info.shipped_bytes / 1e6:,.0f} MB in {info.shipped_s:.2f} s")
     ranks = last_ranks(info)
     if hosts and len(set(ranks.values())) > 1:
         parts.append(ranks_on_hosts(ranks))

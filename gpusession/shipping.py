@@ -118,17 +118,28 @@ def dumps(obj: Any) -> bytes:
         return cloudpickle_dumps(obj)
 
 
+def dumps_with_buffers(obj: Any, buffer_callback, reducers: dict | None = None) -> bytes:
+    """As dumps, with pickle protocol 5: each buffer (numpy's; CPU tensors' too with run/bulk.py's
+    `reducers`) goes to buffer_callback, which keeps it out of the pickle by returning False
+    (pickle's own contract)."""
+    # the C pickler reads dispatch_table when it is made: the reducers go in a class of their own
+    pickler_class = type("_BufferPickler", (_Pickler,), {"dispatch_table": ChainMap(reducers or {}, _Pickler.dispatch_table)})
+    with pickled_by_value(local_modules()), io.BytesIO() as out:
+        pickler_class(out, protocol=5, buffer_callback=buffer_callback).dump(obj)
+        return out.getvalue()
+
+
 NESTED_OBJECT_REF = (
     "An argument holds a Ray ObjectRef inside {where}: a rank is not a Ray worker and cannot fetch it. "
     "Pass the ObjectRef itself as an argument (the caller fetches it before the call) or ray.get() it first."
 )
 
 
-def pickle_call(fn: Any, args: tuple, kwargs: dict) -> bytes:
-    """The call as the ranks get it; ObjectRef arguments are fetched here by the caller."""
+def call_arguments(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """The arguments as the ranks get them: ObjectRef arguments are fetched here by the caller."""
     if "ray" in sys.modules:  # no ObjectRef can exist in a process that never imported ray
-        args, kwargs = resolve_object_refs(args, kwargs)
-    return dumps((fn, args, kwargs))
+        return resolve_object_refs(args, kwargs)
+    return args, kwargs
 
 
 def resolve_object_refs(args: tuple, kwargs: dict) -> tuple[tuple, dict]:

@@ -17,6 +17,7 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 
+from . import bulk
 from . import messages as m
 from . import wire
 from .heap import keep_freed_memory  # imported by the warm parent (PRELOAD), not by each rank
@@ -120,7 +121,7 @@ def _call(launch: m.Launch, channel: Channel):
     try:
         group = RankGroup(spec)
         group.install()  # the script's own init_process_group call then finds the group ready
-        fn, args, kwargs = cloudpickle.loads(launch.call)
+        fn, args, kwargs = bulk.unpack(launch.call, launch.bulk_path, launch.bulk_sizes)
         group.join()
         run = ctx_module._Run(_make_context(spec), channel, launch.checkpoint, launch.loader_epochs,
                               comm_options=spec.comm)

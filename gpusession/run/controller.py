@@ -20,7 +20,7 @@ import ray
 from ..errors import GPUSessionError
 from ..comm_options import CommOptions
 from ..events import Observer, RunInfo
-from ..shipping import pickle_call
+from .bulk import ship
 from .rank_account import this_account
 from .spec import RankSpec
 from ..broker.notice import Notice
@@ -95,7 +95,7 @@ class RunController:
         self.policy = FailurePolicy(self.options.max_failures, self.options.retry_exceptions)
         self.silence_s = silence_timeout()
         self._call = (fn, args, kwargs)
-        self.call_bytes = b""
+        self.shipment = None  # bulk.Shipment: kept for every attempt, and its buffers in the object store with it
         self.state = RunState.STARTING
         self.failures = 0
         self._run_id: str | None = None  # the current attempt's, once its ranks are specified
@@ -106,7 +106,8 @@ class RunController:
     def run(self) -> Any:
         started = time.time()
         try:
-            self.call_bytes = pickle_call(*self._call)  # an unpicklable function fails here, its time told
+            self.shipment = ship(*self._call)  # an unpicklable function fails here, its time told
+            self.info.shipped_bytes, self.info.shipped_s = self.shipment.bulk_bytes, self.shipment.seconds
             return self._run(started)
         finally:
             _close_phases(self.info, self.lease, started)
@@ -148,7 +149,7 @@ class RunController:
                            attempt=attempt, comm=self.options.comm)
         self._run_id = ranks[0][0].run_id
         checkpoint = [self.info.checkpoint_ref] if self.info.checkpoint_ref is not None else []
-        launches = [(spec, (self.call_bytes, spec, checkpoint), worker) for spec, worker in ranks]
+        launches = [(spec, (self.shipment, spec, checkpoint), worker) for spec, worker in ranks]
         follower = Follower(self.lease, launches, self.info, self.observer, launched=time.time(),
                             deadline=deadline, timeout_s=self.options.timeout_s, attempt=attempt,
                             silence_s=self.silence_s)

@@ -116,9 +116,11 @@ class Launch:
     """Everything a fresh rank process needs, sent once over its pipe."""
 
     spec: Any  # worker.RankSpec
-    call: bytes  # cloudpickle of (fn, args, kwargs)
+    call: bytes  # cloudpickle of (fn, args, kwargs), protocol 5: big buffers out of band (bulk.py)
     checkpoint: bytes | None  # pickled checkpoint to resume from
     loader_epochs: tuple = ()  # CheckpointData.loader_epochs of that checkpoint
+    bulk_path: str = ""  # this node's copy of the call's out-of-band buffers (bulk.node_copy)
+    bulk_sizes: tuple = ()  # their lengths, in order
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,10 @@ from typing import NamedTuple
 
 import ray
 
+from . import bulk
 from . import messages as m
 from . import wire
+from .bulk import Shipment
 from .zygote import Zygote
 from . import scratch
 from .heartbeat import BeatServer
@@ -99,6 +101,7 @@ class Worker:
         """The lease ended: remove its scratch directories on this node (a backstop: each
         attempt's directory goes when its last rank here ends)."""
         scratch.remove_lease(lease_scratch_dir(self.cluster, lease_id))
+        bulk.remove_lease(self.cluster, lease_id)
 
     def stop(self, run_id: str | None = None) -> None:
         """Kill the rank process of this attempt (any, without run_id) and everything it started,
@@ -124,7 +127,7 @@ class Worker:
         self.zygote.close()
 
     @ray.method(num_returns="streaming")
-    def run(self, call: bytes, spec: RankSpec, checkpoint: list):
+    def run(self, call: Shipment, spec: RankSpec, checkpoint: list):
         """Yields run messages; after CheckpointSaved the next item is its CheckpointData, after
         Result(has_value=True) the Pickled value: the caller takes them without unpickling them.
         The last item is always RankExited."""
@@ -135,6 +138,8 @@ class Worker:
             _sweep_stale_scratch()  # what lost ranks left on this node, even while this actor stays warm
             claim = scratch.Claim(scratch_dir(spec))
             try:
+                # this node's one copy of the call's big buffers, which every rank here maps
+                bulk_path = bulk.node_copy(call, bulk.node_directory(self.cluster, spec.lease_id)) if call.sizes else ""
                 pid, conn = self._fork()
             except BaseException:
                 claim.release()
@@ -150,8 +155,8 @@ class Worker:
             clean = False
             try:
                 try:
-                    conn.send(m.Launch(spec, call, bytes(snapshot.data) if snapshot else None,
-                                       snapshot.loader_epochs if snapshot else ()))
+                    conn.send(m.Launch(spec, call.header, bytes(snapshot.data) if snapshot else None,
+                                       snapshot.loader_epochs if snapshot else (), bulk_path, call.sizes))
                     for item in _relay(conn, spec):
                         clean = clean or isinstance(item, (m.Result, m.RankError))
                         yield item
@@ -210,6 +215,7 @@ def _sweep_stale_scratch() -> None:
     few directories, far below a millisecond."""
     try:
         scratch.remove_stale(scratch_root())
+        bulk.remove_stale(lease_scratch_dir)
     except Exception:  # never fail a worker's start over leftovers
         pass
 

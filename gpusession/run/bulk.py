@@ -1,0 +1,203 @@
+"""Big arguments travel once per node, not once per rank (issue 33).
+
+The caller pickles the call with protocol 5: every numpy array and CPU tensor of at least
+OUT_OF_BAND_MIN bytes leaves the pickle as an out-of-band buffer (no copy), and the buffers go
+into Ray's object store once (one copy, in shared memory, not the caller's heap). On each node
+the first worker actor of the call fetches them (Ray moves them to the node once) and writes
+them into one file in /dev/shm; every rank of the node maps that file copy-on-write and
+unpickles the call over it, so arrays and tensors arrive without a copy per rank: a rank that
+writes into one gets a private copy of the pages it writes. The file goes when the lease ends
+(Worker.cleanup), or with the stale sweep when the caller died without ending it.
+
+Tensors are shipped as numpy arrays over their memory: dtype, shape, strides and requires_grad
+come back; two tensors that were views of one storage arrive as separate tensors.
+"""
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..shipping import call_arguments, dumps_with_buffers
+
+OUT_OF_BAND_MIN = 1 << 20  # smaller buffers stay inside the pickle: not worth a trip of their own
+NODE_ROOT = "/dev/shm" if os.path.isdir("/dev/shm") else None  # memory, not disk
+STALE_AFTER_S = 60.0
+
+
+@dataclass(frozen=True)
+class Shipment:
+    """The call as the ranks get it: the pickle, and where its big buffers are."""
+
+    header: bytes
+    sizes: tuple[int, ...] = ()  # each out-of-band buffer's length, in order
+    refs: tuple = ()  # (ObjectRef,) of the list of buffers, wrapped so Ray does not resolve it
+    seconds: float = 0.0  # pickling and the object-store put, in the caller
+
+    @property
+    def bulk_bytes(self) -> int:
+        return sum(self.sizes)
+
+
+def ship(fn: Any, args: tuple, kwargs: dict) -> Shipment:
+    """The call as the ranks get it: ObjectRef arguments fetched, the code beside the caller
+    pickled by value (shipping.py), big buffers out of band and in the object store once."""
+    args, kwargs = call_arguments(args, kwargs)
+    return pack((fn, args, kwargs))
+
+
+def pack(obj: Any) -> Shipment:
+    """Pickle obj, its big buffers out of band, and put those in the object store once."""
+    started = time.perf_counter()
+    buffers: list = []
+
+    def out_of_band(buffer) -> bool:
+        if buffer.raw().nbytes < OUT_OF_BAND_MIN:
+            return True  # in band
+        buffers.append(buffer)
+        return False
+
+    header = dumps_with_buffers(obj, out_of_band, tensor_reducers())
+    if not buffers:
+        return Shipment(header, seconds=time.perf_counter() - started)
+    import numpy
+    import ray
+
+    arrays = [numpy.frombuffer(buffer.raw(), dtype=numpy.uint8) for buffer in buffers]
+    ref = ray.put(arrays)  # one copy, into shared memory
+    return Shipment(header, tuple(a.nbytes for a in arrays), (ref,), time.perf_counter() - started)
+
+
+def node_directory(cluster: str, lease_id: int) -> str:
+    root = NODE_ROOT or os.path.join(os.environ.get("TMPDIR", "/tmp"))
+    return os.path.join(root, f"gpusession-{cluster or 'no-cluster'}", f"lease-{lease_id}")
+
+
+def node_copy(shipment: Shipment, directory: str) -> str:
+    """In a worker actor: the path of this node's copy of the call's buffers, written by the
+    first actor of the node that needs it (the others wait on its lock and use it)."""
+    import ray
+
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    path = os.path.join(directory, shipment.refs[0].hex())
+    with open(path + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.exists(path):
+            arrays = ray.get(shipment.refs[0])  # zero-copy views of this node's object store
+            partial = f"{path}.partial"
+            with open(partial, "wb") as out:
+                for array in arrays:
+                    out.write(memoryview(array))
+            del arrays
+            os.replace(partial, path)
+    return path
+
+
+def unpack(header: bytes, path: str, sizes: tuple[int, ...]) -> Any:
+    """In a rank: the call, its big buffers mapped copy-on-write from the node's file."""
+    import cloudpickle
+
+    if not sizes:
+        return cloudpickle.loads(header)
+    with open(path, "rb") as file:
+        mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_COPY)
+    view, offset, buffers = memoryview(mapped), 0, []
+    for size in sizes:
+        buffers.append(view[offset:offset + size])
+        offset += size
+    return cloudpickle.loads(header, buffers=buffers)
+
+
+def remove_lease(cluster: str, lease_id: int) -> None:
+    shutil.rmtree(node_directory(cluster, lease_id), ignore_errors=True)
+
+
+def remove_stale(scratch_lease_dir, *, now: float | None = None) -> list[str]:
+    """Node copies of leases whose scratch directory is gone (the sweep removed it: no live rank
+    holds the lease here) and that were not touched for STALE_AFTER_S. `scratch_lease_dir(cluster,
+    lease_id)` says where a lease's scratch directory is."""
+    now = time.time() if now is None else now
+    removed = []
+    root = NODE_ROOT or os.environ.get("TMPDIR", "/tmp")
+    for cluster_dir in _subdirs(root, "gpusession-"):
+        cluster = os.path.basename(cluster_dir)[len("gpusession-"):]
+        for lease_dir in _subdirs(cluster_dir, "lease-"):
+            lease_id = os.path.basename(lease_dir)[len("lease-"):]
+            if not lease_id.isdigit() or os.path.isdir(scratch_lease_dir(cluster, int(lease_id))):
+                continue
+            try:
+                if now - os.stat(lease_dir).st_mtime < STALE_AFTER_S:
+                    continue
+            except OSError:
+                continue
+            shutil.rmtree(lease_dir, ignore_errors=True)
+            removed.append(lease_dir)
+    return removed
+
+
+def _subdirs(path: str, prefix: str) -> list[str]:
+    try:
+        return [entry.path for entry in os.scandir(path) if entry.name.startswith(prefix) and entry.is_dir()]
+    except OSError:
+        return []
+
+
+# ----- tensors as numpy arrays over their memory (pickled out of band, like numpy's own) -------------
+def tensor_reducers() -> dict:
+    """Reducers for CPU tensors and parameters, when torch is imported in this process (a caller
+    that never imported torch has none to ship)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return {}
+    return {torch.Tensor: _reduce_tensor, torch.nn.Parameter: _reduce_parameter}
+
+
+def _as_array(tensor):
+    """(array over the tensor's memory, dtype name) or None when it must travel as torch pickles it."""
+    import torch
+
+    if (tensor.device.type != "cpu" or tensor.layout != torch.strided or tensor.is_quantized
+            or tensor.is_conj() or tensor.is_neg() or tensor._base is not None
+            or tensor.numel() * tensor.element_size() < OUT_OF_BAND_MIN):
+        return None
+    plain = tensor.detach()
+    if plain.dtype == torch.bfloat16:
+        return plain.view(torch.int16).numpy(), "bfloat16"
+    try:
+        return plain.numpy(), ""
+    except (TypeError, RuntimeError):  # a dtype numpy lacks
+        return None
+
+
+def _reduce_tensor(tensor):
+    found = _as_array(tensor)
+    if found is None:
+        return tensor.__reduce_ex__(5)
+    return (tensor_from_array, (found[0], found[1], tensor.requires_grad))
+
+
+def _reduce_parameter(parameter):
+    found = _as_array(parameter)
+    if found is None:
+        return parameter.__reduce_ex__(5)
+    return (parameter_from_array, (found[0], found[1], parameter.requires_grad))
+
+
+def tensor_from_array(array, view_as: str, requires_grad: bool):
+    import torch
+
+    tensor = torch.from_numpy(array)
+    if view_as:
+        tensor = tensor.view(getattr(torch, view_as))
+    return tensor.requires_grad_(requires_grad) if requires_grad else tensor
+
+
+def parameter_from_array(array, view_as: str, requires_grad: bool):
+    import torch
+
+    return torch.nn.Parameter(tensor_from_array(array, view_as, False), requires_grad=requires_grad)

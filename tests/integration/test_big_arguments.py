@@ -1,0 +1,73 @@
+"""A 200 MB argument reaches both ranks of a call whole, the caller's own memory grows by far less
+than the data while it travels, the receipt says what was shipped, and the node's copy goes with
+the lease (issue 33)."""
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy
+import pytest
+
+import gpusession as gs
+from gpusession.run import bulk
+
+MB = 1_000_000
+
+
+def anonymous_bytes() -> int:
+    """This process's private memory (RssAnon): what a copy of the data in the caller would add.
+    The object store's pages are shared memory and do not count here."""
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith("RssAnon:"))
+    return int(line.split()[1]) * 1024
+
+
+class PeakMemory:
+    """The highest RssAnon seen, sampled every 5 ms while the block runs."""
+
+    def __enter__(self):
+        self.start = self.peak = anonymous_bytes()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self):
+        while not self._done.wait(0.005):
+            self.peak = max(self.peak, anonymous_bytes())
+
+    def __exit__(self, *exc):
+        self._done.set()
+        self._thread.join()
+
+    @property
+    def growth(self) -> int:
+        return self.peak - self.start
+
+
+@pytest.mark.skipif(bulk.NODE_ROOT is None, reason="no /dev/shm on this machine")
+def test_a_200_mb_argument_reaches_two_ranks_whole_without_a_copy_in_the_caller(cluster, quiet):
+    data = numpy.random.default_rng(0).random(200 * MB // 8)  # 200 MB of float64
+    expected = float(data.sum())
+
+    @gs.distributed(gpus=2, return_all=True)
+    def checksum(array):
+        return gs.context().rank, array.nbytes, float(array.sum())
+
+    with PeakMemory() as memory:
+        seen = checksum(data)
+    assert seen == [(0, data.nbytes, expected), (1, data.nbytes, expected)]
+    assert memory.growth < 0.5 * data.nbytes, (
+        f"the caller's own memory grew by {memory.growth / MB:.0f} MB for a {data.nbytes / MB:.0f} MB argument "
+        "(bound: half the data)")
+    info = checksum.last_run
+    assert info.shipped_bytes == data.nbytes and "shipped 200 MB" in info.receipt()
+    leftover = bulk.node_directory(cluster_name(), info.lease_id)
+    assert not os.path.exists(leftover), f"the node's copy {leftover} outlived its lease"
+
+
+def cluster_name() -> str:
+    import ray
+
+    return ray.get_runtime_context().get_session_name()
