@@ -113,6 +113,74 @@ def unpack(header: bytes, path: str, sizes: tuple[int, ...]) -> Any:
     return cloudpickle.loads(header, buffers=buffers)
 
 
+def result_path(spec) -> str:
+    """Where a rank leaves its result's big buffers for its worker actor (who knows it too)."""
+    return os.path.join(node_directory(spec.cluster, spec.lease_id), f"result-{spec.run_id}-{spec.rank}")
+
+
+def pack_result(value: Any, path: str) -> tuple[bytes, tuple[int, ...]]:
+    """In a rank: the pickle of its return value, and the sizes of the big buffers it wrote to
+    `path` (none: everything is in the pickle)."""
+    buffers: list = []
+
+    def out_of_band(buffer) -> bool:
+        if buffer.raw().nbytes < OUT_OF_BAND_MIN:
+            return True
+        buffers.append(buffer)
+        return False
+
+    header = dumps_with_buffers(value, out_of_band, tensor_reducers())
+    if not buffers:
+        return header, ()
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    with open(path, "wb") as out:
+        for buffer in buffers:
+            out.write(buffer.raw())
+    return header, tuple(buffer.raw().nbytes for buffer in buffers)
+
+
+def take_result(path: str, sizes: tuple[int, ...]):
+    """In the worker actor: the arrays over a rank's result file (read-only, mapped, not copied)
+    and a function that removes the file once Ray holds its copy. The rank does not name the
+    file: the actor opens the one it expects, never through a symlink, and its length must be
+    the sizes' sum."""
+    import numpy
+
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if os.fstat(fd).st_size != sum(sizes):
+            raise ValueError(f"the result file holds {os.fstat(fd).st_size} bytes, not the {sum(sizes)} announced")
+        mapped = mmap.mmap(fd, sum(sizes), access=mmap.ACCESS_READ) if sum(sizes) else b""
+    finally:
+        os.close(fd)
+    arrays, offset = [], 0
+    for size in sizes:
+        arrays.append(numpy.frombuffer(mapped, dtype=numpy.uint8, count=size, offset=offset))
+        offset += size
+    return tuple(arrays), lambda: _unlink(path)
+
+
+def loads_value(value: Any) -> Any:
+    """In the caller: a rank's returned value (messages.Pickled or BulkValue). A BulkValue's
+    buffers come from the object store read-only: each is copied once, so what the caller gets
+    is its own and writable."""
+    import cloudpickle
+
+    if value is None:
+        return None
+    header = getattr(value, "header", None)
+    if header is None:
+        return cloudpickle.loads(value.data)
+    return cloudpickle.loads(header, buffers=[bytearray(buffer) for buffer in value.buffers])
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 def remove_lease(cluster: str, lease_id: int) -> None:
     shutil.rmtree(node_directory(cluster, lease_id), ignore_errors=True)
 

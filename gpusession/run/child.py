@@ -113,8 +113,6 @@ def _run(launch: m.Launch, channel: Channel) -> int:
 
 
 def _call(launch: m.Launch, channel: Channel):
-    import cloudpickle
-
     from . import context as ctx_module
     from .process_group import RankGroup
     spec = launch.spec
@@ -140,10 +138,10 @@ def _call(launch: m.Launch, channel: Channel):
     if not spec.return_value:
         return (*before, m.Result(False))
     try:
-        data = cloudpickle.dumps(result)
+        data, sizes = bulk.pack_result(result, bulk.result_path(spec))
     except Exception as exc:
         return _error(TypeError(f"The function's return value could not be pickled: {exc}"), spec)
-    return (*before, m.Result(True), m.Pickled(data))
+    return (*before, m.Result(True), m.Pickled(data, sizes))
 
 
 def _error(exc: BaseException, spec) -> m.RankError:

@@ -20,7 +20,7 @@ import ray
 from ..errors import GPUSessionError
 from ..comm_options import CommOptions
 from ..events import Observer, RunInfo
-from .bulk import ship
+from .bulk import loads_value, ship
 from .rank_account import this_account
 from .spec import RankSpec
 from ..broker.notice import Notice
@@ -246,12 +246,9 @@ def _close_phases(info: RunInfo, lease, started: float) -> None:
     info.setup_s = max(0.0, time.time() - begun - info.run_s)
 
 
-def _loads(data: bytes | None) -> Any:
-    if data is None:
-        return None
-    import cloudpickle
-
-    return cloudpickle.loads(data)
+def _loads(value) -> Any:
+    """A rank's returned value as the stream brought it (messages.Pickled or BulkValue), unpickled."""
+    return loads_value(value)
 
 
 def _reset_run_fields(info: RunInfo, checkpoint_ref, checkpoint_step=None) -> None:

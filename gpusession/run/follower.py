@@ -110,7 +110,7 @@ class Follower:
         end = self._check_failures()
         if end is not None:
             return end
-        return Finished({rank: ray.get(ref).data if ref is not None else None for rank, ref in self.results.items()})
+        return Finished({rank: ray.get(ref) if ref is not None else None for rank, ref in self.results.items()})
 
     # ----- failures -------------------------------------------------------------------------------
     def _fail(self, fault: Fault, error: WorkerFailed, *, collateral: bool) -> None:

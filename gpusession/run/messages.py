@@ -105,9 +105,20 @@ class RankExited:
 
 @dataclass(frozen=True)
 class Pickled:
-    """User bytes (a checkpoint or a result) as they travel: pickled once in the rank process."""
+    """User bytes (a checkpoint or a result) as they travel: pickled once in the rank process.
+    With `bulk_sizes`, a result's big buffers wait in its node file (bulk.result_path), in order."""
 
     data: bytes
+    bulk_sizes: tuple = ()
+
+
+@dataclass(frozen=True)
+class BulkValue:
+    """A result as the worker actor hands it on: the pickle and its big buffers as arrays, which
+    Ray keeps out of band in the object store (one copy); the caller unpickles it."""
+
+    header: bytes
+    buffers: tuple
 
 
 # ----- controller -> rank ---------------------------------------------------------------------------

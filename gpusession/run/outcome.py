@@ -17,7 +17,7 @@ from .policies import Fault
 
 @dataclass(frozen=True)
 class Finished:
-    """Every rank returned: rank -> its pickled value (None: no value sent)."""
+    """Every rank returned: rank -> its value as sent (messages.Pickled or BulkValue; None: no value)."""
 
     results: dict[int, Any] = field(default_factory=dict)
 

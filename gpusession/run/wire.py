@@ -65,6 +65,15 @@ def _strings(value: Any) -> tuple[str, ...]:
     return tuple(_text(v) for v in value)
 
 
+def _sizes(value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list) or len(value) > 100_000:
+        raise WireError("expected a list of buffer sizes")
+    sizes = tuple(_whole(v) for v in value)
+    if any(size < 0 for size in sizes):
+        raise WireError("a buffer size is negative")
+    return sizes
+
+
 def _epochs(value: Any) -> tuple:
     if not isinstance(value, list):
         raise WireError("expected a list of loader epochs")
@@ -92,7 +101,7 @@ RANK_MESSAGES: dict[str, tuple[type, dict[str, Callable[[Any], Any]], bool]] = {
     "CheckpointData": (m.CheckpointData, {"loader_epochs": _epochs}, True),
     "WatchesCheckpoints": (m.WatchesCheckpoints, {}, False),
     "Result": (m.Result, {"has_value": _flag}, False),
-    "Pickled": (m.Pickled, {}, True),
+    "Pickled": (m.Pickled, {"bulk_sizes": _sizes}, True),
     "RankError": (m.RankError, {"rank": _whole, "host": _text, "type": _text, "message": _text,
                                 "traceback": _text, "at": _number, "mro": _strings}, False),
     "StoreServing": (m.StoreServing, {"port": _whole, "error": _text}, False),

@@ -251,9 +251,16 @@ def _relay(conn, spec: RankSpec):
                 yield _out_of_band(payload)  # the rank waits for the caller's ack (checkpoint_kept)
             elif isinstance(item, m.Result):
                 payload = _expect(receive(), m.Pickled, item) if item.has_value else None
-                yield item
-                if payload is not None:
-                    yield payload
+                if payload is not None and payload.bulk_sizes:
+                    arrays, remove = _take_result(spec, payload.bulk_sizes)
+                    yield item
+                    yield m.BulkValue(payload.data, arrays)  # Ray copies the arrays into the object store here
+                    del arrays
+                    remove()
+                else:
+                    yield item
+                    if payload is not None:
+                        yield payload
             else:
                 yield item
         except (EOFError, OSError):
@@ -261,6 +268,13 @@ def _relay(conn, spec: RankSpec):
         except wire.WireError as exc:
             yield _protocol_error(spec, exc)
             return
+
+
+def _take_result(spec: RankSpec, sizes: tuple[int, ...]):
+    try:
+        return bulk.take_result(bulk.result_path(spec), sizes)
+    except (OSError, ValueError) as exc:
+        raise wire.WireError(f"its result's buffers could not be read ({exc})") from None
 
 
 def _expect(item, kind: type, after):

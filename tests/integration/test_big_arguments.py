@@ -71,3 +71,25 @@ def cluster_name() -> str:
     import ray
 
     return ray.get_runtime_context().get_session_name()
+
+
+@pytest.mark.skipif(bulk.NODE_ROOT is None, reason="no /dev/shm on this machine")
+def test_a_200_mb_result_arrives_whole_and_writable_with_one_copy_in_the_caller(cluster, quiet):
+    @gs.distributed(gpus=2)
+    def make():
+        import torch
+
+        return {"array": numpy.full(150 * MB // 8, 2.0), "tensor": torch.ones(50 * MB // 4)}
+
+    import torch  # noqa: F401  (unpickling the tensor imports torch: ~120 MB that are not the data)
+
+    with PeakMemory() as memory:
+        result = make()
+    assert result["array"].nbytes == 150 * MB and float(result["array"].sum()) == 2.0 * (150 * MB // 8)
+    assert float(result["tensor"].sum()) == 50 * MB // 4
+    result["array"][0] = 5.0  # the caller's own copy: writable
+    result["tensor"][0] = 5.0
+    assert memory.growth < 1.5 * 200 * MB, (
+        f"the caller's own memory grew by {memory.growth / MB:.0f} MB for a 200 MB result (bound: 1.5 copies)")
+    leftover = bulk.node_directory(cluster_name(), make.last_run.lease_id)
+    assert not os.path.exists(leftover), f"the rank's result file {leftover} outlived its lease"
