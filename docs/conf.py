@@ -45,7 +45,6 @@ nb_merge_streams = True
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "none"
-autodoc_default_options = {"members": False}
 
 graphviz_output_format = "svg"
 

@@ -15,14 +15,18 @@ import textwrap
 
 from docutils.statemachine import StringList
 from sphinx.util.docutils import SphinxDirective
+from sphinx.util.nodes import nested_parse_with_titles
 
 
 def _rst(directive: SphinxDirective, lines: list[str]):
+    """Parse generated reStructuredText in place (use the directives inside ``{eval-rst}`` on a
+    MyST page: the surrounding parser must be the reStructuredText one)."""
     from docutils import nodes
 
-    container = nodes.container()
+    container = nodes.section()
+    container.document = directive.state.document
     source = directive.get_source_info()[0]
-    directive.state.nested_parse(StringList(lines, source=source), directive.content_offset, container)
+    nested_parse_with_titles(directive.state, StringList(lines, source=source), container)
     return container.children
 
 
@@ -46,7 +50,8 @@ def _option_rows(parser: argparse.ArgumentParser) -> list[tuple[str, str]]:
         else:
             name = action.metavar or action.dest
         help_text = " ".join((action.help or "").split())
-        if action.choices and "choices" not in help_text and not isinstance(action.choices, dict):
+        named = action.choices and all(str(choice) in help_text for choice in action.choices)
+        if action.choices and not named and not isinstance(action.choices, dict):
             help_text += f" (one of: {', '.join(map(str, action.choices))})"
         rows.append((name, help_text))
     return rows
@@ -73,6 +78,8 @@ def _subcommands(parser: argparse.ArgumentParser):
 
 def _usage(parser: argparse.ArgumentParser) -> list[str]:
     usage = parser.format_usage().strip()
+    if usage.startswith("::"):  # IPython's magic parsers format their usage as a literal block already
+        usage = usage[2:].strip()
     return ["::", ""] + ["   " + line for line in usage.splitlines()] + [""]
 
 
