@@ -134,12 +134,16 @@ class ConfigDirective(SphinxDirective):
     def run(self):
         module_name, _, class_name = self.arguments[0].rpartition(".")
         cls = getattr(importlib.import_module(module_name), class_name)
+        from traitlets.traitlets import DefaultHandler
+
         own = [name for name in cls.__dict__ if name in cls.class_own_traits()]
+        computed = {v.trait_name for v in cls.__dict__.values() if isinstance(v, DefaultHandler)}
         lines: list[str] = []
         for name in own:
             trait = cls.class_own_traits()[name]
-            default = trait.default_value_repr()
-            lines += [f"``c.{class_name}.{name}``", "   " + f"*{_trait_type(trait)}*, default ``{default}``", ""]
+            default = ("computed when the server starts (below)" if name in computed
+                       else f"``{trait.default_value_repr()}``")
+            lines += [f"``c.{class_name}.{name}``", "   " + f"*{_trait_type(trait)}*, default {default}", ""]
             help_text = textwrap.dedent(trait.help or "").strip()
             for paragraph in help_text.split("\n\n"):
                 lines += ["   " + _escape(" ".join(paragraph.split())), ""]
