@@ -67,3 +67,11 @@ def test_every_relative_link_of_the_readme_and_contributing_names_a_file_that_ex
             if "://" in target:
                 continue
             assert (doc.parent / target).exists(), f"{doc.name} links to {target}, which does not exist"
+
+
+def test_ci_builds_the_docs_before_the_tests_with_the_documented_command():
+    script = ROOT / "scripts" / "docs"
+    assert script.exists() and script.stat().st_mode & 0o111, "scripts/docs is the one documented docs command"
+    assert "-W" in script.read_text(), "the docs build treats warnings as errors"
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "scripts/docs" in ci and ci.index("scripts/docs") < ci.index("pytest"), ".ci/run builds the docs before pytest"
