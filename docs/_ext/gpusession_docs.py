@@ -1,8 +1,8 @@
 """Reference pages generated from the code, so they cannot drift from it.
 
 - ``gpusession-cli``: every command of ``gpusession.cli.build_parser()`` with its options;
-- ``gpusession-magic``: the flags of ``%%gpu`` and ``%gpu`` (their IPython magic_arguments parsers);
-- ``gpusession-config``: every trait of ``jupyter_ext.config.GPUSession`` with its type, default and help.
+- ``gpusession-magic``: the flags of ``%%gpu`` and ``%gpu`` (their magic_arguments parsers);
+- ``gpusession-config``: every trait of ``jupyter_ext.config.GPUSession``: type, default, help.
 
 Each directive writes reStructuredText lines and parses them in place. None of the imports it
 needs starts Ray (the CLI parser, the magics and the traits are plain argparse and traitlets).
@@ -78,13 +78,13 @@ def _subcommands(parser: argparse.ArgumentParser):
 
 def _usage(parser: argparse.ArgumentParser) -> list[str]:
     usage = parser.format_usage().strip()
-    if usage.startswith("::"):  # IPython's magic parsers format their usage as a literal block already
+    if usage.startswith("::"):  # IPython's magic parsers write their usage as a literal block
         usage = usage[2:].strip()
     return ["::", ""] + ["   " + line for line in usage.splitlines()] + [""]
 
 
 class CliDirective(SphinxDirective):
-    """``.. gpusession-cli::`` — the whole ``gpusession`` command line, one section per command."""
+    """``.. gpusession-cli::`` — the whole ``gpusession`` command line, a section a command."""
 
     def run(self):
         from gpusession.cli import build_parser
@@ -143,7 +143,8 @@ class ConfigDirective(SphinxDirective):
             trait = cls.class_own_traits()[name]
             default = ("computed when the server starts (below)" if name in computed
                        else f"``{trait.default_value_repr()}``")
-            lines += [f"``c.{class_name}.{name}``", "   " + f"*{_trait_type(trait)}*, default {default}", ""]
+            kind = _trait_type(trait)
+            lines += [f"``c.{class_name}.{name}``", f"   *{kind}*, default {default}", ""]
             help_text = textwrap.dedent(trait.help or "").strip()
             for paragraph in help_text.split("\n\n"):
                 lines += ["   " + _escape(" ".join(paragraph.split())), ""]

@@ -18,7 +18,8 @@ LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
 def _pages() -> set[str]:
     pages = set()
     for path in DOCS.rglob("*"):
-        if path.suffix in (".md", ".ipynb") and not {"_build", "_ext", "jupyter_execute"} & set(path.parts):
+        skipped = {"_build", "_ext", "jupyter_execute"} & set(path.parts)
+        if path.suffix in (".md", ".ipynb") and not skipped:
             pages.add(path.relative_to(DOCS).with_suffix("").as_posix())
     return pages
 
@@ -37,7 +38,7 @@ def _toctree_entries(page: str) -> list[str]:
 
 def test_the_readme_is_a_short_front_page():
     lines = README.read_text().splitlines()
-    assert len(lines) <= MAX_README_LINES, f"README.md has {len(lines)} lines; move detail into docs/"
+    assert len(lines) <= MAX_README_LINES, f"README.md has {len(lines)} lines: move detail to docs/"
 
 
 def test_the_readmes_first_commands_set_up_and_run_the_demo_and_every_test():
@@ -66,12 +67,13 @@ def test_every_relative_link_of_the_readme_and_contributing_names_a_file_that_ex
         for target in LINK.findall(doc.read_text()):
             if "://" in target:
                 continue
-            assert (doc.parent / target).exists(), f"{doc.name} links to {target}, which does not exist"
+            assert (doc.parent / target).exists(), f"{doc.name} links to {target}, which is missing"
 
 
 def test_ci_builds_the_docs_before_the_tests_with_the_documented_command():
     script = ROOT / "scripts" / "docs"
-    assert script.exists() and script.stat().st_mode & 0o111, "scripts/docs is the one documented docs command"
+    assert script.exists() and script.stat().st_mode & 0o111, "scripts/docs builds the docs"
     assert "-W" in script.read_text(), "the docs build treats warnings as errors"
     ci = (ROOT / ".ci" / "run").read_text()
-    assert "scripts/docs" in ci and ci.index("scripts/docs") < ci.index("pytest"), ".ci/run builds the docs before pytest"
+    assert "scripts/docs" in ci, ".ci/run builds the docs"
+    assert ci.index("scripts/docs") < ci.index("pytest"), ".ci/run builds the docs before pytest"
