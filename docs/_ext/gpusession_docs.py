@@ -4,8 +4,9 @@
 - ``gpusession-magic``: the flags of ``%%gpu`` and ``%gpu`` (their magic_arguments parsers);
 - ``gpusession-config``: every trait of ``jupyter_ext.config.GPUSession``: type, default, help.
 
-Each directive writes reStructuredText lines and parses them in place. None of the imports it
-needs starts Ray (the CLI parser, the magics and the traits are plain argparse and traitlets).
+Each directive writes reStructuredText lines and parses them in place. What they import may load
+Ray's package, but nothing starts or joins a cluster: the CLI's parsers and the magics' are plain
+argparse, the server's settings plain traitlets.
 """
 from __future__ import annotations
 
