@@ -57,6 +57,7 @@ html_title = "gpusession"
 html_static_path: list[str] = []
 html_theme_options = {
     "navigation_depth": 3,
+    "header_links_before_dropdown": 8,
     "show_toc_level": 2,
     "secondary_sidebar_items": ["page-toc"],
 }
