@@ -24,7 +24,7 @@ class GPUSession(LoggingConfigurable):
         Otherwise the address of a running cluster, e.g. "10.0.0.5:6379" or "ray://head:10001";
         "auto" finds a cluster started on this machine. Kernels started by this server get it as
         RAY_ADDRESS. This does not keep anyone from reaching Ray by other means: Ray has no
-        per-user access control (see the README's trust boundary).""").tag(config=True)
+        per-user access control (see docs/admin/security.md).""").tag(config=True)
     local_gpus = Int(0, help="""Logical GPUs (a count) the embedded head declares when this
         machine has no GPU, e.g. 4; then workers train on the CPU with gloo and the admin page says
         the GPUs are logical. 0: the default of 4. Ignored on a machine with GPUs (all of them are
