@@ -18,6 +18,8 @@ import pytest
 from hypothesis import settings as hypothesis_settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
+from . import skiplist
+
 ROOT = Path(__file__).resolve().parent.parent
 # Property tests: no per-example deadline (a loaded machine is slow, not wrong), failures kept in
 # .hypothesis/ (gitignored) and replayed first on the next run, a reproduction blob printed.
@@ -27,6 +29,8 @@ hypothesis_settings.register_profile(
 )
 hypothesis_settings.load_profile("gpusession")
 CLUSTER_GPUS = 4
+SKIPPED: list = []  # skiplist.Skipped of this session
+UNEXPLAINED: list = []  # the no-silent-skip report, when CI as root had unlisted skips
 
 # The fast loop (`pytest -m "not slow"`, README "Development") must stay under 3 minutes and still
 # catch a broken run path. The rule: a test is slow when, besides the shared session cluster, it
@@ -41,6 +45,7 @@ CLUSTER_GPUS = 4
 # its reason. Everything else runs in the fast loop: unit tests and calls on the session cluster.
 SLOW_FOLDERS = {
     "e2e": "drives a real browser against its own JupyterLab",
+    "gpu": "runs ranks on real CUDA GPUs through a Ray cluster of its own",
     "multihost": "makes network namespaces and a simulated multi-host cluster",
     "hub": "starts its own JupyterHub",
 }
@@ -98,6 +103,29 @@ def slow_reason(folder: str, fixturenames, *, module_names=(), where: str = "") 
     by_module = next((KERNEL_STARTERS[name] for name in module_names if name in KERNEL_STARTERS), None)
     listed = SLOW_TESTS.get(where.split("::")[0]) or SLOW_TESTS.get(where)
     return by_fixture or by_module or listed
+
+
+def pytest_runtest_logreport(report):
+    """Every skip, for the no-silent-skip check (tests/skiplist.py) at the session's end."""
+    if report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        SKIPPED.append(skiplist.Skipped(report.nodeid.removeprefix("tests/"), reason.removeprefix("Skipped: ")))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """In CI as root, a skip not listed in tests/expected_skips.toml with its reason fails the run."""
+    if not skiplist.enforced(os.environ, os.geteuid()):
+        return
+    bad = skiplist.unexplained(SKIPPED, skiplist.load(skiplist.LIST.read_text()))
+    if bad:
+        UNEXPLAINED.append(skiplist.report(bad))
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter):
+    for text in UNEXPLAINED:
+        terminalreporter.write_sep("=", "unexplained skips", red=True)
+        terminalreporter.write_line(text)
 
 
 def pytest_collection_modifyitems(config, items):
