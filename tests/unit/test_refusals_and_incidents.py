@@ -152,3 +152,12 @@ def test_tornado_http_errors_pass_the_error_mapping_as_they_are():
     with pytest.raises(web.HTTPError) as raised, http_errors():
         raise web.HTTPError(403, "no")
     assert raised.value.status_code == 403 and not isinstance(raised.value, APIError)
+
+
+@pytest.mark.parametrize("given", [None, "", [1], 7, {"a": 1}, "ü" * 24, "wrong"])
+def test_an_admin_token_that_is_not_the_token_is_no_match_whatever_its_type(given):
+    """Found by the broker fuzz: a list as the token made hmac raise TypeError inside the broker."""
+    from gpusession.broker.secrets import token_matches
+
+    assert token_matches(given, "s3cret-token") is False
+    assert token_matches("s3cret-token", "s3cret-token") is True
