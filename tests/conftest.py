@@ -38,8 +38,10 @@ UNEXPLAINED: list = []  # the no-silent-skip report, when CI as root had unliste
 #      JupyterHub, a Jupyter server, a Jupyter kernel (an example notebook included), or another
 #      Python process that imports Ray or torch (another user's kernel through `driver`, the
 #      gpusession or jupyter CLI, torchrun, a warm parent, spawned ranks); or
-#  (b) plays a scenario that lasts seconds by design: a rank, worker or broker killed and brought
-#      back, a grace period waited out, a crowd of concurrent callers, a whole sweep.
+#  (b) plays a scenario that lasts seconds by design: a rank, worker or broker killed (or dying) and
+#      brought back, a grace period waited out, a fixed sleep over a second, a crowd of concurrent
+#      callers, a whole sweep; or
+#  (c) needs CUDA GPUs (tests/gpu: a Ray cluster of its own on the machine's real GPUs).
 # Found by folder, fixture and module names where it can be (a new test there is caught without
 # remembering the marker); the rest is listed by file (every test in it) or by file::test, with
 # its reason. Everything else runs in the fast loop: unit tests and calls on the session cluster.
@@ -87,6 +89,21 @@ SLOW_TESTS = {
         "takes a lease's placement group back and waits for its worker to stop",
     "integration/test_preemption.py::test_a_within_quota_lease_of_equal_priority_is_not_preempted_by_a_request_waiting_past_the_grace_period":
         "waits out a preemption grace period",
+    "integration/test_heartbeat.py::test_a_live_worker_keeps_beating_and_one_whose_process_is_killed_is_lost_at_once":
+        "starts beat servers in fresh interpreters, kills one, and sleeps 1.5 s and 1.2 s",
+    "integration/test_heartbeat.py::test_a_worker_that_cannot_be_reached_is_left_to_ray_not_declared_lost":
+        "sleeps 1.5 s to show nothing happens",
+    "integration/test_cli_status_endpoint.py::test_status_on_the_head_shows_the_brokers_status_without_importing_ray":
+        "runs the gpusession CLI in a subprocess",
+    "integration/test_cli_status_endpoint.py::test_a_user_sees_only_their_own_runs_through_the_endpoint":
+        "runs the gpusession CLI in a subprocess",
+    "integration/test_cli_status_endpoint.py::test_status_answers_through_ray_when_the_announced_endpoint_is_gone":
+        "runs the gpusession CLI in a subprocess that joins the cluster through Ray",
+    "integration/test_ray_guard.py": "runs a fresh interpreter that imports Ray",
+    "integration/test_recovery.py::test_a_survivor_blocked_in_a_collective_is_torn_down_when_its_peer_dies":
+        "kills a rank",
+    "integration/test_call_endings.py::test_a_worker_process_that_dies_raises_worker_failed_naming_its_rank":
+        "a rank process dies mid-run",
     "integration/test_sweep.py::test_sixteen_trials_run_four_at_a_time_prune_early_record_failures_and_find_the_best":
         "a whole sweep of sixteen trials",
     "integration/test_sweep.py::test_an_interrupted_sweep_releases_every_gpu_and_the_same_call_runs_only_the_missing_trials":
