@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 import gpusession as gs
 from gpusession.broker import client
 from gpusession.broker.service import BrokerService
+from gpusession.errors import NotAuthorized
 
 from ..fuzzcheck import judge_broker_error
 
@@ -119,3 +120,17 @@ def test_fuzzed_broker_calls_are_answered_refused_cleanly_or_never_change_anythi
         assert held.run(lambda: math.pi) == math.pi
     finally:
         held.release()
+
+
+def test_timings_gives_an_admin_percentiles_per_kind_reset_starts_over_and_others_are_refused(cluster, quiet, broker,
+                                                                                               admin):
+    gs.lease(gpus=1).release()  # at least one request and one release measured
+    summary = client.call(broker.timings, admin)
+    assert {"request", "release", "loop_lag"} <= set(summary), summary
+    for kind, numbers in summary.items():
+        assert numbers["n"] >= 1 and 0 <= numbers["p50_ms"] <= numbers["p99_ms"] <= numbers["max_ms"], (kind, numbers)
+    assert client.call(broker.timings, admin, True).keys() >= {"request", "release"}  # the summary before the reset
+    after = client.call(broker.timings, admin)
+    assert "request" not in after and "release" not in after, after  # nothing asked since the reset
+    with pytest.raises(NotAuthorized, match="admin token"):
+        client.call(broker.timings, {"user": "fuzz-stranger"})

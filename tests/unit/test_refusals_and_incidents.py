@@ -13,7 +13,7 @@ from tornado import web
 from gpusession import errors
 from gpusession.broker.admin_api import AdminMethods
 from gpusession.broker.door import door
-from gpusession.errors import BrokerFailed, GPUSessionError, InvalidRequest, LeaseNotFound, NotAuthorized
+from gpusession.errors import BrokerFailed, InvalidRequest, LeaseNotFound, NotAuthorized
 from jupyter_ext.bridge import error_type
 from jupyter_ext.brokerlink import BrokerUnavailable, _error
 from jupyter_ext.httperrors import APIError, http_errors, status_for
