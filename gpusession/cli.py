@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import os
 import sys
 
@@ -17,6 +18,7 @@ NO_CLUSTER = ("No running Ray cluster: start one with `gpusession cluster start`
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    _check_together(parser, args)
     if not getattr(args, "handler", None):
         parser.print_help()
         return 2
@@ -34,8 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="run examples/quickstart.ipynb headless on the embedded default cluster",
                           description="Execute the quickstart notebook in a fresh kernel (its own local Ray head, "
                                       "logical GPUs when the machine has none) and print its results and receipt.")
-    demo.add_argument("--notebook", help="notebook to run instead of the quickstart")
-    demo.add_argument("--timeout", type=float, default=600, help="seconds a cell may take (default 600)")
+    demo.add_argument("--notebook", type=_notebook_file, help="notebook to run instead of the quickstart")
+    demo.add_argument("--timeout", type=_seconds, default=600, help="seconds a cell may take (default 600)")
     demo.set_defaults(handler=_demo)
 
     lab = sub.add_parser("lab", help="JupyterLab with gpusession and its embedded cluster (prints the URL)",
@@ -44,12 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
                                      "prints the URL once JupyterLab answers, and stops everything on Ctrl-C. "
                                      "Runs as root too (passes --allow-root).",
                          epilog="Example: gpusession lab --no-browser --port 8890 -- --ServerApp.base_url=/gpus/")
-    lab.add_argument("--port", type=int, default=None, help="port (default 8888, or a free one if 8888 is taken)")
+    lab.add_argument("--port", type=_port, default=None, help="port (default 8888, or a free one if 8888 is taken)")
     lab.add_argument("--ip", default="localhost", help="address to listen on (default localhost; 0.0.0.0 for all)")
-    lab.add_argument("--gpus", type=int, default=None, metavar="N",
+    lab.add_argument("--gpus", type=_gpus, default=None, metavar="N",
                      help="logical GPUs of the embedded cluster when the machine has none (default 4)")
     lab.add_argument("--no-browser", action="store_true", help="do not open a browser")
-    lab.add_argument("--notebook-dir", default=None, help="folder JupyterLab shows (default: the current one)")
+    lab.add_argument("--notebook-dir", type=_folder, default=None,
+                     help="folder JupyterLab shows (default: the current one)")
     lab.add_argument("jupyter_args", nargs=argparse.REMAINDER, metavar="-- JUPYTER_OPTIONS",
                      help="more options for JupyterLab, after --")
     lab.set_defaults(handler=_lab)
@@ -67,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     revoke = sub.add_parser("revoke", help="revoke a lease (its owner or an admin)",
                             description="Notify the lease's caller, which stops its workers and releases; "
                                         "after a grace period the broker takes the GPUs back by force.")
-    revoke.add_argument("lease_id", type=int, metavar="ID", help="the lease id (see `gpusession leases`)")
+    revoke.add_argument("lease_id", type=_lease_id, metavar="ID", help="the lease id (see `gpusession leases`)")
     _admin_option(revoke)
     revoke.set_defaults(handler=_revoke)
 
@@ -101,24 +104,24 @@ def _add_quota(sub) -> None:
     _admin_option(listing)
     listing.set_defaults(handler=_quota_list)
     get = verbs.add_parser("get", help="one user's quota and usage")
-    get.add_argument("user")
+    get.add_argument("user", type=_user)
     get.add_argument("--json", action="store_true", help="print JSON")
     _admin_option(get)
     get.set_defaults(handler=_quota_get)
     change = verbs.add_parser("set", help="set one user's quota (fields not given keep their value)",
                               epilog="Example: gpusession quota set alice --max-gpus 2 --gpu-hours 40 --max-priority high")
-    change.add_argument("user")
+    change.add_argument("user", type=_user)
     # SUPPRESS: a flag not given leaves no attribute, so "--max-gpus none" (no limit) differs from absent
     change.add_argument("--max-gpus", type=_limit, default=argparse.SUPPRESS,
                         help="GPUs held at once; 'none' for no limit")
     change.add_argument("--gpu-hours", type=_limit, default=argparse.SUPPRESS,
                         help="GPU-hours per rolling 7 days; 'none' for unlimited")
-    change.add_argument("--max-priority", choices=("low", "normal", "high"), default=argparse.SUPPRESS,
+    change.add_argument("--max-priority", type=str.lower, choices=("low", "normal", "high"), default=argparse.SUPPRESS,
                         help="highest priority allowed")
     _admin_option(change)
     change.set_defaults(handler=_quota_set)
     reset = verbs.add_parser("reset", help="remove the user's row: the default quota applies again")
-    reset.add_argument("user")
+    reset.add_argument("user", type=_user)
     _admin_option(reset)
     reset.set_defaults(handler=_quota_reset)
     quota.set_defaults(handler=lambda args: quota.print_help() or 2)
@@ -136,9 +139,10 @@ def _limit(text: str) -> float | None:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0 or 'none', got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0 or 'none', got {text!r}")
+        value = None
+    if value is None or not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0 (e.g. 2 or 0.5) or 'none' for no limit, "
+                                         f"got {text!r}")
     return value
 
 
@@ -146,10 +150,70 @@ def _date(text: str) -> float:
     try:
         moment = dt.datetime.fromisoformat(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected YYYY-MM-DD or an ISO time, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected YYYY-MM-DD or an ISO time such as 2024-06-01T12:00, "
+                                         f"got {text!r}") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=dt.timezone.utc)
     return moment.timestamp()
+
+
+def _whole(text: str, *, low: int, high: int, what: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"expected {what}, a whole number from {low} to {high}; got {text!r}")
+    return value
+
+
+def _lease_id(text: str) -> int:
+    return _whole(text, low=1, high=2**62, what="a lease id (see `gpusession leases`)")
+
+
+def _port(text: str) -> int:
+    return _whole(text, low=1, high=65535, what="a TCP port such as 8890")
+
+
+def _gpus(text: str) -> int:
+    return _whole(text, low=1, high=1024, what="a number of logical GPUs such as 4")
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected seconds, a number more than 0 such as 600; got {text!r}")
+    return value
+
+
+def _user(text: str) -> str:
+    if not text or len(text) > 256 or not text.isprintable():
+        raise argparse.ArgumentTypeError(f"expected a user name of 1-256 printable characters; got {text[:40]!r}")
+    return text
+
+
+def _notebook_file(text: str) -> str:
+    if not text.endswith(".ipynb") or not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(f"expected the path of an existing .ipynb file; got {text!r}")
+    return text
+
+
+def _folder(text: str) -> str:
+    if not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"expected an existing folder; {text!r} is not one")
+    return text
+
+
+def _check_together(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Options valid alone but not together: refused like argparse's own errors (exit status 2)."""
+    since, until = getattr(args, "since", None), getattr(args, "until", None)
+    if since is not None and until is not None and since > until:
+        parser.error(f"argument --since: {dt.datetime.fromtimestamp(since, dt.timezone.utc):%Y-%m-%d %H:%M} is "
+                     f"after --until ({dt.datetime.fromtimestamp(until, dt.timezone.utc):%Y-%m-%d %H:%M}); "
+                     "swap them")
 
 
 # ----- talking to the broker ------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import urllib.request
 from pathlib import Path
 
 from . import status_endpoint
-from .errors import GPUSessionError, LeaseNotFound, NotAuthorized
+from .errors import GPUSessionError, InvalidRequest, LeaseNotFound, NotAuthorized
 
 ANNOUNCE_PREFIX = "gpusession-"
 TIMEOUT_S = 10.0
@@ -170,7 +170,7 @@ def _message(error: urllib.error.HTTPError) -> str:
 
 def _error(status: int, message: str) -> Exception:
     if status == 400:
-        return ValueError(message)
+        return InvalidRequest(message)
     if status == 403:
         return NotAuthorized(message)
     if status == 404:

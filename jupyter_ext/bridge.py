@@ -18,6 +18,8 @@ import json
 import os
 import sys
 import threading
+import traceback
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 METHODS = frozenset({"info", "cluster", "status", "leases", "revoke", "quotas", "quota", "set_quota",
@@ -41,13 +43,22 @@ class Channel:
 
 
 def error_type(exc: BaseException) -> str:
+    """A named gpusession error keeps its name; Ray's "cannot reach the broker" is Unavailable;
+    anything else (a bare TypeError or ValueError included) is a bug: BrokerFailed."""
     from gpusession.errors import ERRORS_BY_NAME
 
     if type(exc).__name__ in ERRORS_BY_NAME:
         return type(exc).__name__
-    if isinstance(exc, (ValueError, TypeError, KeyError)):
-        return "ValueError"
-    return "Unavailable"
+    if _unreachable(exc):
+        return "Unavailable"
+    return "BrokerFailed"
+
+
+def _unreachable(exc: BaseException) -> bool:
+    from ray import exceptions
+
+    return isinstance(exc, (exceptions.RayActorError, exceptions.GetTimeoutError, exceptions.RaySystemError,
+                            ConnectionError, TimeoutError))
 
 
 def answer(channel: Channel, request: dict) -> None:
@@ -56,7 +67,7 @@ def answer(channel: Channel, request: dict) -> None:
     try:
         method = request.get("method")
         if method not in METHODS:
-            raise ValueError(f"The bridge does not offer {method!r}; it offers {', '.join(sorted(METHODS))}.")
+            raise LookupError(f"The bridge does not offer {method!r}; it offers {', '.join(sorted(METHODS))}.")
         handle = client.broker()
         result = client.call(getattr(handle, method), *request.get("args", []), timeout=CALL_TIMEOUT_S,
                              **request.get("kwargs", {}))
@@ -65,7 +76,14 @@ def answer(channel: Channel, request: dict) -> None:
         kind = error_type(exc)
         if kind == "Unavailable":
             client.forget()  # the broker may have been restarted or replaced: look it up again
-        channel.send({"id": request.get("id"), "error": {"type": kind, "message": str(exc) or repr(exc)}})
+        message = str(exc) or repr(exc)
+        if kind == "BrokerFailed" and type(exc).__name__ != "BrokerFailed":
+            incident = uuid.uuid4().hex[:8]
+            print(f"gpusession bridge: {request.get('method')} failed (incident {incident})", file=sys.stderr)
+            traceback.print_exc()
+            message = (f"The gpusession bridge failed on {request.get('method')} (incident {incident}); nothing "
+                       "is known to have changed. The Jupyter server's log has the cause under that incident id.")
+        channel.send({"id": request.get("id"), "error": {"type": kind, "message": message}})
 
 
 def connect(policy: dict | None) -> dict:

@@ -36,8 +36,6 @@ def _error(reply: dict) -> BaseException:
     kind, message = reply.get("type"), reply.get("message", "")
     if kind in ERRORS_BY_NAME:
         return ERRORS_BY_NAME[kind](message)
-    if kind == "ValueError":
-        return ValueError(message)
     return BrokerUnavailable(f"The broker did not answer: {message}")
 
 

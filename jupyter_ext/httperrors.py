@@ -2,27 +2,35 @@
 
     with http_errors():
         ...  # a NotAuthorized raised here reaches the client as 403 {"message": "..."}
+
+Every refusal is a named error (InvalidRequest for a bad value, NotAuthorized, ...). Anything
+else raised inside, a bare TypeError or ValueError included, is a bug: it is logged with an
+incident id and answered 500 {"message": "... (incident 1a2b3c4d) ...", "incident": "1a2b3c4d"}.
 """
 from __future__ import annotations
 
+import logging
+import uuid
 from contextlib import contextmanager
 
 from tornado import web
 
-from gpusession.errors import BrokerFailed, BrokerOutdated, Infeasible, LeaseNotFound, NotAuthorized, QuotaExceeded
+from gpusession.errors import (BrokerFailed, BrokerOutdated, Infeasible, InvalidRequest, LeaseNotFound,
+                               NotAuthorized, QuotaExceeded)
 
 from .brokerlink import BrokerUnavailable
+
+log = logging.getLogger("gpusession.server")
 
 STATUS = (
     (NotAuthorized, 403),  # not an admin, not the owner, or an unsigned identity
     (LeaseNotFound, 404),
     (Infeasible, 409),
     (QuotaExceeded, 409),
-    (BrokerUnavailable, 503),
-    (BrokerFailed, 503),  # the broker failed on this call; its log has the incident id
-    (BrokerOutdated, 503),  # cluster starting, stopped or unreachable: try again
-    (ValueError, 400),  # bad input; the message names the field
-    (TypeError, 400),
+    (InvalidRequest, 400),  # bad input; the message names the field
+    (BrokerUnavailable, 503),  # cluster starting, stopped or unreachable: try again
+    (BrokerOutdated, 503),
+    (BrokerFailed, 500),  # a bug in the broker or the bridge; its log has the incident id
 )
 
 
@@ -36,6 +44,7 @@ class APIError(web.HTTPError):
 
 
 def status_for(error: BaseException) -> int | None:
+    """The status of a named refusal or failure; None for anything else (a bug)."""
     for kind, status in STATUS:
         if isinstance(error, kind):
             return status
@@ -44,13 +53,18 @@ def status_for(error: BaseException) -> int | None:
 
 @contextmanager
 def http_errors():
-    """Turn a mapped domain error into APIError(status, its message); others pass through."""
+    """A mapped domain error becomes APIError(status, its message); anything else is logged with
+    an incident id and becomes APIError(500) naming that id (never the exception's text)."""
     try:
         yield
     except web.HTTPError:
         raise
     except Exception as exc:
         status = status_for(exc)
-        if status is None:
-            raise
-        raise APIError(status, str(exc), getattr(exc, "details", None)) from exc
+        if status is not None:
+            raise APIError(status, str(exc), getattr(exc, "details", None)) from exc
+        incident = uuid.uuid4().hex[:8]
+        log.exception("gpusession request failed (incident %s)", incident)
+        raise APIError(500, f"gpusession failed on this request (incident {incident}); nothing is known to have "
+                            "changed. Try again; an admin finds the cause in the Jupyter server's log by that "
+                            "incident id.", {"incident": incident}) from exc

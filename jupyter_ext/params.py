@@ -1,4 +1,4 @@
-"""Reading requests: each bad value raises ValueError naming the field (the client gets a 400).
+"""Reading requests: each bad value raises InvalidRequest naming the field (the client gets a 400).
 
 The values the broker checks again (lease ids, usage ranges and groupings) go through the same
 checks as at the broker's door (gpusession.broker.request), so both refuse the same things."""
@@ -10,6 +10,7 @@ import math
 from typing import Any
 
 from gpusession.broker import request as checks
+from gpusession.errors import InvalidRequest
 
 USAGE_GROUPINGS = checks.USAGE_GROUPINGS
 
@@ -19,10 +20,10 @@ def json_object(body: bytes) -> dict:
     try:
         value = json.loads(body or b"")
     except ValueError as exc:
-        raise ValueError(f"The request body is not valid JSON ({exc}); send an object such as "
+        raise InvalidRequest(f"The request body is not valid JSON ({exc}); send an object such as "
                          '{"max_gpus": 2}.') from None
     if not isinstance(value, dict):
-        raise ValueError(f'The request body must be a JSON object such as {{"max_gpus": 2}}; got {value!r}.')
+        raise InvalidRequest(f'The request body must be a JSON object such as {{"max_gpus": 2}}; got {value!r}.')
     return value
 
 
@@ -32,12 +33,12 @@ def flag(name: str, text: str | None) -> bool:
         return False
     if text.strip().lower() in ("true", "1", "yes"):
         return True
-    raise ValueError(f"{name} must be true or false; got {text!r}.")
+    raise InvalidRequest(f"{name} must be true or false; got {text!r}.")
 
 
 def lease_id(text: str) -> int:
     if not text.isascii() or not text.isdigit() or len(text) > 19:
-        raise ValueError(f"lease id must be a whole number such as 17; got {text[:40]!r}.")
+        raise InvalidRequest(f"lease id must be a whole number such as 17; got {text[:40]!r}.")
     return checks.lease_id(int(text))
 
 
@@ -53,12 +54,12 @@ def moment(name: str, text: str | None) -> float | None:
         value = None
     if value is not None:
         if not math.isfinite(value) or value < 0:
-            raise ValueError(f"{name} must be a time >= 0; got {text!r}.")
+            raise InvalidRequest(f"{name} must be a time >= 0; got {text!r}.")
         return checks.number(value, name, low=0.0, high=1e13, allowed="Unix seconds >= 0")
     try:
         when = dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        raise ValueError(f"{name} must be Unix seconds or an ISO date such as 2024-06-01 or "
+        raise InvalidRequest(f"{name} must be Unix seconds or an ISO date such as 2024-06-01 or "
                          f"2024-06-01T12:00:00Z; got {text!r}.") from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=dt.timezone.utc)
@@ -70,5 +71,5 @@ def usage_query(get: Any) -> tuple[float | None, float | None, str]:
     since, until = moment("since", get("since", None)), moment("until", get("until", None))
     by = checks.grouping(get("by", None) or "user")
     if since is not None and until is not None and since > until:
-        raise ValueError(f"since ({since:.0f}) is after until ({until:.0f}); swap them.")
+        raise InvalidRequest(f"since ({since:.0f}) is after until ({until:.0f}); swap them.")
     return since, until, by

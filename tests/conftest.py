@@ -18,6 +18,8 @@ import pytest
 from hypothesis import settings as hypothesis_settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
+from . import skiplist
+
 ROOT = Path(__file__).resolve().parent.parent
 # Property tests: no per-example deadline (a loaded machine is slow, not wrong), failures kept in
 # .hypothesis/ (gitignored) and replayed first on the next run, a reproduction blob printed.
@@ -27,6 +29,8 @@ hypothesis_settings.register_profile(
 )
 hypothesis_settings.load_profile("gpusession")
 CLUSTER_GPUS = 4
+SKIPPED: list = []  # skiplist.Skipped of this session
+UNEXPLAINED: list = []  # the no-silent-skip report, when CI as root had unlisted skips
 
 # The fast loop (`pytest -m "not slow"`, README "Development") must stay under 3 minutes and still
 # catch a broken run path. The rule: a test is slow when, besides the shared session cluster, it
@@ -34,13 +38,16 @@ CLUSTER_GPUS = 4
 #      JupyterHub, a Jupyter server, a Jupyter kernel (an example notebook included), or another
 #      Python process that imports Ray or torch (another user's kernel through `driver`, the
 #      gpusession or jupyter CLI, torchrun, a warm parent, spawned ranks); or
-#  (b) plays a scenario that lasts seconds by design: a rank, worker or broker killed and brought
-#      back, a grace period waited out, a crowd of concurrent callers, a whole sweep.
+#  (b) plays a scenario that lasts seconds by design: a rank, worker or broker killed (or dying) and
+#      brought back, a grace period waited out, a fixed sleep over a second, a crowd of concurrent
+#      callers, a whole sweep; or
+#  (c) needs CUDA GPUs (tests/gpu: a Ray cluster of its own on the machine's real GPUs).
 # Found by folder, fixture and module names where it can be (a new test there is caught without
 # remembering the marker); the rest is listed by file (every test in it) or by file::test, with
 # its reason. Everything else runs in the fast loop: unit tests and calls on the session cluster.
 SLOW_FOLDERS = {
     "e2e": "drives a real browser against its own JupyterLab",
+    "gpu": "runs ranks on real CUDA GPUs through a Ray cluster of its own",
     "multihost": "makes network namespaces and a simulated multi-host cluster",
     "hub": "starts its own JupyterHub",
 }
@@ -82,8 +89,23 @@ SLOW_TESTS = {
         "replaces the session's broker twice",
     "integration/test_broker_lifecycle.py::test_a_worker_stops_by_itself_when_its_leases_group_is_taken_back":
         "takes a lease's placement group back and waits for its worker to stop",
-    "integration/test_preemption.py::test_a_within_quota_lease_of_equal_priority_is_never_preempted":
+    "integration/test_preemption.py::test_a_within_quota_lease_of_equal_priority_is_not_preempted_by_a_request_waiting_past_the_grace_period":
         "waits out a preemption grace period",
+    "integration/test_heartbeat.py::test_a_live_worker_keeps_beating_and_one_whose_process_is_killed_is_lost_at_once":
+        "starts beat servers in fresh interpreters, kills one, and sleeps 1.5 s and 1.2 s",
+    "integration/test_heartbeat.py::test_a_worker_that_cannot_be_reached_is_left_to_ray_not_declared_lost":
+        "sleeps 1.5 s to show nothing happens",
+    "integration/test_cli_status_endpoint.py::test_status_on_the_head_shows_the_brokers_status_without_importing_ray":
+        "runs the gpusession CLI in a subprocess",
+    "integration/test_cli_status_endpoint.py::test_a_user_sees_only_their_own_runs_through_the_endpoint":
+        "runs the gpusession CLI in a subprocess",
+    "integration/test_cli_status_endpoint.py::test_status_answers_through_ray_when_the_announced_endpoint_is_gone":
+        "runs the gpusession CLI in a subprocess that joins the cluster through Ray",
+    "integration/test_ray_guard.py": "runs a fresh interpreter that imports Ray",
+    "integration/test_recovery.py::test_a_survivor_blocked_in_a_collective_is_torn_down_when_its_peer_dies":
+        "kills a rank",
+    "integration/test_call_endings.py::test_a_worker_process_that_dies_raises_worker_failed_naming_its_rank":
+        "a rank process dies mid-run",
     "integration/test_sweep.py::test_sixteen_trials_run_four_at_a_time_prune_early_record_failures_and_find_the_best":
         "a whole sweep of sixteen trials",
     "integration/test_sweep.py::test_an_interrupted_sweep_releases_every_gpu_and_the_same_call_runs_only_the_missing_trials":
@@ -100,6 +122,29 @@ def slow_reason(folder: str, fixturenames, *, module_names=(), where: str = "") 
     by_module = next((KERNEL_STARTERS[name] for name in module_names if name in KERNEL_STARTERS), None)
     listed = SLOW_TESTS.get(where.split("::")[0]) or SLOW_TESTS.get(where)
     return by_fixture or by_module or listed
+
+
+def pytest_runtest_logreport(report):
+    """Every skip, for the no-silent-skip check (tests/skiplist.py) at the session's end."""
+    if report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        SKIPPED.append(skiplist.Skipped(report.nodeid.removeprefix("tests/"), reason.removeprefix("Skipped: ")))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """In CI as root, a skip not listed in tests/expected_skips.toml with its reason fails the run."""
+    if not skiplist.enforced(os.environ, os.geteuid()):
+        return
+    bad = skiplist.unexplained(SKIPPED, skiplist.load(skiplist.LIST.read_text()))
+    if bad:
+        UNEXPLAINED.append(skiplist.report(bad))
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter):
+    for text in UNEXPLAINED:
+        terminalreporter.write_sep("=", "unexplained skips", red=True)
+        terminalreporter.write_line(text)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -122,6 +167,7 @@ class Cluster:
     home: Path
     db_path: Path
     admin_token: str
+    logical: bool  # the broker reports logical GPUs (no CUDA behind them): expected values follow it
 
     def env(self, **extra: str) -> dict:
         """Environment for a subprocess that should join this cluster as another user's kernel."""
@@ -192,7 +238,8 @@ def cluster(tmp_path_factory):
                                         heartbeat_timeout_s=3.0, claim_timeout_s=10.0))
     client.call(broker.info)  # started and answering before any test runs
     token = (db_path.parent / "admin_token").read_text().strip()
-    yield Cluster(ray.get_runtime_context().gcs_address, home, db_path, token)
+    logical = client.call(broker.cluster)["logical_gpus"]
+    yield Cluster(ray.get_runtime_context().gcs_address, home, db_path, token, logical)
     from gpusession.broker.client import BROKER_NAME, NAMESPACE
 
     try:

@@ -30,6 +30,7 @@ class AdminMethods:
     @door
     async def quota(self, user: str, auth: dict) -> dict:
         who = authz.caller(auth, self.keys)
+        user = checks.text(user, "user", checks._NAME, "a user name of 1-256 printable characters")
         if not who.admin and user != who.user:
             raise NotAuthorized(f"Only an admin may read the quota of {user}; you are {who.user}.")
         return views.quota_view(user, self.books, await self.journal.read("quotas"), await self._hours_7d())

@@ -40,5 +40,6 @@ def identity_key(db_path: str | Path) -> bytes:
     return _read_or_create(identity_key_path(db_path), 32).encode()
 
 
-def token_matches(given: str | None, expected: str) -> bool:
-    return bool(given) and hmac.compare_digest(given, expected)
+def token_matches(given, expected: str) -> bool:
+    """Whether `given` is the token; anything not a non-empty string (a list, a number, None) is not."""
+    return isinstance(given, str) and bool(given) and hmac.compare_digest(given.encode(), expected.encode())

@@ -92,6 +92,7 @@ class BrokerService(AdminMethods, ResizeMethods, RelocateMethods, ProgressMethod
                  len(self.books.rows))
 
     # ----- anyone ----------------------------------------------------------------------------------
+    @door
     async def version(self) -> str:
         return self.version_string
 

@@ -6,6 +6,7 @@ import json
 import os
 from dataclasses import dataclass, fields
 
+from ..errors import InvalidRequest
 from .books import PolicySettings
 from .ledger import Ledger
 from .model import Priority, Quota
@@ -105,18 +106,21 @@ QUOTA_FIELDS = ("max_gpus", "gpu_hours", "max_priority")
 
 
 def parse_quota_update(update: dict, base: Quota) -> Quota:
-    """Apply an admin's quota change to `base`; a bad field raises ValueError naming it."""
+    """Apply an admin's quota change to `base`; a bad field raises InvalidRequest naming it."""
     if not isinstance(update, dict):
-        raise ValueError("quota must be an object such as {\"max_gpus\": 2}.")
+        raise InvalidRequest("quota must be an object such as {\"max_gpus\": 2}.")
     unknown = sorted(set(update) - set(QUOTA_FIELDS))
     if unknown:
-        raise ValueError(f"unknown quota field {unknown[0]!r}; the fields are {', '.join(QUOTA_FIELDS)}.")
+        raise InvalidRequest(f"unknown quota field {unknown[0]!r}; the fields are {', '.join(QUOTA_FIELDS)}.")
     values = {"max_gpus": base.max_gpus, "gpu_hours": base.gpu_hours, "max_priority": base.max_priority}
     for key in ("max_gpus", "gpu_hours"):
         if key in update:
             values[key] = _non_negative(update[key], key)
     if "max_priority" in update:
-        values["max_priority"] = Priority.parse(update["max_priority"], field_name="max_priority")
+        try:
+            values["max_priority"] = Priority.parse(update["max_priority"], field_name="max_priority")
+        except ValueError as exc:
+            raise InvalidRequest(str(exc)) from None
     return Quota(**values)
 
 
@@ -124,7 +128,7 @@ def _non_negative(value, key: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{key} must be a number >= 0 or null (no limit); got {value!r}.")
+        raise InvalidRequest(f"{key} must be a number >= 0 or null (no limit); got {value!r}.")
     if not value >= 0 or value == float("inf"):
-        raise ValueError(f"{key} must be a number >= 0 or null (no limit); got {value!r}.")
+        raise InvalidRequest(f"{key} must be a number >= 0 or null (no limit); got {value!r}.")
     return float(value)

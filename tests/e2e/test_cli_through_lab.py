@@ -12,6 +12,7 @@ import pytest
 from gpusession.broker import client
 
 from ..conftest import ROOT, wait_for
+from ..machine import cluster_line
 from .conftest import ADMIN
 
 # Run the CLI, then say whether Ray was ever imported: the fast path never needs it.
@@ -36,7 +37,7 @@ def announced(jupyter):
 def test_status_answers_through_the_server_without_importing_ray(cluster, jupyter, announced):
     done, took = gpusession(cluster, jupyter, "status")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("cluster: 4 GPUs (logical: training runs on the CPU)")
+    assert done.stdout.startswith(f"cluster: {cluster_line(4, logical=cluster.logical)}")
     assert f"\n{ADMIN}: " in done.stdout and "RAY False" in done.stdout
     print(f"gpusession status through the server: {took:.2f} s (a fresh Python process)")
 

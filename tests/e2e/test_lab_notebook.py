@@ -17,6 +17,7 @@ from gpusession.cluster.lease import Lease
 from gpusession.options import validate_run_options
 
 from ..conftest import CLUSTER_GPUS
+from ..machine import gpus_text
 from .conftest import ADMIN, screenshot
 
 pytestmark = pytest.mark.e2e
@@ -185,7 +186,7 @@ def assert_never_blank_after_first_second(page, recorded: list[tuple[float, str]
     return first
 
 
-def test_the_first_gpu_cell_shows_its_status_at_once_then_workers_starting_running_and_the_receipt(lab):
+def test_the_first_gpu_cell_shows_its_status_at_once_then_workers_starting_running_and_the_receipt(lab, cluster):
     run_cell(lab, 1)
     starting = wait_for_drawn(lab, 1, "starting 2 workers on 1 node", timeout_ms=60_000)
     if cell(lab, 1).locator(".gpusession-status-text").inner_text() == starting:  # warm workers pass it in ms
@@ -193,7 +194,7 @@ def test_the_first_gpu_cell_shows_its_status_at_once_then_workers_starting_runni
     # the first running line has no step yet ("running on 2 GPUs · 0 s"): wait for one with a step
     running = wait_for_drawn(lab, 1, re.compile(r"running on 2 GPUs · step \d"))
     screenshot(lab, "lab-2-running")
-    receipt = wait_for_drawn(lab, 1, "2 logical GPUs · queued")
+    receipt = wait_for_drawn(lab, 1, f"{gpus_text(2, logical=cluster.logical)} · queued")
     screenshot(lab, "lab-3-receipt")
     drawn = seen(lab)
     assert drawn.index(starting) < drawn.index(running) < drawn.index(receipt), drawn
@@ -211,7 +212,7 @@ def test_the_first_gpu_cell_shows_its_status_at_once_then_workers_starting_runni
     print(f"first output of the first %%gpu 2 cell: {first:.0f} ms after Shift+Enter")
 
 
-def test_a_queued_cell_says_its_position_and_reason_then_runs_without_a_blank_moment(lab):
+def test_a_queued_cell_says_its_position_and_reason_then_runs_without_a_blank_moment(lab, cluster):
     holder = Lease(validate_run_options(gpus=CLUSTER_GPUS), identity=Identity("holder")).acquire()
     try:
         run_cell(lab, 2)
@@ -221,7 +222,7 @@ def test_a_queued_cell_says_its_position_and_reason_then_runs_without_a_blank_mo
         screenshot(lab, "lab-4-queued")
     finally:
         holder.release()
-    receipt = wait_for_drawn(lab, 2, "1 logical GPU · queued")
+    receipt = wait_for_drawn(lab, 2, f"{gpus_text(1, logical=cluster.logical)} · queued")
     assert "granted at last" in cell(lab, 2).inner_text()
     assert_never_blank_after_first_second(lab, samples(lab))
     # The line showed "2 s" (its seconds are rounded, and count from when it turned to "waiting",
@@ -229,14 +230,14 @@ def test_a_queued_cell_says_its_position_and_reason_then_runs_without_a_blank_mo
     assert float(receipt.split("queued ")[1].split(" s")[0]) >= 1.5
 
 
-def test_a_cell_on_borrowed_gpus_says_it_may_be_preempted_first_and_its_receipt_says_borrowed(lab, broker, admin):
+def test_a_cell_on_borrowed_gpus_says_it_may_be_preempted_first_and_its_receipt_says_borrowed(lab, broker, admin, cluster):
     client.call(broker.set_quota, ADMIN, {"max_gpus": 1}, admin)
     try:
         run_cell(lab, 3)
         running = wait_for_drawn(lab, 3, "running on 2 GPUs")
         assert "on borrowed GPUs" in running and "preempted first" in running
         screenshot(lab, "lab-5-borrowed")
-        receipt = wait_for_drawn(lab, 3, "2 logical GPUs · queued")
+        receipt = wait_for_drawn(lab, 3, f"{gpus_text(2, logical=cluster.logical)} · queued")
     finally:
         client.call(broker.reset_quota, ADMIN, admin)
     assert "on borrowed GPUs (over quota)" in receipt

@@ -12,6 +12,7 @@ import gpusession as gs
 from gpusession import events
 
 from ..conftest import CLUSTER_GPUS, free_gpus
+from ..machine import backend
 
 
 def test_call_returns_rank0_value_and_the_gpus_are_free_when_it_returns(cluster, quiet):
@@ -28,7 +29,8 @@ def test_call_returns_rank0_value_and_the_gpus_are_free_when_it_returns(cluster,
     assert free_gpus() == CLUSTER_GPUS
     run = allreduce.last_run
     assert run.end_reason == "finished" and run.released
-    assert run.gpus == 2 and run.workers == 2 and run.backend == "gloo" and run.logical_gpus
+    assert run.gpus == 2 and run.workers == 2 and run.backend == backend(logical=cluster.logical)
+    assert run.logical_gpus is cluster.logical
     assert run.setup_s > 0 and run.run_s > 0  # a real start and a real run took time
     assert run.gpu_seconds >= 2 * (run.setup_s + run.run_s)  # 2 GPUs held from grant to release
 

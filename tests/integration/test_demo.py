@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from ..conftest import ROOT
+from ..machine import backend, device_type, gpus_text, own_cluster_logical
 
 pytestmark = pytest.mark.slow  # starts its own embedded Ray cluster
 
@@ -22,8 +23,9 @@ def test_gpusession_demo_runs_the_quickstart_on_the_embedded_cluster_and_prints_
     out = result.stdout
     assert result.returncode == 0, out + result.stderr
     assert "failed" not in out
-    assert "trained on 2 workers (gloo, device cpu)" in out
-    assert re.search(r"2 logical GPUs · queued [\d.]+ s · setup [\d.]+ s · run [\d.]+ s · [\d.]+ GPU·s · released", out)
+    logical = own_cluster_logical()
+    assert f"trained on 2 workers ({backend(logical=logical)}, device {device_type(logical=logical)})" in out
+    assert re.search(gpus_text(2, logical=logical) + r" · queued [\d.]+ s · setup [\d.]+ s · run [\d.]+ s · [\d.]+ GPU·s · released", out)
     accuracy = float(re.search(r"final accuracy ([\d.]+)", out).group(1))
     assert accuracy > 0.9  # the spirals are learned, not just run
     assert "[cell 4: a plot]" in out and "0 leased" in out

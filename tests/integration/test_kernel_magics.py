@@ -14,6 +14,7 @@ from gpusession.broker import client
 
 from ..conftest import CLUSTER_GPUS, free_gpus, wait_for
 from .kernels import Kernel
+from ..machine import cluster_line, gpus_text
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +56,7 @@ print("done")
     assert "[rank 0] done\n" in out and "[rank 1] done\n" in out
 
 
-def test_assigned_names_come_back_and_the_last_expression_is_the_cell_result(kernel):
+def test_assigned_names_come_back_and_the_last_expression_is_the_cell_result(kernel, cluster):
     kernel.ok("base = 10")
     run = kernel.ok("""%%gpu 2
 rank = gs.context().rank
@@ -68,8 +69,9 @@ t.sum().item() + world
     receipts = [m for m in run.displays("text/plain") if "GPU·s" in m["content"]["data"]["text/plain"]]
     assert len(receipts) == 1
     receipt = receipts[0]["content"]["data"]["text/plain"]
-    assert "2 logical GPUs" in receipt and "released" in receipt and "queued" in receipt
-    assert "setup" in receipt and "run" in receipt and "the workers ran on the CPU" in receipt
+    assert gpus_text(2, logical=cluster.logical) in receipt and "released" in receipt and "queued" in receipt
+    assert "setup" in receipt and "run" in receipt
+    assert ("the workers ran on the CPU" in receipt) is cluster.logical
     assert kernel.value("(_gpu.gpus, _gpu.end_reason, _gpu.released)") == (2, "finished", True)
 
 
@@ -148,7 +150,7 @@ def _display_id(msg: dict) -> str:
     return msg["content"]["transient"]["display_id"]
 
 
-def test_the_status_line_shows_the_queue_then_moves_on_in_place_on_grant(kernel):
+def test_the_status_line_shows_the_queue_then_moves_on_in_place_on_grant(kernel, cluster):
     holder = gs.lease(gpus=CLUSTER_GPUS)  # every GPU: the kernel's cell must queue
     status: list[dict] = []
 
@@ -171,7 +173,7 @@ def test_the_status_line_shows_the_queue_then_moves_on_in_place_on_grant(kernel)
     waited = [int(line.rsplit("· ", 1)[1].rstrip(" s")) for line in queued]
     assert waited == sorted(waited) and waited[-1] > waited[0]  # the elapsed time keeps moving
     assert all(_text(m).strip() for m in status)  # never blank: the queue line becomes the next phase
-    assert _text(status[-1]).startswith("done · 1 logical GPU · queued")
+    assert _text(status[-1]).startswith(f"done · {gpus_text(1, logical=cluster.logical)} · queued")
     assert kernel.value("_gpu.queued_s > 1")
 
 
@@ -216,10 +218,10 @@ torch.distributed.barrier()
     assert kernel.value("(_gpu.end_reason, _gpu.released)") == ("failed", True)
 
 
-def test_status_and_release_line_magics(kernel):
+def test_status_and_release_line_magics(kernel, cluster):
     kernel.ok("held = gs.lease(gpus=1)")
     status = kernel.ok("%gpu status").stream("stdout")
-    assert "cluster: 4 GPUs (logical" in status and "1 leased" in status
+    assert f"cluster: {cluster_line(CLUSTER_GPUS, logical=cluster.logical)}" in status and "1 leased" in status
     mine = status.split("leases held by this kernel")[1]
     assert "1 GPUs" in mine and "held" in mine
     released = kernel.ok("%gpu release").stream("stdout")
@@ -256,7 +258,7 @@ for step in range(1, 10**9):
     assert kernel.value("(_gpu.end_reason, _gpu.released, len(_gpu.history) > 0)") == ("interrupted", True, True)
 
 
-def test_a_rank_killed_in_a_cell_restarts_and_the_cell_keeps_the_restart_line_to_the_end(kernel):
+def test_a_rank_killed_in_a_cell_restarts_and_the_cell_keeps_the_restart_line_to_the_end(kernel, cluster):
     run = kernel.ok("""%%gpu 2
 import os
 resumed = gs.load_checkpoint() or {"step": 0}
@@ -278,7 +280,7 @@ for restart_step in range(resumed["step"], 6):
     after = [lines for lines in shown if lines[0].startswith("running") and len(lines) > 1]
     assert after and all(tells_the_restart(lines[1]) for lines in after)  # and it stays under the line
     receipt, *kept = shown[-1]
-    assert receipt.startswith("done · 2 logical GPUs") and "· 1 restart ·" in receipt
+    assert receipt.startswith(f"done · {gpus_text(2, logical=cluster.logical)}") and "· 1 restart ·" in receipt
     assert len(kept) == 1 and tells_the_restart(kept[0])
     assert kernel.value("(_gpu.restarts, _gpu.end_reason, sorted(_gpu.rank_hosts))") == (1, "finished", [0, 1])
     assert kernel.value("[report['step'] for report in _gpu.history]") == list(range(6))

@@ -9,6 +9,7 @@ import pytest
 
 from gpusession.broker import client
 
+from ..machine import gpus_text
 from .kernels import Kernel
 
 FIRST_OUTPUT_S = 1.0
@@ -57,7 +58,7 @@ def test_loading_gpusession_prints_nothing_in_the_first_cell(fresh_kernel):
     assert fresh_kernel.loaded.stream("stderr") == "" and fresh_kernel.loaded.stream("stdout") == ""
 
 
-def test_the_first_cell_shows_its_status_at_once_and_never_blank(fresh_kernel):
+def test_the_first_cell_shows_its_status_at_once_and_never_blank(fresh_kernel, cluster):
     sent = time.monotonic()
     arrivals: list[tuple[float, dict]] = []
     run = fresh_kernel.execute(BODY, on_message=lambda m: arrivals.append((time.monotonic() - sent, m)))
@@ -73,7 +74,7 @@ def test_the_first_cell_shows_its_status_at_once_and_never_blank(fresh_kernel):
     assert all(line.strip() for line in lines)
     phases = [line.split(" ")[0] for line in lines]
     assert phases[0] == "asking" and "starting" in phases and "running" in phases and phases[-1] == "done"
-    assert lines[-1].startswith("done · 2 logical GPUs")
+    assert lines[-1].startswith(f"done · {gpus_text(2, logical=cluster.logical)}")
     # between the phases the line ticks by itself: its text (the elapsed seconds) changes every
     # second, so no gap comes near a frozen line's (the whole start, 5 s and more here)
     times = [t for t, m in outputs if _id(m) == status_id]

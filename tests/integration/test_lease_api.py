@@ -13,6 +13,7 @@ import ray
 import gpusession as gs
 
 from ..conftest import CLUSTER_GPUS, free_gpus, take_back_from_a_stuck_caller
+from ..machine import cluster_line
 
 
 def test_one_lease_serves_several_runs_and_is_released_when_the_block_ends(cluster, quiet):
@@ -30,11 +31,11 @@ def test_one_lease_serves_several_runs_and_is_released_when_the_block_ends(clust
     assert free_gpus() == CLUSTER_GPUS
 
 
-def test_status_shows_capacity_logical_gpus_and_the_callers_quota(cluster):
+def test_status_shows_capacity_whether_gpus_are_logical_and_the_callers_quota(cluster):
     status = gs.status()
-    assert status.cluster["gpus_total"] == CLUSTER_GPUS and status.cluster["logical_gpus"]
+    assert status.cluster["gpus_total"] == CLUSTER_GPUS and status.cluster["logical_gpus"] is cluster.logical
     assert status.quota["gpus_in_use"] == 0 and status.quota["max_priority"] == "normal"
-    assert "4 GPUs (logical" in str(status)
+    assert cluster_line(CLUSTER_GPUS, logical=cluster.logical) in str(status)
 
 
 def test_each_worker_sees_only_its_leases_gpus_like_torchrun(cluster, quiet):

@@ -174,7 +174,7 @@ def test_a_victim_that_ignores_its_notice_loses_its_gpus_when_the_grace_period_e
     assert _ended(broker, admin, lease_id)["end_reason"] == "preempted"
 
 
-def test_a_within_quota_lease_of_equal_priority_is_never_preempted(cluster, broker, admin):
+def test_a_within_quota_lease_of_equal_priority_is_not_preempted_by_a_request_waiting_past_the_grace_period(cluster, broker, admin):
     first, second = (f"{name}-{uuid.uuid4().hex[:6]}" for name in ("first-come", "second"))
     for user in (first, second):  # both within an explicit quota of the whole cluster
         client.call(broker.set_quota, user, {"max_gpus": 4}, admin)

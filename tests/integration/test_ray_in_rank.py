@@ -14,7 +14,7 @@ FAST_S = 10.0  # from the function's start (all ranks running) to its error; the
 
 
 @pytest.mark.slow
-def test_ray_inside_a_rank_fails_at_once_naming_what_to_use(cluster, quiet):
+def test_ray_inside_a_rank_fails_within_10_s_of_the_functions_start_naming_what_to_use(cluster, quiet):
     @gs.distributed(gpus=1, max_failures=0)
     def asks_ray():
         import ray as ray_in_rank

@@ -1,19 +1,15 @@
 """The server's configuration and request parsing, without a server: every c.GPUSession trait
-documents itself, bad values are refused at load, domain errors map to HTTP statuses."""
+documents itself, bad values are refused at load (domain errors' statuses: tests/unit/test_refusals_and_incidents.py)."""
 from __future__ import annotations
 
 import re
 
 import pytest
-from tornado import web
 from traitlets import TraitError
 from traitlets.config import Config
 
-from gpusession.errors import LeaseNotFound, NotAuthorized
 from jupyter_ext import params
-from jupyter_ext.brokerlink import BrokerUnavailable
 from jupyter_ext.config import GPUSession
-from jupyter_ext.httperrors import http_errors, status_for
 from jupyter_ext.kernelenv import kernel_environment
 
 TRAITS = sorted(GPUSession.class_own_traits(config=True))
@@ -56,22 +52,6 @@ def test_the_owner_is_the_admin_of_an_embedded_cluster_and_nobody_is_by_default_
 def test_kernels_never_inherit_the_admin_token():
     env = kernel_environment({"PATH": "/bin", "GPUSESSION_ADMIN_TOKEN": "secret"}, {"GPUSESSION_USER": "alice"})
     assert env == {"PATH": "/bin", "GPUSESSION_USER": "alice"}
-
-
-@pytest.mark.parametrize("error, status", [
-    (NotAuthorized("no"), 403), (LeaseNotFound("gone"), 404), (ValueError("max_gpus must be"), 400),
-    (BrokerUnavailable("starting"), 503), (RuntimeError("bug"), None),
-])
-def test_domain_errors_map_to_http_statuses(error, status):
-    assert status_for(error) == status
-
-
-def test_a_mapped_error_reaches_the_client_with_its_message_and_a_bug_stays_a_bug():
-    with pytest.raises(web.HTTPError) as failure, http_errors():
-        raise ValueError("gpu_hours must be a number >= 0; 100% sure")
-    assert failure.value.status_code == 400 and failure.value.message.startswith("gpu_hours")
-    with pytest.raises(RuntimeError), http_errors():
-        raise RuntimeError("bug")
 
 
 def test_usage_times_are_unix_seconds_or_iso_dates_in_utc():

@@ -7,6 +7,7 @@ import gc
 import json
 import logging
 import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,9 @@ def jp_server_config(request, tmp_path, monkeypatch):
                    "GPUSession": {"ray_address": f"127.0.0.1:{port}"}})
 
 
+ANSWER_WITHIN_S = 5.0  # from the request to the answer, while the cluster is still starting
+
+
 def answer(jp_fetch, jp_asyncio_loop, path="api/cluster") -> tuple[int, dict]:
     with pytest.raises(HTTPClientError) as failure:
         jp_asyncio_loop.run_until_complete(jp_fetch("gpusession", *path.split("/")))
@@ -56,9 +60,14 @@ def answer(jp_fetch, jp_asyncio_loop, path="api/cluster") -> tuple[int, dict]:
 
 
 @pytest.mark.parametrize("jp_server_config", ["silent_port"], indirect=True)
-def test_while_the_cluster_starts_the_api_answers_at_once_with_the_state_and_seconds(jp_serverapp, jp_fetch,
-                                                                                     jp_asyncio_loop):
+def test_while_the_cluster_starts_the_api_answers_within_5_s_with_the_state_and_seconds(jp_serverapp, jp_fetch,
+                                                                                        jp_asyncio_loop):
+    asked = time.monotonic()
     code, body = answer(jp_fetch, jp_asyncio_loop)
+    took = time.monotonic() - asked
+    assert took < ANSWER_WITHIN_S, (f"the API answered {took:.1f} s after the request while the cluster started "
+                                    f"(bound {ANSWER_WITHIN_S:.0f} s: it must not wait for the cluster, whose start "
+                                    "takes 10 s and more; the margin is for a loaded machine)")
     assert code == 503 and body["state"] == "starting" and isinstance(body["elapsed_s"], int)
     assert body["message"].startswith("gpusession is starting the cluster (") and "\n" not in body["message"]
     code, later = answer(jp_fetch, jp_asyncio_loop, "api/leases")

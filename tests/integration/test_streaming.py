@@ -10,6 +10,8 @@ import gpusession as gs
 from gpusession import events
 from gpusession.console import ConsoleObserver
 
+from ..machine import gpus_text
+
 
 class _Recorder(events.Observer):
     def __init__(self, release_file: str | None = None) -> None:
@@ -145,4 +147,4 @@ def test_console_renderer_prefixes_whole_lines_with_the_rank_and_ends_with_a_rec
         mine = [l for l in lines if l.startswith(f"[rank {rank}] ")]
         assert mine == [f"[rank {rank}] line {i} of rank {rank}" for i in range(3)]
     assert "[metrics] loss=0.25" in lines
-    assert "2 logical GPUs" in err.getvalue() and "released" in err.getvalue()
+    assert gpus_text(2, logical=cluster.logical) in err.getvalue() and "released" in err.getvalue()

@@ -79,7 +79,7 @@ def test_a_shaped_link_carries_no_more_than_its_rate(network):
 
 
 @pytest.mark.slow
-def test_unshaping_gives_the_bridge_speed_back(network):
+def test_unshaping_removes_the_rate_limit_from_the_hosts_link(network):
     host = network.workers[0]
     network.shape_link(host, rate_mbit=RATE_MBIT)
     network.unshape_link(host)

@@ -93,7 +93,9 @@ def test_a_slow_read_does_not_hold_up_the_loop(tmp_path):
         return ticks, time.perf_counter() - started
 
     ticks, seconds = asyncio.run(scenario())
-    assert seconds > 0.01 and ticks > 10  # the loop kept turning while the read ran on its thread
+    # the loop kept turning while the read ran on its thread (a read on the loop itself would let it
+    # turn once); no lower bound on the read's time: a fast machine reads it quickly
+    assert ticks > 10, f"the loop turned {ticks} times during a {seconds * 1000:.1f} ms read"
     journal.shutdown()
 
 

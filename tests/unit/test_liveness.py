@@ -38,7 +38,9 @@ def test_an_address_that_never_answers_is_lost_within_the_bound():
     time.sleep(0.05)
     started = time.monotonic()
     assert liveness.unreachable({"silent": silent.getsockname()}, timeout_s=0.3) == {"silent"}
-    assert 0.25 < time.monotonic() - started < 1.0  # lost by the bound, not by a refusal
+    took = time.monotonic() - started
+    assert 0.25 < took < 0.3 + 0.7, (f"declared unreachable {took:.2f} s after the probe began: expected at its "
+                                     "0.3 s bound (not at once, as a refusal would be), with 0.7 s margin for load")
     for sock in fillers + [silent]:
         sock.close()
 

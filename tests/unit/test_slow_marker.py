@@ -5,8 +5,9 @@ from __future__ import annotations
 from ..conftest import ROOT, SLOW_TESTS, slow_reason
 
 
-def test_tests_in_the_browser_multihost_and_hub_folders_are_slow():
+def test_tests_in_the_browser_multihost_hub_and_gpu_folders_are_slow():
     assert slow_reason("e2e", []) and slow_reason("multihost", []) and slow_reason("hub", [])
+    assert "CUDA" in slow_reason("gpu", [])
 
 
 def test_a_test_using_its_own_jupyter_server_or_a_browser_is_slow_wherever_it_lives():
