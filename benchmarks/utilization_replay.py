@@ -40,7 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _results import RESULTS, Row, write  # noqa: E402
+from _results import RESULTS, Row, inputs_when, write  # noqa: E402
 
 from gpusession.broker.elastic import offers  # noqa: E402
 from gpusession.broker.model import ActiveLease, NodeCapacity, Placement, Priority, Quota, Request  # noqa: E402
@@ -355,7 +355,8 @@ def main() -> None:
           f"costs {costs.source}")
     for key in ours:
         print(f"{key:>14}: gpusession {ours[key]:.2f}  FIFO gang queue {theirs[key]:.2f}")
-    path = write("utilization_replay", rows(ours, theirs, costs, world.resizes), simulated=True)
+    path = write("utilization_replay", rows(ours, theirs, costs, world.resizes), simulated=True,
+                 measures=["gpusession/broker"], derived_from=inputs_when(["call_overhead", "elastic"]))
     print(f"wrote {path}")
     print(f"used/reserved ratio (gpusession / FIFO gang queue, simulated): "
           f"{ours['used/reserved'] / theirs['used/reserved']:.2f}")
