@@ -14,11 +14,14 @@ forms the process group again on every rank, the restarted one and the survivors
 from __future__ import annotations
 
 import socket
+import sys
 import time
+from pathlib import Path
 
 import ray
 
 PROCESS_GROUP_TIMEOUT_S = 60
+BENCHMARKS = Path(__file__).resolve().parent
 
 
 @ray.remote(num_gpus=1, max_restarts=-1, max_task_retries=0)
@@ -70,6 +73,7 @@ class RayPool:
         ray.get([actor.form_group.remote(host, port) for actor in self.actors])
 
     def run(self, fn, *args) -> list:
+        _ship_by_value(fn)
         return ray.get([actor.run.remote(fn, args) for actor in self.actors])
 
     def recover(self, *, timeout_s: float = 120.0) -> None:
@@ -89,3 +93,12 @@ class RayPool:
     def shutdown(self) -> None:
         for actor in self.actors:
             ray.kill(actor, no_restart=True)
+
+
+def _ship_by_value(fn) -> None:
+    """A function of a benchmark module travels as code: the actors cannot import benchmarks/."""
+    module = sys.modules.get(getattr(fn, "__module__", ""))
+    if module is not None and Path(getattr(module, "__file__", "") or "/").resolve().parent == BENCHMARKS:
+        from ray import cloudpickle
+
+        cloudpickle.register_pickle_by_value(module)
