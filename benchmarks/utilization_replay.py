@@ -55,6 +55,11 @@ from gpusession.broker.model import ActiveLease, Placement, Priority, Request  #
 from gpusession.broker.policy import decide  # noqa: E402
 
 
+def resize_input() -> str:
+    """The results file the resize cost comes from."""
+    return "elastic-preemption" if (RESULTS / "elastic-preemption.json").exists() else "elastic"
+
+
 def measured_costs() -> Costs:
     """Start/release/resize costs from the results files of the measured benchmarks."""
     def median_of(name: str, measure_starts: str, key: str):
@@ -68,10 +73,12 @@ def measured_costs() -> Costs:
 
     start = median_of("call_overhead", "warm call", "gpusession")
     baseline = median_of("call_overhead", "first call of a new process", "alternative_value")
-    resize = median_of("elastic", "GPUs free again", "gpusession")
+    # the grow-back after a preemption (elastic.py --preemption); an older elastic.json held it
+    resize_file = resize_input()
+    resize = median_of(resize_file, "GPUs free again", "gpusession")
     used = [name for name, value in (("call_overhead.json warm call", start),
                                      ("call_overhead.json torchrun cold", baseline),
-                                     ("elastic.json grow-back", resize)) if value is not None]
+                                     (f"{resize_file}.json grow-back", resize)) if value is not None]
     missing = [name for name, value in (("start", start), ("baseline start", baseline), ("resize", resize))
                if value is None]
     source = f"from {', '.join(used) or 'no results file'}" + (
@@ -257,7 +264,7 @@ def main() -> None:
         print(f"{row.measure} vs {row.alternative}: gpusession {spread(row.gpusession_samples)}, "
               f"queue {spread(row.alternative_samples)}; {row.note}")
     path = write("utilization_replay", rows(replayed, costs, seeds), simulated=True, measures=["gpusession/broker"],
-                 derived_from=inputs_when(["call_overhead", "elastic"]), details={"per_seed": replayed},
+                 derived_from=inputs_when(["call_overhead", resize_input()]), details={"per_seed": replayed},
                  folder=Path(args.out) if args.out else None)
     print(f"wrote {path}")
 
