@@ -147,7 +147,9 @@ def alive(gpus: float, timeout_s: float) -> dict:
     while time.time() < deadline:
         now = time.time()
         total = sum(n["Resources"].get("GPU", 0.0) for n in ray.nodes() if n["Alive"])
-        first = total if first is None else first
+        if first is None:
+            first = total
+            print(f"WATCHING {total:g} GPUs alive", flush=True)  # the benchmark restarts the host only now
         if total >= gpus:
             return {"alive_at": now, "first_total": first}
         time.sleep(0.1)
