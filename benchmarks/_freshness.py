@@ -18,6 +18,34 @@ from enum import Enum
 
 # What a results file measures when it does not say: the run path, the cluster glue and the broker.
 DEFAULT_MEASURES = ("gpusession/run", "gpusession/cluster", "gpusession/broker")
+# What each script measures besides DEFAULT_MEASURES: its helpers and the code its figures depend
+# on (a results file records the whole list when written; older files are judged by this).
+EXTRA_MEASURES = {
+    "call_overhead": ("benchmarks/_call_phases.py", "benchmarks/_ray_pool.py"),
+    "recovery": ("benchmarks/_ray_pool.py",),
+    "multihost": ("benchmarks/_multihost_driver.py", "benchmarks/_ray_pool.py", "tests/multihost/simcluster.py"),
+    "elastic": ("benchmarks/_elastic_hosts.py", "benchmarks/_elastic_hosts_driver.py", "tests/multihost/simcluster.py",
+                "tests/integration/elastic_train.py"),
+    "scaling": ("benchmarks/_scaling_train.py", "benchmarks/_scaling_driver.py", "tests/multihost/simcluster.py",
+                "tests/multihost/linkrelay.py", "gpusession/comm_options.py"),
+    "gpu_check": ("benchmarks/_scaling_train.py", "gpusession/comm_options.py"),
+    "powersgd_loss": ("gpusession/comm_options.py",),
+    "spread_ddp": ("benchmarks/_spread_ddp_driver.py", "tests/multihost/simcluster.py"),
+    "spread_first": ("benchmarks/_spread_first_driver.py", "benchmarks/_spread_first_train.py",
+                     "tests/multihost/simcluster.py"),
+    "ddp_step_overhead": ("benchmarks/ddp_loop.py",),
+    "sweep": ("gpusession/sweeps",),
+    "cli_status": ("gpusession/cli.py", "gpusession/status_endpoint.py"),
+    "hub": ("gpusession/hub", "jupyter_ext"),
+    "utilization_replay": ("benchmarks/_replay_world.py", "benchmarks/_kueue_baseline.py"),
+}
+
+
+def measures_of(script: str) -> tuple[str, ...]:
+    """The code a script's figures depend on, besides the script itself."""
+    return DEFAULT_MEASURES + EXTRA_MEASURES.get(script, ())
+
+
 # Results files computed from other results files (older files do not name their inputs).
 DEFAULT_DERIVED_FROM = {"utilization_replay": ("call_overhead", "elastic")}
 

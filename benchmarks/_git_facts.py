@@ -7,7 +7,7 @@ import functools
 import subprocess
 from pathlib import Path
 
-from _freshness import DEFAULT_DERIVED_FROM, DEFAULT_MEASURES, RowFacts, judge, newer_inputs
+from _freshness import DEFAULT_DERIVED_FROM, RowFacts, judge, measures_of, newer_inputs
 from _results import latest_when
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -20,7 +20,7 @@ def row_machine(document: dict, row: dict) -> dict:
 def measured_paths(document: dict) -> tuple[str, ...]:
     """The benchmark script and the code its results file says it measures."""
     script = document.get("script") or document["benchmark"]
-    return (f"benchmarks/{script}.py", *document.get("measures", DEFAULT_MEASURES))
+    return (f"benchmarks/{script}.py", *document.get("measures", measures_of(script)))
 
 
 def git_available(root: Path = ROOT) -> bool:

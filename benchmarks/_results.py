@@ -14,6 +14,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _freshness import measures_of  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results"
 CANNOT = "cannot"  # the alternative truly cannot do it (the script shows why): no ratio
 
@@ -120,8 +123,8 @@ def write(name: str, rows: list[Row], *, simulated: bool = False, loadavg_before
     since the parts ran at different times and loads.
     details: what a script found besides its rows (kept, not rendered).
     measures: the code the figures depend on besides the script (paths from the repository root;
-    None: report.py's default, gpusession/run, gpusession/cluster, gpusession/broker); a row is
-    stale once any of them changes after its commit.
+    None: _freshness.measures_of(the script), gpusession/run, gpusession/cluster, gpusession/broker
+    and the script's helpers); a row is stale once any of them changes after its commit.
     derived_from: for figures computed from other results files, each input's name and the "when"
     of the figures used (inputs_when() gives them); the file is stale once an input is newer."""
     described = machine()
@@ -142,8 +145,7 @@ def write(name: str, rows: list[Row], *, simulated: bool = False, loadavg_before
         document["simulated"] = True
     if details is not None:
         document["details"] = details
-    if measures is not None:
-        document["measures"] = list(measures)
+    document["measures"] = list(measures if measures is not None else measures_of(script or name))
     if derived_from is not None:
         document["derived_from"] = dict(derived_from)
     folder.mkdir(parents=True, exist_ok=True)

@@ -263,7 +263,8 @@ def main() -> None:
     for row in rows(replayed, costs, seeds):
         print(f"{row.measure} vs {row.alternative}: gpusession {spread(row.gpusession_samples)}, "
               f"queue {spread(row.alternative_samples)}; {row.note}")
-    path = write("utilization_replay", rows(replayed, costs, seeds), simulated=True, measures=["gpusession/broker"],
+    path = write("utilization_replay", rows(replayed, costs, seeds), simulated=True,
+                 measures=["gpusession/broker", "benchmarks/_replay_world.py", "benchmarks/_kueue_baseline.py"],
                  derived_from=inputs_when(["call_overhead", resize_input()]), details={"per_seed": replayed},
                  folder=Path(args.out) if args.out else None)
     print(f"wrote {path}")

@@ -120,3 +120,12 @@ def test_a_row_marked_simulated_goes_to_the_simulated_table_and_its_file_mates_s
     measured, simulated = report.render([doc], []).split("Simulated", 1)
     assert ": warm call |" in measured and "sleeps as GPU time" not in measured
     assert "sleeps as GPU time" in simulated
+
+
+def test_every_path_a_script_is_said_to_measure_exists():
+    from ..conftest import ROOT
+
+    named = set(freshness.DEFAULT_MEASURES) | {path for paths in freshness.EXTRA_MEASURES.values() for path in paths}
+    assert [path for path in sorted(named) if not (ROOT / path).exists()] == []
+    scripts = {path.stem for path in (ROOT / "benchmarks").glob("*.py")}
+    assert set(freshness.EXTRA_MEASURES) <= scripts
