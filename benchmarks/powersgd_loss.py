@@ -6,7 +6,7 @@ plain DDP, on two regression tasks, 2 ranks (gloo, logical GPUs), every run seed
 
 Tasks: "tanh teacher" (tests/integration/comm_train.py's: 32 inputs, a tanh teacher of rank 4,
 an MLP 32-64-1, SGD lr 0.1 momentum 0.9, full batch per rank) and "sum of squares" (16 inputs,
-target the squared sum of the first 4 / 4, the sweep benchmark's task, an MLP 16-64-1, SGD lr 0.05
+target the squared sum of the first 4 / 4, the sweep benchmark's task, an MLP 16-64-1, SGD lr 0.1
 momentum 0.9). Each sample is a seed of the data and the model; each side runs the same seeds.
 A row's figure is the loss on all the data after --steps steps; its ratio is compressed / plain
 (lower is better; 1 is no loss of accuracy). Writes benchmarks/results/powersgd_loss.json.
@@ -48,7 +48,7 @@ def train(task: str, seed: int, steps: int) -> float:
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(x.shape[1], 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
     ddp = gs.prepare_model(model)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1 if task == "tanh teacher" else 0.05, momentum=0.9)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1, momentum=0.9)
     shard = slice(ctx.rank, None, ctx.world_size)
     for _ in range(steps):
         gs.step(torch.nn.functional.mse_loss(ddp(x[shard]).float(), y[shard]), optimizer)
