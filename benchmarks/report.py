@@ -30,6 +30,7 @@ from _git_facts import facts_for  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 PAGE = HERE.parent / "docs" / "speed.md"
+PAGE_NAME = "docs/speed.md"
 BEGIN = "<!-- speed tables: rendered by `python benchmarks/report.py --write` from benchmarks/results/*.json; do not edit -->"
 END = "<!-- end of speed tables -->"
 NOT_BENCHMARKS = {"report.py", "ddp_loop.py"}  # helpers; files starting with "_" are helpers too
@@ -206,10 +207,10 @@ def difference(page_text: str, rendered: str) -> str:
     """Empty when the page's tables are the rendered ones; else a unified diff (or what is missing)."""
     block = current_block(page_text)
     if block is None:
-        return f"{PAGE.name} has no speed tables between the markers:\n{BEGIN}\n{END}"
+        return f"{PAGE_NAME} has no speed tables between the markers:\n{BEGIN}\n{END}"
     if block == rendered:
         return ""
-    return "\n".join(difflib.unified_diff(block.splitlines(), rendered.splitlines(), PAGE.name, "rendered",
+    return "\n".join(difflib.unified_diff(block.splitlines(), rendered.splitlines(), PAGE_NAME, "rendered",
                                           lineterm=""))
 
 
@@ -218,8 +219,8 @@ def check(page_text: str, rendered: str, refused: list[str], *, strict: bool) ->
     with strict also when any row is refused (the table shows those rows as such either way)."""
     diff = difference(page_text, rendered)
     if diff:
-        return 1, f"{PAGE.name}'s speed tables differ from benchmarks/results (run with --write):\n{diff}"
-    lines = [f"{PAGE.name}'s speed tables match benchmarks/results"]
+        return 1, f"{PAGE_NAME}'s speed tables differ from benchmarks/results (run with --write):\n{diff}"
+    lines = [f"{PAGE_NAME}'s speed tables match benchmarks/results"]
     if refused:
         verdict = "refused (--strict)" if strict else "shown as such in the table; --strict refuses them"
         lines += [f"{len(refused)} rows cannot stand as current claims ({verdict}); re-measure on a quiet machine "
@@ -229,11 +230,11 @@ def check(page_text: str, rendered: str, refused: list[str], *, strict: bool) ->
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help=f"exit 1 when {PAGE.name}'s tables differ")
+    parser.add_argument("--check", action="store_true", help=f"exit 1 when {PAGE_NAME}'s tables differ")
     parser.add_argument("--strict", action="store_true",
                         help="with --check: exit 1 also when a row is stale, dirty, of an unknown commit, derived "
                              "from newer or refused results, or misses its goal without a goal_note")
-    parser.add_argument("--write", action="store_true", help=f"write the tables into {PAGE.name}")
+    parser.add_argument("--write", action="store_true", help=f"write the tables into {PAGE_NAME}")
     args = parser.parse_args(argv)
     if args.strict and not args.check:
         parser.error("--strict goes with --check")
