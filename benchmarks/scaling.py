@@ -16,8 +16,9 @@ warm-up: one discarded call per launcher before the first sample (gpusession: th
 parents and workers start; torchrun: the same imports read from disk once), then in every call
 11 untimed steps (PowerSGD all-reduces plainly for its first 10) and the timed steps between two
 barriers (--steps of them for the link-bound model; for the compute-bound model, whose steps are
-short, as many as make a sample last at least --compute-min-s seconds (5), counted from a timed
-calibration call before the first round; the same count on every side).
+short, as many as make a sample last at least --compute-min-s seconds (5), counted from timed
+calibration calls of each launcher before the first round, with a margin; the same count on every
+side; each row notes how long its samples took).
 The compute-bound model has a control side as well: torchrun with gpusession's malloc settings
 (MALLOC_TRIM_THRESHOLD_ and MALLOC_MMAP_THRESHOLD_ set as gpusession/run/heap.py sets them in a
 rank), so the rows show how much of a difference comes from the launcher and how much from malloc.
@@ -102,8 +103,9 @@ class Steps:
 
 
 def compute_steps(seconds_per_step: float, min_s: float = COMPUTE_MIN_S) -> int:
-    """Steps that take at least min_s at the calibrated pace, with a tenth more for a faster run."""
-    return max(1, math.ceil(1.1 * min_s / seconds_per_step))
+    """Steps that take at least min_s at the calibrated pace, with half as many again for samples
+    that run faster than the calibration did."""
+    return max(1, math.ceil(1.5 * min_s / seconds_per_step))
 
 
 def torchrun(cluster: SimCluster, hosts: list, nproc: int, model: str, compression: str, steps: int,
@@ -208,12 +210,16 @@ def run_once(cluster: SimCluster, driver: Driver, launcher: str, config: Config,
 
 def calibrate(cluster: SimCluster, driver: Driver, min_s: float) -> int:
     """The compute-bound model's timed steps for a sample of at least min_s: one timed call of
-    1 rank (the fastest configuration, so every other one lasts longer)."""
+    1 rank per launcher (the fastest configuration, so every other one lasts longer), the faster
+    pace of the two counted (a first call runs slower than the samples do)."""
     shape(cluster, None)
-    result = run_once(cluster, driver, GPUSESSION, Config("compute", "calibration", 1, 1, None), CALIBRATION_STEPS)
-    steps = compute_steps(result["seconds"] / CALIBRATION_STEPS, min_s)
-    print(f"calibration: {CALIBRATION_STEPS} compute-bound steps took {result['seconds']:.2f} s; "
-          f"{steps} timed steps a sample (>= {min_s:g} s)", flush=True)
+    config = Config("compute", "calibration", 1, 1, None)
+    took = {launcher: run_once(cluster, driver, launcher, config, CALIBRATION_STEPS)["seconds"]
+            for launcher in (GPUSESSION, TORCHRUN)}
+    steps = compute_steps(min(took.values()) / CALIBRATION_STEPS, min_s)
+    print(f"calibration: {CALIBRATION_STEPS} compute-bound steps took "
+          f"{', '.join(f'{s:.2f} s ({launcher})' for launcher, s in took.items())}; {steps} timed steps a sample "
+          f"(>= {min_s:g} s)", flush=True)
     return steps
 
 
