@@ -24,7 +24,7 @@ PROCESS_GROUP_TIMEOUT_S = 60
 BENCHMARKS = Path(__file__).resolve().parent
 
 
-@ray.remote(num_gpus=1, max_restarts=-1, max_task_retries=0)
+@ray.remote(num_gpus=1, num_cpus=0, max_restarts=-1, max_task_retries=0)  # no CPU, as the other sides ask
 class PoolRank:
     """One rank: holds its GPU and, once formed, its torch process group."""
 

@@ -351,6 +351,8 @@ def main() -> None:
     parser.add_argument("--move", action="store_true", help="only a 2-rank run moving off a killed host")
     parser.add_argument("--tries", type=int, default=3, help="tries of each loss (the host comes back between)")
     parser.add_argument("--ray-health-check-s", type=float, help="lower Ray's health-check period and timeout")
+    parser.add_argument("--out", default=None, help="write the results file into this folder instead of "
+                        "benchmarks/results (a smoke run that must not replace the measured file)")
     args = parser.parse_args()
     reason = can_run()
     if reason:
@@ -377,7 +379,8 @@ def main() -> None:
     if args.ray_health_check_s:
         rows = [replace(row, note="Ray's health check tuned") for row in rows]
     # merge: each part may be run on its own (--node-loss cut, then kill, then --move)
-    write("multihost-tuned" if args.ray_health_check_s else "multihost", rows, script="multihost", merge=True)
+    write("multihost-tuned" if args.ray_health_check_s else "multihost", rows, script="multihost", merge=True,
+          folder=Path(args.out) if args.out else None)
     print(f"ratios gpusession/ray_train (lower is better; all took {time.monotonic() - started:.0f} s):")
     for row in (r.as_json() for r in rows):
         print(f"  {row['measure']}: {row['ratio'] if row['ratio'] is not None else row['alternative_value']}")
