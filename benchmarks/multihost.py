@@ -381,9 +381,10 @@ def main() -> None:
     # merge: each part may be run on its own (--node-loss cut, then kill, then --move)
     write("multihost-tuned" if args.ray_health_check_s else "multihost", rows, script="multihost", merge=True,
           folder=Path(args.out) if args.out else None)
-    print(f"ratios gpusession/ray_train (lower is better; all took {time.monotonic() - started:.0f} s):")
+    print(f"ratios gpusession / alternative (lower is better; all took {time.monotonic() - started:.0f} s):")
     for row in (r.as_json() for r in rows):
-        print(f"  {row['measure']}: {row['ratio'] if row['ratio'] is not None else row['alternative_value']}")
+        print(f"  {row['measure']} vs {row['alternative']}: "
+              f"{row['ratio'] if row['ratio'] is not None else row['alternative_value']}")
 
 
 if __name__ == "__main__":
