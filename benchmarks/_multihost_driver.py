@@ -17,6 +17,7 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 import ray
 
@@ -48,6 +49,39 @@ def gpusession_calls(repeats: int) -> dict:
         assert call() == 4.0
         repeat.append(time.perf_counter() - started)
     return {"first_s": first, "repeat_s": repeat, "repeat_median_s": statistics.median(repeat), "nodes": hosts}
+
+
+def ray_pool_calls(repeats: int) -> dict:
+    """The long-lived pool (benchmarks/_ray_pool.py): 4 actors, one GPU each (on 2 hosts of 2 GPUs
+    they spread by themselves), their gloo group formed once; "first" is making the pool and its
+    first call, the repeats are calls of the pool that holds its GPUs between them."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _ray_pool import RayPool
+
+    started = time.perf_counter()
+    pool = RayPool(4)
+    try:
+        assert pool.run(_pool_allreduce) == [4.0] * 4
+        first = time.perf_counter() - started
+        hosts = sorted(set(pool.run(_pool_host)))
+        repeat = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            assert pool.run(_pool_allreduce) == [4.0] * 4
+            repeat.append(time.perf_counter() - started)
+    finally:
+        pool.shutdown()
+    return {"first_s": first, "repeat_s": repeat, "repeat_median_s": statistics.median(repeat), "nodes": hosts}
+
+
+def _pool_allreduce(rank: int, world_size: int) -> float:
+    return allreduce()
+
+
+def _pool_host(rank: int, world_size: int) -> str:
+    import socket
+
+    return socket.gethostname()
 
 
 def ray_train_fits(fits: int) -> dict:
@@ -263,7 +297,9 @@ def main() -> None:
     events.set_observer_factory(lambda world_size: events.Observer())
     mode = sys.argv[1]
     if mode == "calls":
-        out = {"gpusession": gpusession_calls(int(sys.argv[2])), "ray_train": ray_train_fits(int(sys.argv[3]))}
+        # one after another: each takes all 4 GPUs of the 2 hosts while it runs
+        out = {"gpusession": gpusession_calls(int(sys.argv[2])), "ray_pool": ray_pool_calls(int(sys.argv[2])),
+               "ray_train": ray_train_fits(int(sys.argv[3]))}
     elif mode == "node-loss-raytrain":
         out = ray_train_node_loss(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 4,
                                   int(sys.argv[4]) if len(sys.argv) > 4 else 0)

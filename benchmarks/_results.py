@@ -1,6 +1,6 @@
 """What a benchmark measured, written to benchmarks/results/NAME.json with the machine it ran on
-(format: the helpers' shared brief; benchmarks/report.py renders the README's speed tables from
-these files, so a README figure always has the file and the script behind it)."""
+(format: the helpers' shared brief; benchmarks/report.py renders docs/speed.md's speed tables from
+these files, so a figure on that page always has the file and the script behind it)."""
 from __future__ import annotations
 
 import json
@@ -13,6 +13,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _freshness import measures_of  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CANNOT = "cannot"  # the alternative truly cannot do it (the script shows why): no ratio
@@ -32,6 +35,8 @@ class Row:
     alternative_cannot: bool = False  # alternative_value "cannot" instead of a figure
     note: str = ""
     alternative_text: str = ""  # instead of a figure, e.g. "no error within 180 s": no ratio against a watch window
+    goal_note: str = ""  # why a missed goal is missed (report.py --check --strict refuses a miss without one)
+    simulated: bool = False  # this row's figures come from a virtual clock or simulated GPU time
 
     def as_json(self) -> dict:
         mine = median_or_none(self.gpusession_samples)
@@ -47,6 +52,10 @@ class Row:
                "configured": self.configured, "ratio": ratio, "goal": self.goal}
         if self.note:
             row["note"] = self.note
+        if self.goal_note:
+            row["goal_note"] = self.goal_note
+        if self.simulated:
+            row["simulated"] = True
         return row
 
 
@@ -104,14 +113,20 @@ def _commit() -> str | None:
 
 
 def write(name: str, rows: list[Row], *, simulated: bool = False, loadavg_before=None, script: str = "",
-          merge: bool = False, details=None, folder: Path | None = None) -> Path:
+          merge: bool = False, details=None, folder: Path | None = None, measures: list[str] | None = None,
+          derived_from: dict[str, str] | None = None) -> Path:
     """Write benchmarks/results/NAME.json (or FOLDER/NAME.json); loadavg_before (os.getloadavg() at
     the start) is kept too.
     script: the script's name when it is not NAME (a second results file of one script).
     merge: keep the file's rows this run did not measure (a script run one part at a time); a row
     measured again replaces the old one in place. Each row then carries its own machine and command,
     since the parts ran at different times and loads.
-    details: what a script found besides its rows (kept, not rendered)."""
+    details: what a script found besides its rows (kept, not rendered).
+    measures: the code the figures depend on besides the script (paths from the repository root;
+    None: _freshness.measures_of(the script), gpusession/run, gpusession/cluster, gpusession/broker
+    and the script's helpers); a row is stale once any of them changes after its commit.
+    derived_from: for figures computed from other results files, each input's name and the "when"
+    of the figures used (inputs_when() gives them); the file is stale once an input is newer."""
     described = machine()
     if loadavg_before is not None:
         described["loadavg_at_start"] = [round(x, 2) for x in loadavg_before]
@@ -130,6 +145,9 @@ def write(name: str, rows: list[Row], *, simulated: bool = False, loadavg_before
         document["simulated"] = True
     if details is not None:
         document["details"] = details
+    document["measures"] = list(measures if measures is not None else measures_of(script or name))
+    if derived_from is not None:
+        document["derived_from"] = dict(derived_from)
     folder.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, indent=1) + "\n")
     return path
@@ -144,6 +162,22 @@ def merged(old: dict | None, new_rows: list[dict]) -> list[dict]:
         kept = {"machine": old.get("machine"), "command": old.get("command"), **row}
         rows.append(fresh.pop(row["measure"], kept))
     return rows + list(fresh.values())
+
+
+def inputs_when(names, folder: Path | None = None) -> dict[str, str]:
+    """For a derived file: each input results file's newest "when" (the figures it reads)."""
+    found = {}
+    for name in names:
+        path = (folder or RESULTS) / f"{name}.json"
+        if path.exists():
+            found[name] = latest_when(json.loads(path.read_text()))
+    return found
+
+
+def latest_when(document: dict) -> str:
+    """When the newest of a results file's rows was measured (a merged file's rows differ)."""
+    whens = [str((row.get("machine") or {}).get("when", "")) for row in document.get("rows", [])]
+    return max(whens + [str(document.get("machine", {}).get("when", ""))])
 
 
 def spread(samples) -> str:

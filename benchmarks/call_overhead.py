@@ -1,17 +1,24 @@
-"""Call-to-result of a trivial 2-worker allreduce: @gs.distributed on a warm cluster vs Ray
-Train's TorchTrainer.fit() (gloo, the same logical GPUs), and the first call of a new Python
-process vs `torchrun` cold on the same function, measured side by side in one run.
+"""Call-to-result of a trivial 2-worker allreduce: @gs.distributed on a warm cluster vs two Ray
+baselines (gloo, the same logical GPUs): a long-lived pool of actors that holds its GPUs and its
+process group between calls (benchmarks/_ray_pool.py), and Ray Train's TorchTrainer.fit(), a new
+trainer per call; and the first call of a new Python process vs `torchrun` cold on the same
+function, measured side by side in one run.
 
     .venv/bin/python benchmarks/call_overhead.py [--rounds 3] [--calls 5] [--cold 3]
 
-Both sides reserve 2 GPUs, start 2 ranks with a gloo process group, all-reduce one tensor and
-return. Every call of gpusession forks 2 fresh rank processes from the node's warm parent (torch
-already imported); a new process's first call takes spare worker actors from the node host, so it
-starts no process of its own (nodehost.py). Ray Train starts a trainer, a controller and fresh
-workers on every fit(). Warm-up alike: each side's first call is discarded; warm calls and fit()s
-alternate in rounds, first calls of new processes and torchrun runs alternate, and both of those
-are timed from outside as whole subprocesses, so load from elsewhere falls on both sides alike.
-Writes benchmarks/results/call_overhead.json. Targets: warm median <= 0.2 s, ratio to Ray Train <= 0.10;
+Every side reserves 2 GPUs, runs 2 ranks with a gloo process group, all-reduces one tensor and
+returns. Every call of gpusession leases 2 GPUs, forks 2 fresh rank processes from the node's
+warm parent (torch already imported), forms their process group and releases the GPUs at the end;
+its phases (lease, placement, fork, rendezvous, function, return, release) are printed and kept.
+The Ray pool pays none of that per call: it is the price of fresh processes, a lease and a release
+per call, shown as it is. Ray Train starts a trainer, a controller and fresh workers on every
+fit(). A new process's first call takes spare worker actors from the node host, so it starts no
+process of its own (nodehost.py). Warm-up alike: each side's first call is discarded; in each
+round gpusession and pool calls alternate, then one fit(); first calls of new processes and
+torchrun runs alternate, and both of those are timed from outside as whole subprocesses, so load
+from elsewhere falls on every side alike. The cluster has 6 logical GPUs: the pool holds 2 all
+along, and each other side takes 2 while it runs.
+Writes benchmarks/results/call_overhead.json. Goals: warm median <= 0.2 s (SPEC, a quiet machine);
 a new process's first call no slower than torchrun cold (ratio <= 1.0, printed last).
 """
 from __future__ import annotations
@@ -20,33 +27,60 @@ import argparse
 import os
 import sys
 import tempfile
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
+from _call_phases import PHASES, PhaseClock, phases, timed_body  # noqa: E402
 from _cluster import local_cluster, median, timed  # noqa: E402
 from _results import Row, spread, write  # noqa: E402
 
+CLUSTER_GPUS = 6  # the pool's 2, held all along, and 2 for whichever other side runs
+POOL = "long-lived pool: holds its GPUs between calls"
+TRAINER = "Ray Train TorchTrainer.fit(): a new trainer per call"
 
-def gpusession_call():
-    """The warm @gs.distributed call (connects, and starts the broker and node host on first use)."""
+
+def _allreduce():
+    import torch
+    import torch.distributed as dist
+
+    value = torch.ones(1)
+    dist.all_reduce(value)
+    return value.item()
+
+
+def gpusession_call(kept_phases: list):
+    """The warm @gs.distributed call (connects, and starts the broker and node host on first use);
+    each call's phases go to kept_phases (return_all: every rank says when it forked, entered and
+    left the function; nothing is printed)."""
     import gpusession as gs
-    from gpusession import events
 
-    events.set_observer_factory(lambda world_size: events.Observer())  # measure the call, not printing
-
-    @gs.distributed(gpus=2)
-    def allreduce():
-        import torch
-        import torch.distributed as dist
-
-        value = torch.ones(1)
-        dist.all_reduce(value)
-        return value.item()
+    clock = PhaseClock()
+    allreduce = gs.distributed(gpus=2, return_all=True)(timed_body(_allreduce))
 
     def call():
-        if allreduce() != 2.0:
+        value, marks = clock.call(allreduce)
+        if value != 2.0:
             sys.exit("wrong result")
+        kept_phases.append(phases(marks))
 
     return call
+
+
+def ray_pool_call():
+    """The long-lived pool: 2 actors with a GPU each and their gloo group, formed once here."""
+    from _ray_pool import RayPool
+
+    pool = RayPool(2)
+
+    def call():
+        if pool.run(_pool_allreduce) != [2.0, 2.0]:
+            sys.exit("wrong result")
+
+    return call, pool
+
+
+def _pool_allreduce(rank: int, world_size: int) -> float:
+    return _allreduce()
 
 
 def ray_train_fit():
@@ -75,18 +109,30 @@ def ray_train_fit():
     return fit
 
 
-def warm_calls_and_fits(rounds: int, calls_per_round: int) -> tuple[float, list[float], list[float]]:
+def warm_calls_and_fits(rounds: int, calls_per_round: int) -> dict:
     """Warm-up alike: each side's first call is timed apart and discarded (gpusession's starts the
-    broker and node host; Ray Train's imports and starts its controller code). Then rounds
-    alternate: `calls_per_round` gpusession calls, one fit()."""
-    call, fit = gpusession_call(), ray_train_fit()
-    first = timed(call, 1)[0]
-    fit()
-    calls, fits = [], []
-    for _ in range(rounds):
-        calls += timed(call, calls_per_round)
-        fits += timed(fit, 1)
-    return first, calls, fits
+    broker and node host; the pool's first run; Ray Train's imports and its controller code). Then
+    rounds: `calls_per_round` gpusession calls alternated with as many pool calls, then one fit()."""
+    kept_phases: list = []
+    call, (pool_call, pool), fit = gpusession_call(kept_phases), ray_pool_call(), ray_train_fit()
+    try:
+        first = timed(call, 1)[0]
+        pool_call()
+        fit()
+        kept_phases.clear()
+        calls, pool_calls, fits = [], [], []
+        for _ in range(rounds):
+            for _ in range(calls_per_round):
+                calls += timed(call, 1)
+                pool_calls += timed(pool_call, 1)
+            fits += timed(fit, 1)
+    finally:
+        pool.shutdown()
+    return {"first": first, "calls": calls, "pool": pool_calls, "fits": fits, "phases": kept_phases}
+
+
+def phase_medians(kept_phases: list) -> dict[str, float]:
+    return {name: round(median([p[name] for p in kept_phases]), 4) for name in PHASES}
 
 
 _FIRST_CALL = """
@@ -155,31 +201,50 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds of warm calls alternated with one fit()")
     parser.add_argument("--calls", type=int, default=5, help="warm @gs.distributed calls per round")
     parser.add_argument("--cold", type=int, default=3, help="first calls of new processes, and torchrun runs")
+    parser.add_argument("--out", default=None, help="write the results file into this folder instead of "
+                        "benchmarks/results (a smoke run that must not replace the measured file)")
     args = parser.parse_args()
     load_before = os.getloadavg()
-    with local_cluster():
-        cluster_first, gs_times, rt_times = warm_calls_and_fits(args.rounds, args.calls)
+    with local_cluster(gpus=CLUSTER_GPUS):
+        warm = warm_calls_and_fits(args.rounds, args.calls)
         first_times, torchrun_times = first_calls_and_torchrun(args.cold)
+    gs_times, pool_times, rt_times = warm["calls"], warm["pool"], warm["fits"]
+    call_phases = phase_medians(warm["phases"])
+    phase_text = ", ".join(f"{name} {seconds:.3f}" for name, seconds in call_phases.items())
     print(f"machine load average at the end: {', '.join(f'{x:.1f}' for x in os.getloadavg())} "
           f"on {os.cpu_count()} cores (at the start: {load_before[0]:.1f})")
-    print(f"first call on a fresh cluster (starts the broker and the node host; discarded): {cluster_first:.2f} s")
+    print(f"first call on a fresh cluster (starts the broker and the node host; discarded): {warm['first']:.2f} s")
     print(f"@gs.distributed(gpus=2), warm: {spread(gs_times)} s")
+    print(f"  its phases, median s: {phase_text}")
+    print(f"{POOL}, 2 actors: {spread(pool_times)} s")
     print(f"TorchTrainer.fit(), 2 workers, after one discarded fit(): {spread(rt_times)} s")
     print(f"first call of a new process, whole subprocess: {spread(first_times)} s")
     print(f"torchrun cold, whole subprocess, alternating with those: {spread(torchrun_times)} s")
+    configured = ("all: 2 logical GPUs, gloo, one all_reduce, return_all on gpusession (each rank's phase "
+                  "times); each side's first call discarded as warm-up; per round "
+                  f"{args.calls} gpusession calls alternated with {args.calls} pool calls, then one fit(), "
+                  f"{args.rounds} rounds")
+    note = f"gpusession's phases, median s: {phase_text}"
     rows = [
         Row("warm call: call-to-result of a 2-rank allreduce on a running cluster", "s", gs_times,
-            "Ray Train TorchTrainer.fit()", rt_times,
-            "both: 2 logical GPUs, gloo, one all_reduce; each side's first call discarded as warm-up; "
-            f"{args.calls} gpusession calls then one fit() per round, {args.rounds} rounds; Ray Train as its docs "
-            "show (ScalingConfig(num_workers=2, use_gpu=True), TorchConfig(backend='gloo'))", "<= 0.10"),
+            POOL, pool_times,
+            f"{configured}; pool: 2 Ray actors (num_gpus=1, max_restarts=-1) with a torch process group formed "
+            "once, one method call per call (benchmarks/_ray_pool.py); gpusession: a lease, 2 forked ranks, a "
+            "new process group and a release per call", "<= 0.2 s (SPEC)", note=note),
+        Row("warm call: call-to-result of a 2-rank allreduce on a running cluster", "s", gs_times,
+            TRAINER, rt_times,
+            f"{configured}; Ray Train as its docs show (ScalingConfig(num_workers=2, use_gpu=True), "
+            "TorchConfig(backend='gloo'))", "<= 0.10"),
         Row("first call of a new process (interpreter, import, connect, lease, 2 ranks), whole subprocess", "s",
             first_times, "torchrun --standalone --nproc-per-node=2, cold", torchrun_times,
             "both timed from outside as a whole subprocess, alternated, no warm-up on either side; gpusession "
             "joins the running cluster (its node host already started)", "<= 1.0"),
     ]
-    write("call_overhead", rows, loadavg_before=load_before)
-    print(f"ratio gpusession/ray_train, warm call: {median(gs_times) / median(rt_times):.4f} (target <= 0.10)")
+    write("call_overhead", rows, loadavg_before=load_before, details={"phases": warm["phases"]},
+          folder=Path(args.out) if args.out else None)
+    print(f"ratio gpusession/{POOL}, warm call: {median(gs_times) / median(pool_times):.3g} (shown as it is)")
+    print(f"ratio gpusession/ray_train (a new trainer per call), warm call: {median(gs_times) / median(rt_times):.4f} "
+          "(target <= 0.10)")
     print(f"ratio first call of a new process / torchrun cold: {median(first_times) / median(torchrun_times):.2f} "
           "(target <= 1.0)")
 

@@ -1,35 +1,38 @@
-"""GPUs free again -> an elastic run back at full size: gpusession vs Ray Train v2's elastic
-training (ScalingConfig(num_workers=(min, max))), the same DDP loop (same model, global batch,
-step sleep, a checkpoint every step) on the same local cluster (4 logical GPUs, gloo), samples
-alternated, side by side in one run.
+"""An elastic run back at full size, like for like: gpusession vs Ray Train v2's elastic training
+on the same simulated hosts (tests/multihost/simcluster.py: a head and 2 hosts x 2 logical GPUs,
+gloo), the same DDP loop (same model, global batch, a checkpoint every step), samples alternated.
+Needs root.
 
-    .venv/bin/python benchmarks/elastic.py [--repeat 3] [--ray-interval 60] [--tuned-interval 5]
+    sudo .venv/bin/python benchmarks/elastic.py [--repeat 3] [--ray-interval 60] [--tuned-interval 5]
+    .venv/bin/python benchmarks/elastic.py --preemption [--repeat 3]
 
-gpusession: run A (gpus=4, min_gpus=2, low priority, checkpoint every step) trains; a high
-priority lease of 2 GPUs preempts it (A shrinks to 2 and goes on), holds them for a few seconds
-and releases them; measured from the release's return to the end of A's first step at 4 GPUs.
+Both start at 4 GPUs with a floor of 2 (gpusession: gpus=4, min_gpus=2; Ray Train:
+ScalingConfig(num_workers=(2, 4)), FailureConfig(max_failures=3)); the host without rank 0 is
+killed and both go on at 2; the host comes back as a fresh Ray node. The clock is the same on
+both sides: from the moment Ray lists the host's GPUs alive again (a driver on the head polls
+Ray's node table every 0.1 s) to the first step made at 4 GPUs after it (benchmarks/_elastic_hosts.py).
+Ray Train decides resizes every elastic_resize_monitor_interval_s: one row with its default
+(60 s), one tuned (--tuned-interval). Writes benchmarks/results/elastic.json. Goal: <= 10 s (SPEC).
 
-Ray Train, on the same cluster: another job's placement group holds 2 of the 4 GPUs (Ray Train
-cannot be shrunk for another job's lease: nothing asks it to), the trainer is started with
-num_workers=(2, 4); the script records whether it ran at 2 while the GPUs were held (the claim
-that it cannot, its policy counting node totals, is shown here, not asserted); then the group is
-removed and the time from that to the first step at 4 workers is measured. Ray Train decides
-resizes every `elastic_resize_monitor_interval_s`: one row with its default (60 s), one tuned
-(--tuned-interval). Writes benchmarks/results/elastic.json. Target: gpusession <= 10 s.
+--preemption (a local cluster, 4 logical GPUs, no root): gpusession alone, as the utilization
+replay's resize cost: run A (gpus=4, min_gpus=2, low priority) is shrunk to 2 by a high priority
+lease of 2 GPUs held a few seconds, then grows back; from the release's return to A's first step
+at 4 GPUs. Ray Train has no counterpart (nothing asks it to give GPUs to another job's lease), so
+the row has no alternative. Writes benchmarks/results/elastic-preemption.json.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from _cluster import local_cluster, median  # noqa: E402
+from _cluster import local_cluster  # noqa: E402
 from _results import Row, spread, write  # noqa: E402
 
 HOLD_S = 3.0  # how long the high-priority lease keeps its 2 GPUs
@@ -68,109 +71,6 @@ def gpusession_regrow_s(work: str) -> float:
     return back - freed
 
 
-def ray_train_regrow_s(work: str, interval_s: float) -> tuple[float, bool]:
-    """(seconds from the other job's GPUs freed to the first step at 4 workers, whether it ran at
-    2 workers while they were held)."""
-    import ray
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-    from ray.util.placement_group import placement_group, remove_placement_group
-
-    log_path = os.path.join(work, "ray-train-steps.jsonl")
-    stop = os.path.join(work, "ray-stop")
-    held = placement_group([{"GPU": 1, "CPU": 0}] * 2)  # another job's lease
-    ray.get(held.ready(), timeout=120)
-    trainer = TorchTrainer(
-        ray_train_loop, train_loop_config={"log": log_path, "stop": stop},
-        torch_config=TorchConfig(backend="gloo"),
-        scaling_config=ScalingConfig(num_workers=(2, 4), use_gpu=True, resources_per_worker={"GPU": 1, "CPU": 0},
-                                     elastic_resize_monitor_interval_s=interval_s),
-        run_config=RunConfig(storage_path=tempfile.mkdtemp(prefix="raytrain-elastic-")),
-    )
-    thread = threading.Thread(target=trainer.fit, daemon=True)
-    thread.start()
-    try:
-        try:  # as long as gpusession's run is kept at 2 before its GPUs come back, and more
-            _wait(lambda: 2 in _ray_sizes(log_path), "Ray Train at 2 workers", timeout=interval_s + 90)
-            ran_at_2 = True
-        except TimeoutError:
-            ran_at_2 = False
-        remove_placement_group(held)
-        freed = time.time()
-        _wait(lambda: _first_at_4_after(log_path, freed), "Ray Train at 4 workers", timeout=interval_s * 3 + 180)
-    finally:
-        open(stop, "w").close()
-        thread.join(300)
-    return _first_at_4_after(log_path, freed) - freed, ran_at_2
-
-
-def ray_train_loop(config):
-    """tests/integration/elastic_train.py's loop in Ray Train's terms: the same model, global batch
-    sharded over the ranks, step sleep, and a checkpoint every step (reported with the metrics)."""
-    import ray.train
-    import torch
-    import torch.distributed as dist
-    from ray.train import Checkpoint
-
-    GLOBAL_BATCH = 8  # tests/integration/elastic_train.py's batch (copied: Ray's workers need not see tests/)
-
-    def batch(step: int):
-        generator = torch.Generator().manual_seed(step)
-        x = torch.randn(GLOBAL_BATCH, 4, generator=generator)
-        return x, x.sum(dim=1, keepdim=True)
-
-    context = ray.train.get_context()
-    rank, world = context.get_world_rank(), context.get_world_size()
-    torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 1))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    step = 0
-    restored = ray.train.get_checkpoint()
-    if restored:
-        with restored.as_directory() as folder:
-            state = torch.load(os.path.join(folder, "state.pt"))
-        model.module.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        step = state["step"]
-    while True:
-        stop = os.path.exists(config["stop"])
-        x, y = batch(step)
-        shard = GLOBAL_BATCH // world
-        loss = torch.nn.functional.mse_loss(model(x[rank * shard:(rank + 1) * shard]), y[rank * shard:(rank + 1) * shard])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        step += 1
-        with tempfile.TemporaryDirectory() as folder:
-            checkpoint = None
-            if rank == 0:
-                torch.save({"step": step, "model": model.module.state_dict(), "opt": opt.state_dict()},
-                           os.path.join(folder, "state.pt"))
-                checkpoint = Checkpoint.from_directory(folder)
-            ray.train.report({"step": step}, checkpoint=checkpoint)
-        if rank == 0:
-            with open(config["log"], "a") as f:
-                f.write(json.dumps({"world_size": world, "at": time.time()}) + "\n")
-        flag = torch.tensor([float(stop)])
-        dist.all_reduce(flag)
-        if flag.item() > 0:
-            return
-        time.sleep(0.05)
-
-
-def _first_at_4_after(path: str, freed: float) -> float | None:
-    if not os.path.exists(path):
-        return None
-    entries = [json.loads(line) for line in open(path) if line.strip()]
-    return next((e["at"] for e in entries if e["at"] > freed and e["world_size"] == 4), None)
-
-
-def _ray_sizes(path: str) -> list[int]:
-    if not os.path.exists(path):
-        return []
-    return [json.loads(line)["world_size"] for line in open(path) if line.strip()]
-
-
 def _wait(predicate, what: str, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while not _safe(predicate):
@@ -186,6 +86,55 @@ def _safe(predicate) -> bool:
         return False
 
 
+def hosts_rows(repeat: int, intervals: list[float]) -> list[Row]:
+    """The like-for-like samples on simulated hosts, alternated: gpusession, then Ray Train at
+    each monitor interval."""
+    from _elastic_hosts import sample
+    from multihost import Deaths
+    from tests.multihost.simcluster import SimCluster, can_run
+
+    reason = can_run()
+    if reason:
+        raise SystemExit(reason)
+    ours, theirs = [], {interval: [] for interval in intervals}
+    with SimCluster(hosts=2, gpus_per_host=2) as cluster:  # started on entry, stopped on exit
+        deaths = Deaths(cluster)
+        for i in range(repeat):
+            for interval in intervals:
+                ours.append(sample(cluster, deaths, "gpusession", f"gs-{i}-{interval:g}"))
+                theirs[interval].append(sample(cluster, deaths, "ray-train", f"rt-{i}-{interval:g}", interval))
+                print(f"sample: gpusession back at 4 after {ours[-1].back_s} s (at 2 after {ours[-1].at_2_s} s); "
+                      f"Ray Train (interval {interval:g} s) {theirs[interval][-1].back_s} s "
+                      f"(at 2 after {theirs[interval][-1].at_2_s} s)", flush=True)
+    rows = []
+    for interval in intervals:
+        rt = theirs[interval]
+        missed = [s for s in rt if s.back_s is None]
+        configured = (f"both: simulated hosts (2 x 2 logical GPUs, gloo), the same DDP loop and global batch, a "
+                      f"checkpoint every step, start at 4, floor 2; the host without rank 0 killed, both went on "
+                      f"at 2 in {sum(1 for s in ours if s.at_2_s)}/{len(ours)} (gpusession) and "
+                      f"{sum(1 for s in rt if s.at_2_s)}/{len(rt)} (Ray Train) samples; gpusession gpus=4, "
+                      f"min_gpus=2; Ray Train num_workers=(2, 4), FailureConfig(max_failures=3), "
+                      f"elastic_resize_monitor_interval_s={interval:g}{' (its default)' if interval == 60 else ' (tuned)'}")
+        rows.append(Row("a lost 2-GPU host back (Ray lists its GPUs alive) -> first step at 4 GPUs", "s",
+                        [s.back_s for s in ours if s.back_s is not None], "Ray Train v2 elastic",
+                        [s.back_s for s in rt if s.back_s is not None], configured, "<= 10 s (SPEC)",
+                        alternative_text=(f"not back at 4 within {missed[0].watched_s:.0f} s in {len(missed)} of "
+                                          f"{len(rt)}" if missed else "")))
+    return rows
+
+
+def preemption_rows(repeat: int) -> list[Row]:
+    work = tempfile.mkdtemp(prefix="gpusession-elastic-")
+    with local_cluster():
+        runs = [gpusession_regrow_s(tempfile.mkdtemp(dir=work)) for _ in range(repeat)]
+    print(f"gpusession: GPUs free -> first step at 4 GPUs: {spread(runs)} s")
+    return [Row("GPUs free again -> first step back at 4 GPUs (shrunk by a high-priority lease)", "s", runs, "-", [],
+                f"4 logical GPUs on one local cluster, gpus=4, min_gpus=2, priority low, checkpoint every step; "
+                f"a 2-GPU high-priority lease held {HOLD_S:g} s; no alternative: Ray Train gives no GPUs to "
+                "another job's lease", "<= 10 s (SPEC)")]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="samples of each side (alternated)")
@@ -193,36 +142,25 @@ def main() -> None:
                         help="Ray Train's elastic_resize_monitor_interval_s (its default: 60)")
     parser.add_argument("--tuned-interval", type=float, default=5.0,
                         help="the same, tuned (a second row); 0 leaves the tuned row out")
+    parser.add_argument("--preemption", action="store_true",
+                        help="gpusession's grow-back after a preemption instead, on a local cluster (no root)")
+    parser.add_argument("--out", default=None, help="write the results file into this folder instead of "
+                        "benchmarks/results (a smoke run that must not replace the measured file)")
     args = parser.parse_args()
-    os.environ["RAY_TRAIN_V2_ENABLED"] = "1"  # elastic training is Ray Train v2's; before ray.train is imported
+    folder = Path(args.out) if args.out else None
     load_before = os.getloadavg()
-    work = tempfile.mkdtemp(prefix="gpusession-elastic-")
-    intervals = [args.ray_interval] + ([args.tuned_interval] if args.tuned_interval else [])
-    gs_runs, rt_runs = [], {interval: [] for interval in intervals}
-    with local_cluster():
-        for _ in range(args.repeat):
-            for interval in intervals:  # alternated: a gpusession sample before each Ray Train sample
-                gs_runs.append(gpusession_regrow_s(tempfile.mkdtemp(dir=work)))
-                rt_runs[interval].append(ray_train_regrow_s(tempfile.mkdtemp(dir=work), interval))
-                print(f"sample: gpusession {gs_runs[-1]:.2f} s; Ray Train (interval {interval:g} s) "
-                      f"{rt_runs[interval][-1][0]:.2f} s, ran at 2 while held: {rt_runs[interval][-1][1]}", flush=True)
-    rows = []
-    for interval in intervals:
-        seconds = [s for s, _ in rt_runs[interval]]
-        at_2 = sum(1 for _, ran in rt_runs[interval] if ran)
-        configured = (f"both: 4 logical GPUs on one local cluster, the same DDP loop and global batch, checkpoint every "
-                      f"step, min 2 max 4; gpusession low priority shrunk by a 2-GPU high-priority lease held "
-                      f"{HOLD_S:g} s; Ray Train num_workers=(2, 4), elastic_resize_monitor_interval_s={interval:g}"
-                      f"{' (its default)' if interval == 60 else ' (tuned)'}, 2 GPUs held by another job's "
-                      f"placement group; it ran at 2 while they were held in {at_2} of {len(seconds)} samples")
-        rows.append(Row("GPUs free again -> first step back at 4 GPUs", "s", gs_runs, "Ray Train v2 elastic",
-                        seconds, configured, "<= 10 s (SPEC)"))
-        print(f"Ray Train v2 elastic, interval {interval:g} s: {spread(seconds)} s; ran at 2 while held: "
-              f"{at_2} of {len(seconds)}")
-    print(f"gpusession: GPUs free -> first step at 4 GPUs: {spread(gs_runs)} s")
-    write("elastic", rows, loadavg_before=load_before)
-    print(f"ratio gpusession/ray_train (default interval): "
-          f"{median(gs_runs) / median([s for s, _ in rt_runs[args.ray_interval]]):.3f}")
+    if args.preemption:
+        path = write("elastic-preemption", preemption_rows(args.repeat), loadavg_before=load_before, script="elastic",
+                     folder=folder)
+    else:
+        intervals = [args.ray_interval] + ([args.tuned_interval] if args.tuned_interval else [])
+        rows = hosts_rows(args.repeat, intervals)
+        path = write("elastic", rows, loadavg_before=load_before, folder=folder)
+        for row in rows:
+            shown = row.as_json()
+            print(f"{row.measure}: gpusession {spread(row.gpusession_samples)} s; {row.configured[-60:]}: "
+                  f"{spread(row.alternative_samples)} s; ratio {shown['ratio']}")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -1,12 +1,19 @@
-"""Render the README's speed tables from benchmarks/results/*.json: one source of truth.
+"""Render docs/speed.md's speed tables from benchmarks/results/*.json: one source of truth.
 
-    python benchmarks/report.py            # print the tables
-    python benchmarks/report.py --write    # put them into README.md between the markers
-    python benchmarks/report.py --check    # exit 1 (and show the difference) when README.md differs
+    python benchmarks/report.py                   # print the tables
+    python benchmarks/report.py --write           # put them into docs/speed.md between the markers
+    python benchmarks/report.py --check           # exit 1 (and show the difference) when the page differs
+    python benchmarks/report.py --check --strict  # also exit 1 when any row is refused (stale, dirty, ...)
 
-Every results file found is rendered (the format is the one in benchmarks/_results.py); a file
-marked "simulated" goes to its own table. A benchmark script that has no results file yet gets a
-row saying since when it was not re-measured, never a figure.
+Every results file found is rendered (the format is the one in benchmarks/_results.py); a file or
+a row marked "simulated" goes to its own table. A benchmark script that has no results file yet
+gets a row saying since when it was not re-measured, never a figure.
+
+Each row is judged as a maintainer would (benchmarks/_freshness.py): older than the last change to
+its script or to the code its file "measures", "+dirty", derived from newer or refused results, a
+missed goal with no goal_note. The table shows every finding in the row ("stale since 1a2b3c4:
+re-measure"), so `--check` keeps the page honest while rows wait for a quiet machine, and
+`--check --strict` is the gate a claim must pass: it fails on any finding.
 """
 from __future__ import annotations
 
@@ -16,17 +23,23 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _freshness import Finding, Refusal, goal_met, judge, refused_summary  # noqa: E402
+from _git_facts import facts_for  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
-README = HERE.parent / "README.md"
+PAGE = HERE.parent / "docs" / "speed.md"
+PAGE_NAME = "docs/speed.md"
 BEGIN = "<!-- speed tables: rendered by `python benchmarks/report.py --write` from benchmarks/results/*.json; do not edit -->"
 END = "<!-- end of speed tables -->"
 NOT_BENCHMARKS = {"report.py", "ddp_loop.py"}  # helpers; files starting with "_" are helpers too
 
-# Scripts whose figures are older than their fair re-measurement: the README keeps only this line
+# Scripts whose figures are older than their fair re-measurement: the page keeps only this line
 # for them until their script writes a results file (the figures of that date were not taken side
 # by side fairly, see issue 20, so none of them is repeated here).
 NOT_REMEASURED_SINCE = "2026-11-24"
-NEVER_MEASURED: set[str] = set()  # a script written but not yet run to the end goes here
+NEVER_MEASURED: set[str] = {"powersgd_loss"}  # a script written but not yet run to the end goes here
 
 MEASURED_HEADER = ("| benchmark: what is measured | gpusession: median (min-max, n) | alternative, as configured "
                    "| alternative: median (min-max, n) | ratio (goal) | machine |\n|---|---|---|---|---|---|")
@@ -65,16 +78,30 @@ def ratio_cell(row: dict) -> str:
         shown = "-"
     else:
         shown = f"{ratio:.3g}"
-    return f"{shown} (goal: {row['goal']})" if row.get("goal") else shown
+    if not row.get("goal"):
+        return shown
+    goal = f"goal: {row['goal']}"
+    if goal_met(row["goal"], row) is False:
+        goal += f"; missed: {row['goal_note']}" if row.get("goal_note") else "; MISSED, unexplained"
+    return f"{shown} ({goal})"
 
 
-def machine_cell(machine: dict) -> str:
-    load = machine.get("loadavg") or ["?"]
-    shown_load = f"{load[0]:.1f}" if isinstance(load[0], (int, float)) else load[0]
+def machine_cell(machine: dict, findings: list[Finding] = ()) -> str:
+    """Cores, the load average at the start and at the end (one figure when the file kept only
+    the end's), the day, the commit, and what refuses the row."""
+    start, end = _load(machine.get("loadavg_at_start")), _load(machine.get("loadavg"))
+    load = f"load {start} at start, {end} at end" if start != "?" else f"load {end}"
     when = str(machine.get("when", "?"))[:10]
     gpus = f"{len(machine['gpus'])}x {machine['gpus'][0]}, " if machine.get("gpus") else ""
-    return (f"{gpus}{machine.get('cores', '?')} cores, load {shown_load}, {when}, "
-            f"{machine.get('gpusession_commit') or '?'}")
+    cell = f"{gpus}{machine.get('cores', '?')} cores, {load}, {when}, {machine.get('gpusession_commit') or '?'}"
+    shown = [f.mark for f in findings if f.refusal is not Refusal.GOAL_MISSED_UNEXPLAINED]  # that one is by the goal
+    return cell + "".join(f"; **{mark}**" for mark in shown)
+
+
+def _load(loadavg) -> str:
+    if not loadavg or not isinstance(loadavg[0], (int, float)):
+        return "?"
+    return f"{loadavg[0]:.1f}"
 
 
 def alternative_cell(row: dict, previous: dict | None) -> str:
@@ -93,7 +120,7 @@ def script_name(document: dict) -> str:
     return document.get("script") or document["benchmark"]
 
 
-def measured_line(document: dict, row: dict, previous: dict | None = None) -> str:
+def measured_line(document: dict, row: dict, previous: dict | None = None, findings: list[Finding] = ()) -> str:
     unit = row.get("unit", "")
     what = f"`{script_name(document)}.py`: {row['measure']}"
     alternative = alternative_cell(row, previous)
@@ -102,85 +129,127 @@ def measured_line(document: dict, row: dict, previous: dict | None = None) -> st
     return "| " + " | ".join([
         what, figure(row.get("gpusession"), row.get("gpusession_samples"), unit), alternative,
         figure(row.get("alternative_value"), row.get("alternative_samples"), unit), ratio_cell(row),
-        machine_cell(row.get("machine") or document.get("machine", {}))]) + " |"
+        machine_cell(row.get("machine") or document.get("machine", {}), findings)]) + " |"
 
 
-def simulated_line(document: dict, row: dict, previous: dict | None = None) -> str:
+def simulated_line(document: dict, row: dict, previous: dict | None = None, findings: list[Finding] = ()) -> str:
     unit = row.get("unit", "")
     what = f"`{script_name(document)}.py`: {row['measure']}"
+    if row.get("note"):
+        what += f" ({row['note']})"
     alternative = alternative_cell(row, previous)
     return "| " + " | ".join([
-        what, figure(row.get("gpusession"), None, unit), alternative,
-        figure(row.get("alternative_value"), None, unit), ratio_cell(row),
-        machine_cell(row.get("machine") or document.get("machine", {}))]) + " |"
+        what, figure(row.get("gpusession"), _spread(row.get("gpusession_samples")), unit), alternative,
+        figure(row.get("alternative_value"), _spread(row.get("alternative_samples")), unit), ratio_cell(row),
+        machine_cell(row.get("machine") or document.get("machine", {}), findings)]) + " |"
 
 
-def document_lines(document: dict, line) -> list[str]:
+def _spread(samples) -> list | None:
+    """A simulation's samples only when it repeated (one seed is one figure, not "n=1")."""
+    return samples if samples and len(samples) > 1 else None
+
+
+def is_simulated(document: dict, row: dict) -> bool:
+    """A file marked simulated, or one row of a measured file (background.py's steps are sleeps)."""
+    return bool(document.get("simulated") or row.get("simulated"))
+
+
+def document_lines(document: dict, line, simulated: bool, facts: dict | None = None) -> list[str]:
+    """The file's rows that belong in the table (simulated or not), each with its findings."""
     rows = document.get("rows", [])
-    return [line(document, row, rows[i - 1] if i else None) for i, row in enumerate(rows)]
+    lines = []
+    for i, row in enumerate(rows):
+        if is_simulated(document, row) != simulated:
+            continue
+        found = judge(row, facts[(document["benchmark"], i)]) if facts is not None else []
+        lines.append(line(document, row, rows[i - 1] if i else None, found))
+    return lines
+
+
+def findings_by_row(documents: list[dict], facts: dict) -> dict[str, list[Finding]]:
+    """'benchmark: measure' -> what refuses that row (empty: it stands)."""
+    return {f"{d['benchmark']}: {row['measure']}": judge(row, facts[(d["benchmark"], i)])
+            for d in documents for i, row in enumerate(d.get("rows", []))}
 
 
 def benchmark_scripts(folder: Path) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.py") if not p.name.startswith("_") and p.name not in NOT_BENCHMARKS)
 
 
-def render(documents: list[dict], scripts: list[str]) -> str:
-    measured = [d for d in documents if not d.get("simulated")]
-    simulated = [d for d in documents if d.get("simulated")]
+def render(documents: list[dict], scripts: list[str], facts: dict | None = None) -> str:
+    """The tables; with FACTS (benchmarks/_git_facts.py's facts_for), each row shows what refuses it."""
     lines = ["Measured side by side (each row from `benchmarks/results/NAME.json`, written by `benchmarks/NAME.py`):",
              "", MEASURED_HEADER]
-    lines += [line for d in measured for line in document_lines(d, measured_line)]
+    lines += [line for d in documents for line in document_lines(d, measured_line, False, facts)]
+    simulated = [line for d in documents for line in document_lines(d, simulated_line, True, facts)]
     have = {script_name(d) for d in documents}
     lines += [f"| `{name}.py` | " + ("not measured yet" if name in NEVER_MEASURED else
                                       f"not re-measured since {NOT_REMEASURED_SINCE}") + " | | | | |"
               for name in scripts if name not in have]
     if simulated:
-        lines += ["", "Simulated (a virtual clock, not a measurement of either side; costs as each row says):", "",
-                  SIMULATED_HEADER]
-        lines += [line for d in simulated for line in document_lines(d, simulated_line)]
+        lines += ["", "Simulated (a virtual clock or simulated GPU time, not a measurement of either side; costs as "
+                  "each row says):", "", SIMULATED_HEADER, *simulated]
     return "\n".join(lines)
 
 
-def current_block(readme: str) -> str | None:
-    if BEGIN not in readme or END not in readme:
+def current_block(page: str) -> str | None:
+    if BEGIN not in page or END not in page:
         return None
-    return readme.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n")
+    return page.split(BEGIN, 1)[1].split(END, 1)[0].strip("\n")
 
 
-def with_block(readme: str, block: str) -> str:
-    head, rest = readme.split(BEGIN, 1)
+def with_block(page: str, block: str) -> str:
+    head, rest = page.split(BEGIN, 1)
     return f"{head}{BEGIN}\n{block}\n{END}{rest.split(END, 1)[1]}"
 
 
-def difference(readme_text: str, rendered: str) -> str:
-    """Empty when the README's tables are the rendered ones; else a unified diff (or what is missing)."""
-    block = current_block(readme_text)
+def difference(page_text: str, rendered: str) -> str:
+    """Empty when the page's tables are the rendered ones; else a unified diff (or what is missing)."""
+    block = current_block(page_text)
     if block is None:
-        return f"README has no speed tables between the markers:\n{BEGIN}\n{END}"
+        return f"{PAGE_NAME} has no speed tables between the markers:\n{BEGIN}\n{END}"
     if block == rendered:
         return ""
-    return "\n".join(difflib.unified_diff(block.splitlines(), rendered.splitlines(), "README.md", "rendered",
+    return "\n".join(difflib.unified_diff(block.splitlines(), rendered.splitlines(), PAGE_NAME, "rendered",
                                           lineterm=""))
+
+
+def check(page_text: str, rendered: str, refused: list[str], *, strict: bool) -> tuple[int, str]:
+    """The exit status and what to print: 1 when the page differs from the rendered tables, and
+    with strict also when any row is refused (the table shows those rows as such either way)."""
+    diff = difference(page_text, rendered)
+    if diff:
+        return 1, f"{PAGE_NAME}'s speed tables differ from benchmarks/results (run with --write):\n{diff}"
+    lines = [f"{PAGE_NAME}'s speed tables match benchmarks/results"]
+    if refused:
+        verdict = "refused (--strict)" if strict else "shown as such in the table; --strict refuses them"
+        lines += [f"{len(refused)} rows cannot stand as current claims ({verdict}); re-measure on a quiet machine "
+                  "or explain a missed goal with goal_note:", *(f"  {line}" for line in refused)]
+    return (1 if strict and refused else 0), "\n".join(lines)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="exit 1 when README.md's tables differ")
-    parser.add_argument("--write", action="store_true", help="write the tables into README.md")
+    parser.add_argument("--check", action="store_true", help=f"exit 1 when {PAGE_NAME}'s tables differ")
+    parser.add_argument("--strict", action="store_true",
+                        help="with --check: exit 1 also when a row is stale, dirty, of an unknown commit, derived "
+                             "from newer or refused results, or misses its goal without a goal_note")
+    parser.add_argument("--write", action="store_true", help=f"write the tables into {PAGE_NAME}")
     args = parser.parse_args(argv)
-    rendered = render(load_results(HERE / "results"), benchmark_scripts(HERE))
-    readme = README.read_text()
+    if args.strict and not args.check:
+        parser.error("--strict goes with --check")
+    documents = load_results(HERE / "results")
+    facts = facts_for(documents)
+    rendered = render(documents, benchmark_scripts(HERE), facts)
+    page = PAGE.read_text()
     if args.write:
-        README.write_text(with_block(readme, rendered))
-        print(f"wrote the speed tables into {README}")
+        PAGE.write_text(with_block(page, rendered))
+        print(f"wrote the speed tables into {PAGE}")
         return 0
     if args.check:
-        diff = difference(readme, rendered)
-        if diff:
-            print(f"README.md's speed tables differ from benchmarks/results (run with --write):\n{diff}")
-            return 1
-        print("README.md's speed tables match benchmarks/results")
-        return 0
+        status, text = check(page, rendered, refused_summary(findings_by_row(documents, facts)), strict=args.strict)
+        print(text)
+        return status
     print(rendered)
     return 0
 

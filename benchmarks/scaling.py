@@ -15,12 +15,18 @@ Both launchers run the same `train` function with the same hook, the same steps 
 warm-up: one discarded call per launcher before the first sample (gpusession: the nodes' warm
 parents and workers start; torchrun: the same imports read from disk once), then in every call
 11 untimed steps (PowerSGD all-reduces plainly for its first 10) and the timed steps between two
-barriers (--steps of them; ten times as many for the compute-bound model, whose steps are short).
+barriers (--steps of them for the link-bound model; for the compute-bound model, whose steps are
+short, as many as make a sample last at least --compute-min-s seconds (5), counted from timed
+calibration calls of each launcher before the first round, with a margin; the same count on every
+side; each row notes how long its samples took).
+The compute-bound model has a control side as well: torchrun with gpusession's malloc settings
+(MALLOC_TRIM_THRESHOLD_ and MALLOC_MMAP_THRESHOLD_ set as gpusession/run/heap.py sets them in a
+rank), so the rows show how much of a difference comes from the launcher and how much from malloc.
 Each sample also prints rank 0's share of a CPU over the timed steps, its threads, niceness and
 scheduler group: on a shared machine, what a launcher's figure depends on. Samples alternate (gpusession, torchrun, then torchrun, gpusession in the next round),
 every configuration once per round; the results file is rewritten after each round.
 
-    sudo .venv/bin/python benchmarks/scaling.py [--samples 3] [--steps 5] [--budget-s 1200]
+    sudo .venv/bin/python benchmarks/scaling.py [--samples 3] [--steps 5] [--compute-min-s 5] [--budget-s 1200]
     sudo .venv/bin/python benchmarks/scaling.py --only "loss" --merge   # one part, merged into the file
 """
 from __future__ import annotations
@@ -33,6 +39,7 @@ import statistics
 import subprocess
 import sys
 import threading
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from _results import Row, spread, write  # noqa: E402
 
+from gpusession.run.heap import MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES  # noqa: E402
 from tests.multihost.simcluster import SimCluster, can_run, kill_session  # noqa: E402
 
 SCRIPT = str(ROOT / "benchmarks" / "_scaling_train.py")
@@ -57,9 +65,12 @@ DELAY_MS, LOSS = 20.0, 0.0
 # a link where TCP over that round trip with 1 % of frames lost carries a few Mbit/s, so a sample
 # takes under a minute. (On such a link the model is bound by the link, not the CPU.)
 COMPUTE_LOSS = 0.01
-COMPUTE_STEPS_FACTOR = 10  # the compute-bound model's steps are short: ten times --steps of them
+COMPUTE_MIN_S = 5.0  # a compute-bound sample lasts at least this long (its steps are short)
+CALIBRATION_STEPS = 200
 COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")
-GPUSESSION, TORCHRUN = "gpusession", "torchrun"
+GPUSESSION, TORCHRUN, TORCHRUN_MALLOC = "gpusession", "torchrun", "torchrun with gpusession's malloc settings"
+# What gpusession/run/heap.py sets in each rank, as the environment variables glibc reads at start
+MALLOC_SETTINGS = {"MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD_BYTES), "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES)}
 CALL_TIMEOUT_S = 600
 
 
@@ -80,8 +91,25 @@ class Config:
         return "spread" if self.hosts == 2 else "pack"
 
 
+@dataclass(frozen=True)
+class Steps:
+    """Timed steps per call: --steps for the link-bound model, calibrated for the compute-bound."""
+
+    link: int
+    compute: int
+
+    def of(self, config: Config) -> int:
+        return self.compute if config.model == "compute" else self.link
+
+
+def compute_steps(seconds_per_step: float, min_s: float = COMPUTE_MIN_S) -> int:
+    """Steps that take at least min_s at the calibrated pace, with half as many again for samples
+    that run faster than the calibration did."""
+    return max(1, math.ceil(1.5 * min_s / seconds_per_step))
+
+
 def torchrun(cluster: SimCluster, hosts: list, nproc: int, model: str, compression: str, steps: int,
-             warmup: int = WARMUP) -> dict:
+             warmup: int = WARMUP, malloc: bool = False) -> dict:
     """One run: a launcher on each host; rank 0's RESULT."""
     master = hosts[0].ip
     procs = []
@@ -89,7 +117,7 @@ def torchrun(cluster: SimCluster, hosts: list, nproc: int, model: str, compressi
         argv = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(hosts)}", f"--nproc_per_node={nproc}",
                 f"--node_rank={node_rank}", f"--master_addr={master}", f"--master_port={PORT}",
                 SCRIPT, model, compression, str(steps), str(warmup)]
-        env = cluster.env(host, GLOO_SOCKET_IFNAME="simnet0", OMP_NUM_THREADS="1")
+        env = cluster.env(host, GLOO_SOCKET_IFNAME="simnet0", OMP_NUM_THREADS="1", **(MALLOC_SETTINGS if malloc else {}))
         procs.append(cluster.popen(host, argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     outputs = [proc.communicate(timeout=CALL_TIMEOUT_S)[0] for proc in procs]
     results = [line for line in outputs[0].splitlines() if line.startswith("RESULT ")]
@@ -145,14 +173,16 @@ class Driver:
 def configurations() -> list[Config]:
     configs = []
     for model in ("link", "compute"):
-        configs.append(Config(model, "1 rank", 1, 1, None))
-        configs.append(Config(model, "2 ranks, 1 host", 1, 2, None))
+        # the compute-bound model, whose pace malloc's settings move, also gets the malloc control
+        launchers = (GPUSESSION, TORCHRUN) + ((TORCHRUN_MALLOC,) if model == "compute" else ())
+        configs.append(Config(model, "1 rank", 1, 1, None, launchers=launchers))
+        configs.append(Config(model, "2 ranks, 1 host", 1, 2, None, launchers=launchers))
         for rate in LINKS_MBIT:
-            configs.append(Config(model, f"2 ranks, 2 hosts, {rate} Mbit/s", 2, 2, rate))
+            configs.append(Config(model, f"2 ranks, 2 hosts, {rate} Mbit/s", 2, 2, rate, launchers=launchers))
         loss = LOSS if model == "link" else COMPUTE_LOSS
         impaired = f"one link +{DELAY_MS:g} ms each way" + (f" and {loss:.1%} loss" if loss else "")
         configs.append(Config(model, f"2 ranks, 2 hosts, 200 Mbit/s, {impaired}", 2, 2, 200,
-                              delay_ms=DELAY_MS, loss=loss))
+                              launchers=launchers, delay_ms=DELAY_MS, loss=loss))
     for compression in COMPRESSIONS[1:]:  # gpusession's own option against gpusession's plain DDP
         configs.append(Config("link", "2 ranks, 2 hosts, 200 Mbit/s", 2, 2, 200, compression, (GPUSESSION,)))
     return configs
@@ -168,17 +198,29 @@ def shape(cluster: SimCluster, config: Config | None) -> None:
             cluster.shape_link(host, rate_mbit=config.rate_mbit)
 
 
-def steps_for(config: Config, steps: int) -> int:
-    return steps * COMPUTE_STEPS_FACTOR if config.model == "compute" else steps
-
-
 def run_once(cluster: SimCluster, driver: Driver, launcher: str, config: Config, steps: int,
              warmup: int = WARMUP) -> dict:
     if launcher == GPUSESSION:
         return driver.call(config, steps, warmup)
     one, two = cluster.workers
     hosts = [one, two] if config.hosts == 2 else [one]
-    return torchrun(cluster, hosts, config.ranks // config.hosts, config.model, config.compression, steps, warmup)
+    return torchrun(cluster, hosts, config.ranks // config.hosts, config.model, config.compression, steps, warmup,
+                    malloc=launcher == TORCHRUN_MALLOC)
+
+
+def calibrate(cluster: SimCluster, driver: Driver, min_s: float) -> int:
+    """The compute-bound model's timed steps for a sample of at least min_s: one timed call of
+    1 rank per launcher (the fastest configuration, so every other one lasts longer), the faster
+    pace of the two counted (a first call runs slower than the samples do)."""
+    shape(cluster, None)
+    config = Config("compute", "calibration", 1, 1, None)
+    took = {launcher: run_once(cluster, driver, launcher, config, CALIBRATION_STEPS)["seconds"]
+            for launcher in (GPUSESSION, TORCHRUN)}
+    steps = compute_steps(min(took.values()) / CALIBRATION_STEPS, min_s)
+    print(f"calibration: {CALIBRATION_STEPS} compute-bound steps took "
+          f"{', '.join(f'{s:.2f} s ({launcher})' for launcher, s in took.items())}; {steps} timed steps a sample "
+          f"(>= {min_s:g} s)", flush=True)
+    return steps
 
 
 def warm_up(cluster: SimCluster, driver: Driver) -> None:
@@ -192,7 +234,7 @@ def warm_up(cluster: SimCluster, driver: Driver) -> None:
         print(f"warm-up call, {launcher}: {time.monotonic() - started:.1f} s (discarded)", flush=True)
 
 
-def measure(cluster: SimCluster, driver: Driver, samples: int, steps: int, on_round,
+def measure(cluster: SimCluster, driver: Driver, samples: int, steps: Steps, on_round,
             budget_s: float | None = None, only: str | None = None) -> dict:
     """Up to `samples` rounds; with budget_s, no round is begun that would end after it (by the
     longest round so far), so a shared machine's slow hour still ends with whole rounds. With
@@ -209,7 +251,7 @@ def measure(cluster: SimCluster, driver: Driver, samples: int, steps: int, on_ro
             shape(cluster, config)
             order = config.launchers if sample % 2 == 0 else tuple(reversed(config.launchers))
             for launcher in order:
-                result = run_once(cluster, driver, launcher, config, steps_for(config, steps))
+                result = run_once(cluster, driver, launcher, config, steps.of(config))
                 measured[(config, launcher)].append(result)
                 print(f"round {sample + 1}: {describe(config)}, {launcher}: {result['samples_per_s']:.1f} samples/s, "
                       f"loss {result['loss']:.4f}; {diagnostics(result)}", flush=True)
@@ -241,42 +283,55 @@ def figures(results: list[dict], field: str = "samples_per_s") -> list[float]:
     return [r[field] for r in results]
 
 
-def rows(measured: dict, steps: int) -> list[Row]:
+def rows(measured: dict, steps: Steps) -> list[Row]:
     """Every configuration's gpusession / torchrun row, then the compression rows; a configuration
     not measured yet (a partial run) has none."""
     return launcher_rows(measured, steps) + compression_rows(measured, steps)
 
 
-def launcher_rows(measured: dict, steps: int) -> list[Row]:
+def launcher_rows(measured: dict, steps: Steps) -> list[Row]:
     out = []
     configs = configurations()
     for config in configs:
         if config.compression != "none":
             continue
-        ours, theirs = measured.get((config, GPUSESSION), []), measured.get((config, TORCHRUN), [])
-        if not ours or not theirs:
-            continue
-        note = (f"{len(ours)} samples per side; rank niceness gpusession {ours[-1].get('niceness')}, "
-                f"torchrun {theirs[-1].get('niceness')}")
-        if config.ranks == 2:
-            single = next(c for c in configs if c.model == config.model and c.ranks == 1)
-            singles = {side: figures(measured.get((single, side), [])) for side in (GPUSESSION, TORCHRUN)}
-            if all(singles.values()):
-                ideal = {side: 2 * statistics.median(values) for side, values in singles.items()}
-                note += (f"; scaling efficiency (samples/s / 2 x 1 rank's): gpusession "
-                         f"{statistics.median(figures(ours)) / ideal[GPUSESSION]:.2f}, torchrun "
-                         f"{statistics.median(figures(theirs)) / ideal[TORCHRUN]:.2f}")
-        out.append(Row(measure=f"{config.model}-bound model, {config.where}: samples/s", unit="samples/s",
-                       gpusession_samples=figures(ours), alternative="torchrun, one launcher per host",
-                       alternative_samples=figures(theirs),
-                       configured=f"the same DDP script and hook (plain DDP), {WARMUP} warm-up and "
-                                  f"{steps_for(config, steps)} timed "
-                                  "steps, gloo on CPU, 1 thread a rank; gpusession from a driver on the head, "
-                                  f"placement='{config.placement}'", goal=">= 0.97", note=note))
+        for alternative in config.launchers[1:]:
+            row = launcher_row(measured, steps, configs, config, alternative)
+            if row is not None:
+                out.append(row)
     return out
 
 
-def compression_rows(measured: dict, steps: int) -> list[Row]:
+def launcher_row(measured: dict, steps: Steps, configs: list[Config], config: Config, alternative: str) -> Row | None:
+    """gpusession against one alternative launcher on one configuration; None until both have samples."""
+    ours, theirs = measured.get((config, GPUSESSION), []), measured.get((config, alternative), [])
+    if not ours or not theirs:
+        return None
+    note = (f"{len(ours)} samples per side; rank niceness gpusession {ours[-1].get('niceness')}, "
+            f"torchrun {theirs[-1].get('niceness')}")
+    if config.ranks == 2:
+        single = next(c for c in configs if c.model == config.model and c.ranks == 1)
+        singles = {side: figures(measured.get((single, side), [])) for side in (GPUSESSION, alternative)}
+        if all(singles.values()):
+            ideal = {side: 2 * statistics.median(values) for side, values in singles.items()}
+            note += (f"; scaling efficiency (samples/s / 2 x 1 rank's): gpusession "
+                     f"{statistics.median(figures(ours)) / ideal[GPUSESSION]:.2f}, torchrun "
+                     f"{statistics.median(figures(theirs)) / ideal[alternative]:.2f}")
+    seconds = statistics.median(figures(ours + theirs, "seconds")) if "seconds" in ours[0] else None
+    if seconds is not None:
+        note += f"; a sample's timed steps took {seconds:.1f} s (median)"
+    malloc = (f" with gpusession's malloc settings ({', '.join(f'{k}={v}' for k, v in MALLOC_SETTINGS.items())})"
+              if alternative == TORCHRUN_MALLOC else "")
+    return Row(measure=f"{config.model}-bound model, {config.where}: samples/s"
+                       + (" (control: torchrun with gpusession's malloc settings)" if malloc else ""),
+               unit="samples/s", gpusession_samples=figures(ours),
+               alternative=f"torchrun, one launcher per host{malloc}", alternative_samples=figures(theirs),
+               configured=f"the same DDP script and hook (plain DDP), {WARMUP} warm-up and {steps.of(config)} "
+                          "timed steps, gloo on CPU, 1 thread a rank; gpusession from a driver on the head, "
+                          f"placement='{config.placement}'", goal=">= 0.97", note=note)
+
+
+def compression_rows(measured: dict, steps: Steps) -> list[Row]:
     out = []
     configs = configurations()
     plain = next(c for c in configs if c.model == "link" and c.rate_mbit == 200 and c.compression == "none"
@@ -291,9 +346,9 @@ def compression_rows(measured: dict, steps: int) -> list[Row]:
                        alternative="plain DDP (fp32 all-reduce, DDP's default buckets)",
                        alternative_samples=figures(base),
                        configured=f"gpusession's {config.compression} hook vs DDP's built-in all-reduce, both "
-                                  f"launched by gpusession, {WARMUP} warm-up steps then {steps} timed",
+                                  f"launched by gpusession, {WARMUP} warm-up steps then {steps.link} timed",
                        goal=">= 3" if config.compression == "powersgd" else ">= 1.6",
-                       note=f"loss after {WARMUP + steps} steps {statistics.median(figures(results, 'loss')):.4f} "
+                       note=f"loss after {WARMUP + steps.link} steps {statistics.median(figures(results, 'loss')):.4f} "
                             f"vs plain {statistics.median(figures(base, 'loss')):.4f}; all-reduced per step per "
                             f"rank {results[-1]['bytes_per_step'] / 1e6:.3g} MB (fp32 gradients: "
                             f"{results[-1]['fp32_grad_bytes'] / 1e6:.3g} MB)"))
@@ -303,7 +358,9 @@ def compression_rows(measured: dict, steps: int) -> list[Row]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=5, help="timed steps of the link-bound model per sample")
+    parser.add_argument("--compute-min-s", type=float, default=COMPUTE_MIN_S,
+                        help="a compute-bound sample's timed steps last at least this many seconds (calibrated)")
     parser.add_argument("--budget-s", type=float, help="begin no round that would end after this many seconds")
     parser.add_argument("--only", help="just the configurations whose description (as printed) contains this; "
                                        "no results file is written (to look into one configuration) unless --merge")
@@ -319,23 +376,25 @@ def main() -> None:
     loadavg_before = os.getloadavg()
     cluster = SimCluster(hosts=2, gpus_per_host=2, extra_env={"GPUSESSION_PG_TIMEOUT_S": "120"})
     driver = None
+    steps = Steps(args.steps, 0)
 
     def on_round(measured: dict, done: int) -> None:
         if args.only and not args.merge:
             return
-        path = write("scaling", rows(measured, args.steps), loadavg_before=loadavg_before, merge=args.merge)
+        path = write("scaling", rows(measured, steps), loadavg_before=loadavg_before, merge=args.merge)
         print(f"round {done} of {args.samples} written to {path}", flush=True)
 
     try:
         cluster.start()
         driver = Driver(cluster)
         warm_up(cluster, driver)
-        measured = measure(cluster, driver, args.samples, args.steps, on_round, args.budget_s, args.only)
+        steps = Steps(args.steps, calibrate(cluster, driver, args.compute_min_s))
+        measured = measure(cluster, driver, args.samples, steps, on_round, args.budget_s, args.only)
     finally:
         if driver is not None:
             driver.stop()
         cluster.stop()
-    final = rows(measured, args.steps)
+    final = rows(measured, steps)
     for row in final:
         shown = row.as_json()
         print(f"{row.measure}: {spread(row.gpusession_samples)} vs {spread(row.alternative_samples)} "

@@ -1,21 +1,27 @@
 """The same hyperparameter search under gs.sweep and under Ray Tune's Tuner, side by side in one
 run on one cluster (4 logical GPUs): 16 trials of a small model, 4 in parallel, ASHA.
 
-    .venv/bin/python benchmarks/sweep.py [--trials 16] [--parallel 4] [--epochs 8] [--samples 3]
+    .venv/bin/python benchmarks/sweep.py [--trials 16] [--parallel 4] [--epochs 8] [--samples 3] [--unpruned]
 
 Both sides run the same configurations: `trials` (lr, width) pairs drawn once (seeded) and given
 to each side as a grid over their index (gs.sweep sampler="grid"; Tune tune.grid_search). Both
 prune with asynchronous successive halving at the same rungs (grace period 1 epoch, reduction
 factor 4, one bracket: Optuna's SuccessiveHalvingPruner and Tune's ASHAScheduler, each set
 explicitly; the two implementations may still stop different trials, so the trials each side
-stopped early are written beside the times) and run one trial per GPU. Warm-up alike: before the
+stopped early are written beside the times) and run one trial per GPU. Since the two prune
+different trials, the wall-clock alone compares unequal work: the rows also give each side's
+epochs trained per second of wall-clock (the work it did over the time it took), and with
+--unpruned neither side prunes, so both run every trial to its last epoch. Warm-up alike: before the
 timed searches each side runs one discarded search of `parallel` 1-epoch trials (gpusession's warm
 workers import torch; Tune's trial actors start and, with reuse_actors=True as Tune's docs
-recommend for many short trials, are reused). Samples alternate: gs.sweep, Tune, gs.sweep, ... Printed per side: wall-clock of the whole search, and
+recommend for many short trials, are reused). Samples alternate, the order flipped each round
+(gs.sweep then Tune, then Tune then gs.sweep, ...). Printed per side: wall-clock of the whole search, and
 the fraction of GPU-time spent inside trial functions — of the GPU-time the sweep leased
 (gs.sweep: each trial's lease, grant to release) and of the cluster's GPUs over the search
-(4 GPUs x wall-clock; Tune holds them for the whole fit). The last line is the wall-clock ratio
-(target <= 0.5; busy fraction target >= 0.9). Writes benchmarks/results/sweep.json.
+(4 GPUs x wall-clock; Tune holds them for the whole fit). The last line is the ratio of epochs
+trained per second (target >= 2, the same as half the wall-clock at equal work; with --unpruned the
+wall-clock row carries the <= 0.5 target; busy fraction target >= 0.9). Writes
+benchmarks/results/sweep.json (sweep-unpruned.json with --unpruned).
 """
 from __future__ import annotations
 
@@ -24,6 +30,7 @@ import os
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _cluster import CLUSTER_GPUS, local_cluster  # noqa: E402
@@ -85,14 +92,15 @@ def gs_train(index: int, configs: list, epochs: int) -> float:
     return last["val_loss"]
 
 
-def run_gpusession(configs: list, parallel: int, epochs: int) -> dict:
+def run_gpusession(configs: list, parallel: int, epochs: int, prune: bool = True) -> dict:
     import optuna
 
     import gpusession as gs
     from gpusession import events
 
     events.set_observer_factory(lambda world_size: events.Observer())
-    pruner = optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=4, min_early_stopping_rate=0)
+    pruner = (optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=4, min_early_stopping_rate=0)
+              if prune else None)
     started = time.perf_counter()
     result = gs.sweep(gs_train, {"index": gs.choice(list(range(len(configs)))), "configs": configs, "epochs": epochs},
                       trials=len(configs), parallel=parallel, objective="val_loss", mode="min", sampler="grid",
@@ -102,11 +110,12 @@ def run_gpusession(configs: list, parallel: int, epochs: int) -> dict:
     inside = sum(t.run_s for t in result.trials)
     leased = sum(t.gpu_seconds for t in result.trials)
     pruned = sum(1 for t in result.trials if t.state.value == "pruned")
+    epochs_run = sum(t.step or 0 for t in result.trials)  # each trial's last reported epoch
     return {"wall": wall, "inside": inside, "leased": leased, "best": result.best.value, "pruned": pruned,
-            "trials": len(result.trials)}
+            "trials": len(result.trials), "epochs": epochs_run}
 
 
-def run_ray_tune(configs: list, parallel: int, epochs: int) -> dict:
+def run_ray_tune(configs: list, parallel: int, epochs: int, prune: bool = True) -> dict:
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
@@ -116,11 +125,13 @@ def run_ray_tune(configs: list, parallel: int, epochs: int) -> dict:
                    lambda epoch, val_loss, inside_s: tune.report({"val_loss": val_loss, "epoch": epoch,
                                                                   "inside_s": inside_s}))
 
-    scheduler = ASHAScheduler(time_attr="epoch", max_t=epochs, grace_period=1, reduction_factor=4, brackets=1)
+    scheduler = (ASHAScheduler(time_attr="epoch", max_t=epochs, grace_period=1, reduction_factor=4, brackets=1)
+                 if prune else None)
     tuner = tune.Tuner(
         tune.with_resources(trainable, {"cpu": 0, "gpu": 1}),
         param_space={"index": tune.grid_search(list(range(len(configs))))},
-        tune_config=tune.TuneConfig(metric="val_loss", mode="min", scheduler=scheduler, num_samples=1,
+        tune_config=tune.TuneConfig(metric="val_loss", mode="min", num_samples=1,
+                                    **({"scheduler": scheduler} if scheduler is not None else {}),
                                     max_concurrent_trials=parallel, reuse_actors=True),
         run_config=tune.RunConfig(storage_path=tempfile.mkdtemp(prefix="tune-bench-"), verbose=0),
     )
@@ -132,7 +143,7 @@ def run_ray_tune(configs: list, parallel: int, epochs: int) -> dict:
     pruned = int((frames["epoch"] < epochs).sum())
     best = grid.get_best_result().metrics["val_loss"]
     return {"wall": wall, "inside": inside, "leased": CLUSTER_GPUS * wall, "best": best, "pruned": pruned,
-            "trials": len(frames)}
+            "trials": len(frames), "epochs": int(frames["epoch"].sum())}
 
 
 def main() -> None:
@@ -141,16 +152,23 @@ def main() -> None:
     parser.add_argument("--parallel", type=int, default=4)
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--samples", type=int, default=3, help="searches timed on each side, alternated")
+    parser.add_argument("--unpruned", action="store_true",
+                        help="no pruning on either side: every trial runs every epoch (equal work); writes "
+                             "results/sweep-unpruned.json")
+    parser.add_argument("--out", default=None, help="write the results file into this folder instead of "
+                        "benchmarks/results (a smoke run that must not replace the measured file)")
     args = parser.parse_args()
+    prune = not args.unpruned
     load_before = os.getloadavg()
     configs = configurations(args.trials)
     ours, tune_ = [], []
     with local_cluster():
         run_gpusession(configs[:args.parallel], args.parallel, 1)  # warm-up alike, discarded
         run_ray_tune(configs[:args.parallel], args.parallel, 1)
-        for _ in range(args.samples):
-            ours.append(run_gpusession(configs, args.parallel, args.epochs))
-            tune_.append(run_ray_tune(configs, args.parallel, args.epochs))
+        for sample in range(args.samples):
+            sides = [(ours, run_gpusession), (tune_, run_ray_tune)]
+            for kept, run in (sides if sample % 2 == 0 else sides[::-1]):  # the order flipped each round
+                kept.append(run(configs, args.parallel, args.epochs, prune))
             print(f"sample: gs.sweep {ours[-1]['wall']:.1f} s ({ours[-1]['pruned']} stopped early), Ray Tune "
                   f"{tune_[-1]['wall']:.1f} s ({tune_[-1]['pruned']} stopped early)", flush=True)
     for name, side in (("gs.sweep", ours), ("Ray Tune Tuner", tune_)):
@@ -158,20 +176,29 @@ def main() -> None:
               f"{[s['pruned'] for s in side]} of {args.trials}, best val_loss {[round(s['best'], 4) for s in side]}")
     busy = [s["inside"] / s["leased"] for s in ours]
     print(f"gs.sweep busy fraction of leased GPU-time: {spread(busy)} (target >= 0.9)")
+    pruning = ("ASHA grace 1 reduction 4 one bracket (Optuna SuccessiveHalvingPruner / Tune ASHAScheduler)"
+               if prune else "no pruning on either side (equal work: every trial runs every epoch)")
     configured = (f"both: the same {args.trials} (lr, width) configurations as a grid, {args.parallel} in parallel, "
-                  f"1 GPU a trial, {args.epochs} epochs, ASHA grace 1 reduction 4 one bracket (Optuna "
-                  "SuccessiveHalvingPruner / Tune ASHAScheduler), one discarded warm-up search each, samples "
-                  "alternated; Tune reuse_actors=True")
-    rows = [Row(f"{args.trials}-trial search of a small MLP, wall-clock", "s", [s["wall"] for s in ours],
-                "Ray Tune Tuner", [s["wall"] for s in tune_], configured, "<= 0.5"),
-            Row("trials stopped early by ASHA", "trials", [s["pruned"] for s in ours], "Ray Tune Tuner",
-                [s["pruned"] for s in tune_], configured),
+                  f"1 GPU a trial, {args.epochs} epochs, {pruning}, one discarded warm-up search each, samples "
+                  "alternated with the order flipped each round; Tune reuse_actors=True")
+    rows = [Row(f"{args.trials}-trial search of a small MLP, wall-clock" + ("" if prune else ", unpruned"), "s",
+                [s["wall"] for s in ours], "Ray Tune Tuner", [s["wall"] for s in tune_], configured,
+                "<= 0.5" if not prune else ""),
+            Row("epochs trained per second of wall-clock (each side's work over its time)" +
+                ("" if prune else ", unpruned"), "epochs/s", [s["epochs"] / s["wall"] for s in ours],
+                "Ray Tune Tuner", [s["epochs"] / s["wall"] for s in tune_], configured, ">= 2"),
             Row("busy fraction of leased GPU-time (inside trials)", "", busy, configured=configured, goal=">= 0.9")]
-    write("sweep", rows, loadavg_before=load_before)
+    if prune:
+        rows.insert(1, Row("trials stopped early by ASHA", "trials", [s["pruned"] for s in ours], "Ray Tune Tuner",
+                           [s["pruned"] for s in tune_], configured))
+    write("sweep" if prune else "sweep-unpruned", rows, loadavg_before=load_before, script="" if prune else "sweep",
+          folder=Path(args.out) if args.out else None)
     from statistics import median
 
+    pace = median(s["epochs"] / s["wall"] for s in ours) / median(s["epochs"] / s["wall"] for s in tune_)
     print(f"ratio gs.sweep/ray_tune wall-clock: {median(s['wall'] for s in ours) / median(s['wall'] for s in tune_):.3f}"
-          " (target <= 0.5)")
+          + (" (target <= 0.5: equal work)" if not prune else " (unequal work: each pruned different trials)"))
+    print(f"ratio gs.sweep/ray_tune epochs trained per second: {pace:.3f} (target >= 2)")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """SIMULATED: a day of interactive notebook work replayed through the real policy, against a
-Kueue-like FIFO queue with gang admission. Nothing runs on Ray: a virtual clock drives
+Kueue-like queue with gang admission, with and without priorities and preemption. Nothing runs on Ray: a virtual clock drives
 `gpusession.broker.policy.decide` and `gpusession.broker.elastic.offers` (the functions the
-broker calls); its figures are a simulation's, and the README shows them in their own table.
+broker calls); its figures are a simulation's, and docs/speed.md shows them in their own table.
 
-The workload (seeded, SEED below; every figure here is a module constant):
+The workload (seeded; every figure here is a constant of _replay_world.py):
 - a cluster of 8 GPUs: 2 nodes x 4 GPUs; 20 users, each opens a notebook in the first hour;
 - each user alternates think time (exponential, mean 20 min) with a training burst (lognormal,
   median 5 min at its full size, sigma 0.5); a user's bursts always need the same GPUs:
@@ -12,59 +12,52 @@ The workload (seeded, SEED below; every figure here is a module constant):
   1- or 2-GPU burst shrinks it to 2 GPUs and the broker offers the GPUs back when they are
   free; its work (GPU-seconds at full size) goes on at the speed of the GPUs it holds;
 - costs come from the measured results files, not constants: gpusession's start+release is
-  call_overhead.py's warm call median, a resize costs elastic.py's grow-back median; the
-  baseline's start is call_overhead.py's torchrun cold median (a job queued there starts a new
-  process). Where a file is missing, the constant below is used and the row says so.
+  call_overhead.py's warm call median, a resize costs elastic.py's grow-back median. By default
+  (--costs equal) the queue's start costs the same as gpusession's: a start measured differently
+  on the two sides (a torchrun cold start at another load) would decide the result by itself;
+  --costs measured charges the queue call_overhead.py's torchrun cold median instead. Where a
+  file is missing, the constant in _replay_world.py is used and the rows say so. The file records
+  when its inputs were measured (report.py refuses it once they are re-measured).
 
-The baseline is what a team would run instead of pinning a GPU per notebook: one Kueue-like
-ClusterQueue of 8 GPUs, BestEffortFIFO (Kueue's default: a workload that does not fit is set
-aside and the next one in order is tried), gang admission of a job's whole GPU count, no
-borrowing, no preemption (Kueue's default within a ClusterQueue), no elastic resizing.
+Two baselines (benchmarks/_kueue_baseline.py), what a team would run instead of pinning a GPU
+per notebook: one Kueue-like ClusterQueue of 8 GPUs, gang admission of a job's whole GPU count,
+no borrowing, no elastic resizing; (1) BestEffortFIFO (Kueue's default: a workload that does not
+fit is set aside and the next one in order is tried), no preemption (Kueue's default within a
+ClusterQueue); (2) WorkloadPriorityClasses (the elastic 4-GPU bursts low, the rest normal, as
+under gpusession) with withinClusterQueue: LowerPriority preemption: a normal burst that does not
+fit evicts low ones, whole, and they are requeued with the work they have left.
 
-Figures for both: used/reserved GPU-hours, users served (every burst they asked for ran), p95
-and median queue wait (ask to start, over the bursts that ran), bursts run.
+Figures for each: used/reserved GPU-hours, users served (every burst they asked for ran), p95
+and median queue wait (ask to start, over the bursts that ran), bursts run; over seeds 1..N
+(--seeds, 10 by default), each seed a sample, so every row shows the spread, and the per-seed
+ratio's spread beside it.
 
-    .venv/bin/python benchmarks/utilization_replay.py            # seed 11, writes results/utilization_replay.json
-    .venv/bin/python benchmarks/utilization_replay.py --sweep 20  # seeds 1..20 first, one line each
+    .venv/bin/python benchmarks/utilization_replay.py [--seeds 10] [--costs equal|measured]
 """
 from __future__ import annotations
 
-import heapq
 import json
-import random
 import statistics
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _results import RESULTS, Row, write  # noqa: E402
+from _kueue_baseline import replay_kueue  # noqa: E402
+from _replay_world import (DAY_S, ELASTIC_MIN, FALLBACK_BASELINE_START_S, FALLBACK_RESIZE_S,  # noqa: E402
+                           FALLBACK_START_S, NODES, QUOTA, USERS, Clock, Costs, User, World, draw_users, figures)
+from _results import RESULTS, Row, inputs_when, spread, write  # noqa: E402
 
 from gpusession.broker.elastic import offers  # noqa: E402
-from gpusession.broker.model import ActiveLease, NodeCapacity, Placement, Priority, Quota, Request  # noqa: E402
+from gpusession.broker.model import ActiveLease, Placement, Priority, Request  # noqa: E402
 from gpusession.broker.policy import decide  # noqa: E402
 
-SEED = 11
-USERS = 20
-NODES = [NodeCapacity("node0", 4.0), NodeCapacity("node1", 4.0)]
-DAY_S = 8 * 3600.0
-OPEN_WITHIN_S = 3600.0
-THINK_MEAN_S = 20 * 60.0
-BURST_MEDIAN_S, BURST_SIGMA = 5 * 60.0, 0.5
-SIZES = [1] * 13 + [2] * 5 + [4] * 2
-ELASTIC_MIN = 2  # a 4-GPU burst may shrink to 2
-QUOTA = Quota(max_gpus=4.0)
-FALLBACK_START_S, FALLBACK_RESIZE_S, FALLBACK_BASELINE_START_S = 3.0, 3.0, 4.4
 
-
-@dataclass
-class Costs:
-    start_s: float  # gpusession: lease, start the workers, release
-    resize_s: float  # gpusession: an elastic resize (no progress while it restarts from its checkpoint)
-    baseline_start_s: float  # the queue's job: a new process
-    source: str
+def resize_input() -> str:
+    """The results file the resize cost comes from."""
+    return "elastic-preemption" if (RESULTS / "elastic-preemption.json").exists() else "elastic"
 
 
 def measured_costs() -> Costs:
@@ -80,10 +73,12 @@ def measured_costs() -> Costs:
 
     start = median_of("call_overhead", "warm call", "gpusession")
     baseline = median_of("call_overhead", "first call of a new process", "alternative_value")
-    resize = median_of("elastic", "GPUs free again", "gpusession")
+    # the grow-back after a preemption (elastic.py --preemption); an older elastic.json held it
+    resize_file = resize_input()
+    resize = median_of(resize_file, "GPUs free again", "gpusession")
     used = [name for name, value in (("call_overhead.json warm call", start),
                                      ("call_overhead.json torchrun cold", baseline),
-                                     ("elastic.json grow-back", resize)) if value is not None]
+                                     (f"{resize_file}.json grow-back", resize)) if value is not None]
     missing = [name for name, value in (("start", start), ("baseline start", baseline), ("resize", resize))
                if value is None]
     source = f"from {', '.join(used) or 'no results file'}" + (
@@ -91,39 +86,6 @@ def measured_costs() -> Costs:
     return Costs(start if start is not None else FALLBACK_START_S,
                  resize if resize is not None else FALLBACK_RESIZE_S,
                  baseline if baseline is not None else FALLBACK_BASELINE_START_S, source)
-
-
-@dataclass
-class User:
-    """One user's day, drawn once and replayed identically in both worlds."""
-
-    name: str
-    gpus: int
-    opens_at: float
-    thinks: list[float]
-    bursts: list[float]
-    asked: int = 0
-    ran: int = 0
-    waiting: int = 0  # bursts asked and not started when the day ended
-    used_s: float = 0.0
-    waits: list[float] = field(default_factory=list)
-
-    def next_work(self) -> float:
-        """The next burst's work in GPU-seconds at its full size."""
-        self.asked += 1
-        return self.gpus * self.bursts[self.asked - 1]
-
-    def think(self) -> float:
-        return self.thinks[self.asked]
-
-
-def draw_users(seed: int = SEED) -> list[User]:
-    rng = random.Random(seed)
-    sizes = rng.sample(SIZES, len(SIZES))
-    return [User(f"user{i:02d}", sizes[i], rng.uniform(0, OPEN_WITHIN_S),
-                 [rng.expovariate(1 / THINK_MEAN_S) for _ in range(200)],
-                 [rng.lognormvariate(0, BURST_SIGMA) * BURST_MEDIAN_S for _ in range(200)])
-            for i in range(USERS)]
 
 
 @dataclass
@@ -147,48 +109,6 @@ class Job:
 
     def ends_at(self) -> float:
         return max(self.since, self.marked) + self.left / self.lease.workers
-
-
-@dataclass
-class World:
-    name: str
-    users: list[User]
-    reserved_s: float = 0.0
-    resizes: int = 0
-    stopped: int = 0  # preemptions that stopped a burst (it was asked again for its work left)
-    last_id: int = 0
-
-    def new_id(self) -> int:
-        self.last_id += 1
-        return self.last_id
-
-    def used_s(self) -> float:
-        return sum(u.used_s for u in self.users)
-
-    def served(self) -> int:
-        return sum(1 for u in self.users if u.ran > 0 and u.ran + u.waiting >= u.asked)
-
-    def waits(self) -> list[float]:
-        return [w for u in self.users for w in u.waits]
-
-
-class Clock:
-    """The virtual clock's event heap; an end event carries the job's version (stale ones drop)."""
-
-    def __init__(self) -> None:
-        self.heap: list = []
-        self.seq = 0
-
-    def at(self, when: float, kind: str, payload, version: int = 0) -> None:
-        heapq.heappush(self.heap, (when, self.seq, kind, payload, version))
-        self.seq += 1
-
-    def due(self) -> list:
-        now = self.heap[0][0]
-        out = []
-        while self.heap and self.heap[0][0] == now:
-            out.append(heapq.heappop(self.heap))
-        return out
 
 
 def replay_gpusession(users: list[User], costs: Costs) -> World:
@@ -278,87 +198,76 @@ def _resize(now, world, clock, job, workers, node_workers, costs) -> None:
     clock.at(job.ends_at(), "end", lease.lease_id, job.version)
 
 
-def replay_fifo_queue(users: list[User], costs: Costs) -> World:
-    """Kueue-like: BestEffortFIFO over one 8-GPU quota, whole jobs admitted or none, no preemption."""
-    world, clock = World("FIFO gang queue", users), Clock()
-    capacity = sum(int(n.gpus) for n in NODES)
-    free, queue, ends = capacity, [], {}
-    for user in users:
-        clock.at(user.opens_at + user.think(), "ask", user)
-    while clock.heap and clock.heap[0][0] < DAY_S:
-        now = clock.heap[0][0]
-        for _, _, kind, payload, _ in clock.due():
-            if kind == "ask":
-                queue.append((now, payload, payload.next_work()))
-            else:
-                free += payload.gpus
-                clock.at(now + payload.think(), "ask", payload)
-        for item in list(queue):  # in arrival order; one that does not fit is passed over
-            asked_at, user, work = item
-            if user.gpus <= free:
-                queue.remove(item)
-                free -= user.gpus
-                user.waits.append(now - asked_at)
-                user.ran += 1
-                held = costs.baseline_start_s + work / user.gpus
-                user.used_s += user.gpus * max(0.0, min(now + held, DAY_S) - min(now + costs.baseline_start_s, DAY_S))
-                world.reserved_s += user.gpus * max(0.0, min(now + held, DAY_S) - now)
-                clock.at(now + held, "end", user)
-    for _, user, _ in queue:
-        user.waiting += 1
-    return world
+VARIANTS = {"fifo": "Kueue-like FIFO gang queue", "priority": "Kueue-like gang queue with priorities and preemption"}
 
 
-def p95(values: list[float]) -> float:
-    return statistics.quantiles(values, n=20)[-1] if len(values) > 1 else 0.0
+def equal_costs(costs: Costs) -> Costs:
+    """Both sides pay gpusession's measured start: the sign of the result cannot come from a
+    start cost measured differently on each side (the conservative choice for gpusession)."""
+    return Costs(costs.start_s, costs.resize_s, costs.start_s,
+                 f"{costs.source}; the queue's start set equal to gpusession's")
 
 
-def figures(world: World) -> dict:
-    waits = world.waits()
-    return {"used/reserved": world.used_s() / world.reserved_s, "served": world.served(),
-            "p95": p95(waits), "median": statistics.median(waits) if waits else 0.0,
-            "bursts": sum(u.ran for u in world.users)}
+def replay_seeds(seeds: list[int], costs: Costs) -> dict:
+    """Per seed: gpusession's figures and each baseline variant's, and gpusession's resizes."""
+    out = {"gpusession": [], "resizes": [], **{variant: [] for variant in VARIANTS}}
+    for seed in seeds:
+        world = replay_gpusession(draw_users(seed), costs)
+        out["gpusession"].append(figures(world))
+        out["resizes"].append(world.resizes)
+        for variant in VARIANTS:
+            out[variant].append(figures(replay_kueue(draw_users(seed), costs, preemption=variant == "priority")))
+    return out
 
 
-def rows(ours: dict, theirs: dict, costs: Costs, resizes: int) -> list[Row]:
-    configured = (f"gpusession: policy.decide, quota 4 GPUs a user, no borrowing, 4-GPU bursts elastic (min 2, "
-                  f"priority low), start+release {costs.start_s:.2f} s, resize {costs.resize_s:.2f} s ({resizes} "
-                  f"resizes); queue: BestEffortFIFO, gang admission of whole GPUs, no borrowing or preemption, "
-                  f"start {costs.baseline_start_s:.2f} s; costs {costs.source}; seed {SEED}")
-    alternative = "Kueue-like FIFO gang queue"
-
-    def row(measure, unit, key, goal=""):
-        return Row(measure, unit, [ours[key]], alternative, [theirs[key]], configured, goal)
-
-    return [row("used / reserved GPU-hours, 20 users, 8 GPUs, 8 h", "", "used/reserved"),
-            row("users served (every burst asked ran)", "users", "served"),
-            row("bursts run", "", "bursts"),
-            row("p95 queue wait", "s", "p95"), row("median queue wait", "s", "median")]
-
-
-def sweep(seeds: int, costs: Costs) -> None:
-    """How much the figures move with the draw (the results file is one seed)."""
-    for seed in range(1, seeds + 1):
-        ours = figures(replay_gpusession(draw_users(seed), costs))
-        theirs = figures(replay_fifo_queue(draw_users(seed), costs))
-        print(f"seed {seed:2d}: used/reserved {ours['used/reserved']:.2f} vs {theirs['used/reserved']:.2f}, "
-              f"served {ours['served']} vs {theirs['served']}, p95 wait {ours['p95']:.0f} vs {theirs['p95']:.0f} s")
+def rows(replayed: dict, costs: Costs, seeds: list[int]) -> list[Row]:
+    measures = [("used / reserved GPU-hours, 20 users, 8 GPUs, 8 h", "", "used/reserved"),
+                ("users served (every burst asked ran)", "users", "served"), ("bursts run", "", "bursts"),
+                ("p95 queue wait", "s", "p95"), ("median queue wait", "s", "median")]
+    out = []
+    for variant, alternative in VARIANTS.items():
+        queue = ("BestEffortFIFO, no preemption (Kueue's default within a ClusterQueue)" if variant == "fifo" else
+                 "WorkloadPriorityClass (4-GPU bursts low, the rest normal), withinClusterQueue: LowerPriority "
+                 "(whole low bursts evicted, requeued with their work left)")
+        configured = (f"gpusession: policy.decide, quota 4 GPUs a user, no borrowing, 4-GPU bursts elastic (min 2, "
+                      f"priority low), start+release {costs.start_s:.2f} s, resize {costs.resize_s:.2f} s; queue: "
+                      f"one 8-GPU ClusterQueue, gang admission of whole GPUs, no borrowing, {queue}, start "
+                      f"{costs.baseline_start_s:.2f} s; costs {costs.source}; seeds {seeds[0]}-{seeds[-1]} "
+                      f"({len(seeds)}), each a sample")
+        for measure, unit, key in measures:
+            ours = [f[key] for f in replayed["gpusession"]]
+            theirs = [f[key] for f in replayed[variant]]
+            ratios = [a / b for a, b in zip(ours, theirs) if b]
+            note = (f"per-seed ratio {statistics.median(ratios):.3g} ({min(ratios):.3g}-{max(ratios):.3g})"
+                    if ratios and key != "median" else "")
+            out.append(Row(measure, unit, ours, alternative, theirs, configured, note=note))
+    return out
 
 
 def main() -> None:
-    costs = measured_costs()
-    if "--sweep" in sys.argv:
-        sweep(int(sys.argv[sys.argv.index("--sweep") + 1]), costs)
-    world = replay_gpusession(draw_users(), costs)
-    ours, theirs = figures(world), figures(replay_fifo_queue(draw_users(), costs))
-    print(f"SIMULATED: {USERS} users, {sum(n.gpus for n in NODES):g} GPUs, {DAY_S / 3600:g} h, seed {SEED}; "
-          f"costs {costs.source}")
-    for key in ours:
-        print(f"{key:>14}: gpusession {ours[key]:.2f}  FIFO gang queue {theirs[key]:.2f}")
-    path = write("utilization_replay", rows(ours, theirs, costs, world.resizes), simulated=True)
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=10, help="replay seeds 1..N, each a sample (at least 10)")
+    parser.add_argument("--costs", choices=("equal", "measured"), default="equal",
+                        help="equal: the queue pays gpusession's measured start too; measured: each side its own "
+                             "(the queue a torchrun cold start)")
+    parser.add_argument("--out", default=None, help="write the results file into this folder instead of "
+                        "benchmarks/results (a trial run that must not replace the file)")
+    args = parser.parse_args()
+    costs = measured_costs() if args.costs == "measured" else equal_costs(measured_costs())
+    seeds = list(range(1, args.seeds + 1))
+    replayed = replay_seeds(seeds, costs)
+    print(f"SIMULATED: {USERS} users, {sum(n.gpus for n in NODES):g} GPUs, {DAY_S / 3600:g} h, seeds "
+          f"{seeds[0]}-{seeds[-1]}; costs {costs.source}")
+    for row in rows(replayed, costs, seeds):
+        print(f"{row.measure} vs {row.alternative}: gpusession {spread(row.gpusession_samples)}, "
+              f"queue {spread(row.alternative_samples)}; {row.note}")
+    path = write("utilization_replay", rows(replayed, costs, seeds), simulated=True,
+                 measures=["gpusession/broker", "benchmarks/_replay_world.py", "benchmarks/_kueue_baseline.py"],
+                 derived_from=inputs_when(["call_overhead", resize_input()]), details={"per_seed": replayed},
+                 folder=Path(args.out) if args.out else None)
     print(f"wrote {path}")
-    print(f"used/reserved ratio (gpusession / FIFO gang queue, simulated): "
-          f"{ours['used/reserved'] / theirs['used/reserved']:.2f}")
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ _EXPORTS = {
     "RunCancelled": "errors",
     "GPUSessionError": "errors", "Infeasible": "errors", "LeaseRevoked": "errors", "Preempted": "errors",
     "QueueTimeout": "errors", "QuotaExceeded": "errors", "RunTimeout": "errors", "WorkerFailed": "errors",
-    "RunInfo": "events", "Lease": "cluster.lease", "lease": "run.lease_api", "Status": "cluster.status",
+    "RunInfo": "events", "PowerSGD": "comm_options", "Lease": "cluster.lease", "lease": "run.lease_api", "Status": "cluster.status",
     "status": "cluster.status",
     "sweep": "sweeps", "SweepFailed": "sweeps", "SweepResult": "sweeps", "choice": "sweeps",
     "loguniform": "sweeps", "randint": "sweeps", "uniform": "sweeps",
@@ -59,7 +59,7 @@ __all__ = [
     "context", "report", "save_checkpoint", "load_checkpoint", "prepare_model", "prepare_loader",
     "unwrap", "GPUSessionError", "QuotaExceeded", "Infeasible", "QueueTimeout", "LeaseRevoked",
     "Preempted", "WorkerFailed", "RunTimeout", "should_checkpoint", "step",
-    "sweep", "uniform", "loguniform", "choice", "randint", "SweepResult", "SweepFailed",
+    "sweep", "uniform", "loguniform", "choice", "randint", "SweepResult", "SweepFailed", "PowerSGD",
 ]
 
 

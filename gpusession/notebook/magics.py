@@ -18,6 +18,7 @@ from .cellcode import CellCode, analyze, parse_names
 from .bgcell import CellRun
 from .cellrun import CellPayload, CellResult, pack, run_cell, unpack
 from ..run.distributed import DistributedFunction, parse_options
+from ..comm_options import grad_compression_flag_value
 from ..errors import GPUSessionError
 from ..broker.messages import gpus_text
 from ..cluster.held import held_leases, release_all
@@ -53,6 +54,14 @@ def _names(text: str) -> tuple[str, ...]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def grad_compression_flag(text: str):
+    """--grad-compression's argparse type: a wrong value is a usage error naming the choices."""
+    try:
+        return grad_compression_flag_value(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 @magics_class
 class GPUMagics(Magics):
     @magic_arguments(name="%gpu")
@@ -80,9 +89,10 @@ class GPUMagics(Magics):
                    "notebook stays usable. NAME.pull() assigns the cell's names when it is done.")
     @argument("-o", dest="handle", metavar="NAME",
               help="With --bg: the name the run's handle gets in the notebook (default: _run).")
-    @argument("--grad-compression", choices=("fp16", "bf16", "powersgd"), metavar="C",
+    @argument("--grad-compression", type=grad_compression_flag, metavar="C",
               help="Compress the gradients gs.prepare_model's DDP all-reduces: fp16 or bf16 (half the bytes) "
-                   "or powersgd (rank 2, after 10 plain steps). Default: fp32, as DDP. Helps on slow links only.")
+                   "or powersgd (rank 2, after 10 plain steps); powersgd:rank=4,warmup=20 chooses PowerSGD's "
+                   "rank and plain steps. Default: fp32, as DDP. Helps on slow links only.")
     @argument("--bucket-mb", type=float, metavar="MB",
               help="DDP's gradient bucket size in MB (bucket_cap_mb), e.g. 50. Default: DDP's 25.")
     @argument("--precision", choices=("bf16", "fp16"), metavar="P",

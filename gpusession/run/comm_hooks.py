@@ -15,8 +15,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
-from ..comm_options import (POWERSGD_RANK, POWERSGD_WARMUP_STEPS, CommOptions, CommReport, Compression,
-                            Precision)
+from ..comm_options import CommOptions, CommReport, Compression, Precision
 from ..errors import GPUSessionError
 
 _FP32_BYTES = 4
@@ -82,9 +81,10 @@ def apply_to_model(ddp, comm: RankComm, device: torch.device) -> None:
     check_backend(options, device)
     state = _HookState(options.grad_compression, comm.counted)
     if options.grad_compression is Compression.POWERSGD:
+        settings = options.powersgd_settings
         state.powersgd = powerSGD_hook.PowerSGDState(
-            process_group=None, matrix_approximation_rank=POWERSGD_RANK,
-            start_powerSGD_iter=POWERSGD_WARMUP_STEPS)
+            process_group=None, matrix_approximation_rank=settings.rank,
+            start_powerSGD_iter=settings.warmup_steps)
         state.wait_each_bucket = dist.get_backend() != "nccl"
     ddp.register_comm_hook(state, gpusession_comm_hook)
     if options.precision is not None:

@@ -124,7 +124,8 @@ def distributed(fn: Callable | None = None, /, **options: Any):
 
     Options (keyword only): gpus, gpus_per_worker, min_gpus, priority, timeout, queue_timeout,
     backend, placement, max_failures, return_all, runtime_env, and what gs.prepare_model applies:
-    grad_compression (None, "fp16", "bf16", "powersgd"), bucket_mb, precision (None, "bf16",
+    grad_compression (None, "fp16", "bf16", "powersgd", or gs.PowerSGD(rank=4, warmup_steps=20)
+    for PowerSGD's settings; "powersgd" is rank 2 after 10 plain steps), bucket_mb, precision (None, "bf16",
     "fp16"; see gpusession/comm_options.py). Bad options raise here, before anything is leased."""
     run_options = parse_options(options, where="gs.distributed()")
 

@@ -57,6 +57,16 @@ def test_each_option_trains_to_the_plain_ddp_loss_and_the_receipt_counts_its_byt
 
 
 @pytest.mark.slow
+def test_powersgd_at_rank_4_trains_and_the_receipt_names_rank_4_and_its_bytes(cluster, quiet, plain_loss):
+    train = gs.distributed(gpus=2, grad_compression=gs.PowerSGD(rank=4, warmup_steps=20))(comm_train.train)
+    result = train(STEPS)
+    assert result["loss"] == pytest.approx(plain_loss, rel=POWERSGD_GAP)
+    # the 64 x 32 weight sends (64 + 32) x 4 numbers; the rest uncompressed, as at rank 2
+    assert train.last_run.communication.bytes_last_step == (384 + 64 + 64 + 1) * 4
+    assert "grads powersgd (rank 4, after 20 steps)" in train.last_run.receipt()
+
+
+@pytest.mark.slow
 def test_options_a_function_never_applies_are_named_in_the_receipt(cluster, quiet):
     @gs.distributed(gpus=2, grad_compression="fp16")
     def no_prepare_model():

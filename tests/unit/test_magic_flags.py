@@ -62,8 +62,16 @@ def test_communication_flags_become_run_options():
     assert options.comm.precision.value == "bf16"
 
 
+def test_the_grad_compression_flag_takes_powersgd_settings():
+    options = _run_options(parse_argstring(GPUMagics.gpu_cell, "2 --grad-compression powersgd:rank=4,warmup=20"))
+    assert options.comm.powersgd.rank == 4 and options.comm.powersgd.warmup_steps == 20
+    plain = _run_options(parse_argstring(GPUMagics.gpu_cell, "2 --grad-compression powersgd"))
+    assert (plain.comm.powersgd.rank, plain.comm.powersgd.warmup_steps) == (2, 10)
+
+
 @pytest.mark.parametrize("line, says", [
     ("--grad-compression int8", "invalid choice: 'int8'"),
+    ("--grad-compression powersgd:rank=0", "PowerSGD rank must be from 1 to 1024; got 0"),
     ("--precision fp8", "invalid choice: 'fp8'"),
     ("--bucket-mb big", "invalid float value: 'big'"),
 ])

@@ -32,9 +32,12 @@ def measured_where_gpusession_gives(fraction: float) -> dict:
     return measured
 
 
+STEPS = scaling.Steps(link=5, compute=50)
+
+
 def test_each_configuration_is_one_row_of_gpusession_against_torchrun_with_its_ratio():
-    rows = [row.as_json() for row in scaling.rows(measured_where_gpusession_gives(0.9), steps=5)]
-    launcher_rows = [row for row in rows if row["alternative"].startswith("torchrun")]
+    rows = [row.as_json() for row in scaling.rows(measured_where_gpusession_gives(0.9), steps=STEPS)]
+    launcher_rows = [row for row in rows if row["alternative"] == "torchrun, one launcher per host"]
     assert len(launcher_rows) == 10  # 2 models x (1 rank, packed, 2 links, an impaired link)
     assert all(row["ratio"] == 0.9 and row["goal"] == ">= 0.97" for row in launcher_rows)
     assert launcher_rows[0]["gpusession_samples"] == [90.0, 99.0, 108.0]
@@ -49,7 +52,25 @@ def test_each_configuration_is_one_row_of_gpusession_against_torchrun_with_its_r
     assert lossy["measure"] == ("compute-bound model, 2 ranks, 2 hosts, 200 Mbit/s, one link +20 ms each way "
                                 "and 1.0% loss: samples/s")
     compute = next(row for row in launcher_rows if row["measure"].startswith("compute-bound model, 1 rank"))
-    assert "50 timed steps" in compute["configured"]  # ten times --steps: its steps are short
+    assert "50 timed steps" in compute["configured"]  # its own count: calibrated to >= 5 s a sample
+
+
+def test_each_compute_bound_configuration_has_a_torchrun_control_with_gpusessions_malloc_settings():
+    rows = [row.as_json() for row in scaling.rows(measured_where_gpusession_gives(0.9), steps=STEPS)]
+    controls = [row for row in rows if "malloc settings" in row["alternative"]]
+    assert len(controls) == 5 and all(row["measure"].startswith("compute-bound model") for row in controls)
+    assert all(row["measure"].endswith("(control: torchrun with gpusession's malloc settings)") for row in controls)
+    assert "MALLOC_TRIM_THRESHOLD_=268435456, MALLOC_MMAP_THRESHOLD_=33554432" in controls[0]["alternative"]
+    from gpusession.run.heap import MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES
+
+    assert scaling.MALLOC_SETTINGS == {"MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD_BYTES),
+                                       "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES)}
+
+
+def test_compute_bound_samples_get_enough_steps_to_last_at_least_five_seconds():
+    steps = scaling.compute_steps(seconds_per_step=0.0007)
+    assert steps * 0.0007 >= 5.0 * 1.5 and steps * 0.0007 < 8.0
+    assert scaling.compute_steps(seconds_per_step=10.0) == 1
 
 
 def test_only_the_second_hosts_link_carries_the_delay_and_loss():
@@ -77,7 +98,7 @@ def test_only_the_second_hosts_link_carries_the_delay_and_loss():
 
 
 def test_a_compression_row_compares_gpusession_with_its_own_plain_ddp_and_states_both_losses():
-    rows = [row.as_json() for row in scaling.rows(measured_where_gpusession_gives(0.9), steps=5)]
+    rows = [row.as_json() for row in scaling.rows(measured_where_gpusession_gives(0.9), steps=STEPS)]
     fp16 = next(row for row in rows if row["measure"].endswith("grad_compression=fp16"))
     assert fp16["ratio"] == 2.0 and fp16["goal"] == ">= 1.6"
     assert "loss after 16 steps 0.1000 vs plain 0.1000" in fp16["note"]
@@ -86,4 +107,4 @@ def test_a_compression_row_compares_gpusession_with_its_own_plain_ddp_and_states
 
 def test_rows_of_a_partial_run_leave_out_what_was_not_measured_yet():
     measured = {key: [] for key in measured_where_gpusession_gives(1.0)}
-    assert scaling.rows(measured, steps=5) == []
+    assert scaling.rows(measured, steps=STEPS) == []

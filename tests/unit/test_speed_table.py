@@ -1,9 +1,12 @@
-"""README's speed tables are rendered from benchmarks/results/*.json (benchmarks/report.py): the
-README may show no figure that a results file does not hold."""
+"""docs/speed.md's speed tables are rendered from benchmarks/results/*.json (benchmarks/report.py):
+the page may show no figure that a results file does not hold, and shows every row that cannot
+stand as a current claim as such."""
 from __future__ import annotations
 
 import importlib.util
 import sys
+
+import pytest
 
 from ..conftest import ROOT
 
@@ -29,11 +32,36 @@ def document(**row) -> dict:
     return {"benchmark": "call_overhead", "machine": MACHINE, "rows": [{**base, **row}]}
 
 
-def test_the_readme_speed_tables_are_the_ones_rendered_from_the_results_files():
-    rendered = report.render(report.load_results(ROOT / "benchmarks" / "results"),
-                             report.benchmark_scripts(ROOT / "benchmarks"))
-    difference = report.difference((ROOT / "README.md").read_text(), rendered)
-    assert difference == "", f"run `python benchmarks/report.py --write`; README differs:\n{difference}"
+def live_tables():
+    git_facts = load("_git_facts")
+    if not git_facts.git_available():
+        pytest.skip("a copy of the checkout without git history: no commit can be judged")
+    documents = report.load_results(ROOT / "benchmarks" / "results")
+    facts = git_facts.facts_for(documents)
+    return documents, facts, report.render(documents, report.benchmark_scripts(ROOT / "benchmarks"), facts)
+
+
+def test_the_speed_page_tables_are_the_ones_rendered_from_the_results_files_and_their_history():
+    _, _, rendered = live_tables()
+    difference = report.difference((ROOT / "docs" / "speed.md").read_text(), rendered)
+    assert difference == "", f"run `python benchmarks/report.py --write`; docs/speed.md differs:\n{difference}"
+
+
+def test_every_refused_row_of_the_speed_page_is_shown_refused_on_its_line():
+    documents, facts, rendered = live_tables()
+    page = report.current_block((ROOT / "docs" / "speed.md").read_text()).splitlines()
+    seen: dict[str, int] = {}
+    for document in documents:
+        for index, row in enumerate(document["rows"]):
+            found = report.judge(row, facts[(document["benchmark"], index)])
+            start = f"| `{report.script_name(document)}.py`: {row['measure']}"
+            lines = [line for line in page if line.startswith((start + " |", start + " ("))]
+            line = lines[seen.get(start, 0)]  # rows of one measure (gpu_check's two cards) in file order
+            seen[start] = seen.get(start, 0) + 1
+            for finding in found:
+                shown = "MISSED, unexplained" if finding.refusal is report.Refusal.GOAL_MISSED_UNEXPLAINED \
+                    else finding.mark
+                assert shown in line, f"{document['benchmark']}: {row['measure']} hides {finding.refusal.value}"
 
 
 def test_a_row_shows_both_medians_with_spread_the_configuration_the_ratio_and_the_machine():
@@ -42,6 +70,7 @@ def test_a_row_shows_both_medians_with_spread_the_configuration_the_ratio_and_th
     assert "0.2 s (0.1-0.3, n=3)" in line and "30 s (29-31, n=3)" in line
     assert "Ray Train fit(); configured: max_failures=0" in line
     assert "0.0067 (goal: <= 0.1)" in line and "2 cores, load 3.5, 2026-11-25, abc1234" in line
+    assert "**" not in line  # judged by nobody: no findings shown
     assert "not re-measured" not in table
 
 
