@@ -8,6 +8,7 @@ import math
 import os
 import sys
 
+from .cli_types import seconds
 from .errors import GPUSessionError
 
 ADMIN_TOKEN_ENV = "GPUSESSION_ADMIN_TOKEN"
@@ -37,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
                           description="Execute the quickstart notebook in a fresh kernel (its own local Ray head, "
                                       "logical GPUs when the machine has none) and print its results and receipt.")
     demo.add_argument("--notebook", type=_notebook_file, help="notebook to run instead of the quickstart")
-    demo.add_argument("--timeout", type=_seconds, default=600, help="seconds a cell may take (default 600)")
+    demo.add_argument("--timeout", type=seconds, default=600, help="seconds a cell may take (default 600)")
     demo.set_defaults(handler=_demo)
 
     lab = sub.add_parser("lab", help="JupyterLab with gpusession and its embedded cluster (prints the URL)",
@@ -177,16 +178,6 @@ def _port(text: str) -> int:
 
 def _gpus(text: str) -> int:
     return _whole(text, low=1, high=1024, what="a number of logical GPUs such as 4")
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = None
-    if value is None or not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected seconds, a number more than 0 such as 600; got {text!r}")
-    return value
 
 
 def _user(text: str) -> str:

@@ -7,8 +7,9 @@
 from __future__ import annotations
 
 import argparse
-import math
 import sys
+
+from .cli_types import seconds
 
 # localhead imports Ray (seconds): only the cluster commands themselves load it, not every
 # `gpusession` command that registers them.
@@ -29,7 +30,7 @@ def register(subparsers) -> None:
     start.add_argument("--gpus", type=_positive, default=None, metavar="N",
                        help="logical GPUs to declare when the machine has none (default 4); "
                             "ignored on a machine with real GPUs, which are all used")
-    start.add_argument("--timeout", type=_seconds, default=120.0, metavar="S",
+    start.add_argument("--timeout", type=seconds, default=120.0, metavar="S",
                        help="seconds to wait for the head to come up (default 120)")
     start.set_defaults(handler=_start)
     stop = commands.add_parser("stop", help="stop the local Ray head started by `cluster start`",
@@ -47,16 +48,6 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number of GPUs such as 4; got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number of GPUs, at least 1 (such as 4); got {value}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = None
-    if value is None or not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected seconds, a number more than 0 such as 120; got {text!r}")
     return value
 
 

@@ -10,7 +10,6 @@ import os
 import signal
 import ssl
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request

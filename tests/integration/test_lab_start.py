@@ -21,8 +21,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from ..conftest import ROOT
-
 UP_S = 300.0  # JupyterLab, then a Ray head and the broker, on a loaded 2-core machine
 
 
