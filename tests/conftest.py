@@ -228,20 +228,8 @@ def cluster(tmp_path_factory):
     os.environ.pop("RAY_ADDRESS", None)
     from gpusession.cluster.raycluster import init_local_head
 
-    # 4 logical GPUs on any machine: on one with real GPUs (fewer than 4, often) Ray would declare
-    # them real and hand ranks GPU ids the machine lacks. Hidden while the head starts (its
-    # processes keep the empty list), the session's tests run as on a CPU machine; tests/gpu
-    # starts clusters of its own with the real GPUs.
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    try:
-        init_local_head(num_gpus=CLUSTER_GPUS, num_cpus=4, include_dashboard=False, logging_level=logging.ERROR,
-                        log_to_driver=True)
-    finally:
-        if visible is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = visible
+    init_local_head(num_gpus=CLUSTER_GPUS, num_cpus=4, include_dashboard=False, logging_level=logging.ERROR,
+                    log_to_driver=True)
     from gpusession.broker import client
     from gpusession.broker.settings import BrokerConfig
 
