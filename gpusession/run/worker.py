@@ -226,7 +226,10 @@ def _relay(conn, spec: RankSpec):
     the rank closes it. A rank that sends anything but its messages is reported as its error, and
     nothing more is read from it."""
     def receive():
-        return wire.decode(conn.recv_bytes(), conn.recv_bytes, comm=spec.comm)
+        try:
+            return wire.decode(conn.recv_bytes(), conn.recv_bytes, comm=spec.comm)
+        except (EOFError, OSError):  # the rank closed its end (it exited, or was killed)
+            raise _PipeClosed from None
 
     held = None
     while True:
@@ -238,7 +241,7 @@ def _relay(conn, spec: RankSpec):
                 while held is None and conn.poll(0):
                     try:
                         nxt = receive()
-                    except (EOFError, OSError):
+                    except _PipeClosed:
                         break
                     if isinstance(nxt, m.Output):
                         chunks.extend(nxt.chunks)
@@ -263,11 +266,16 @@ def _relay(conn, spec: RankSpec):
                         yield payload
             else:
                 yield item
-        except (EOFError, OSError):
+        except _PipeClosed:
             return
         except wire.WireError as exc:
             yield _protocol_error(spec, exc)
             return
+
+
+class _PipeClosed(Exception):
+    """The rank's end of the pipe is closed: nothing more will come (only reading raises it, so an
+    error while an item is handed on is never mistaken for the rank's end)."""
 
 
 def _take_result(spec: RankSpec, sizes: tuple[int, ...]):
