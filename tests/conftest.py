@@ -228,8 +228,13 @@ def cluster(tmp_path_factory):
     os.environ.pop("RAY_ADDRESS", None)
     from gpusession.cluster.raycluster import init_local_head
 
+    from gpusession.cluster.raycluster import LOGICAL_GPUS_RESOURCE
+
+    # 4 logical GPUs on any machine: on one with real GPUs (fewer than 4, often) the marker keeps
+    # them logical, so ranks train on the CPU as here instead of being handed GPU ids the machine
+    # lacks; tests/gpu starts clusters of its own with the real GPUs.
     init_local_head(num_gpus=CLUSTER_GPUS, num_cpus=4, include_dashboard=False, logging_level=logging.ERROR,
-                    log_to_driver=True)
+                    log_to_driver=True, resources={LOGICAL_GPUS_RESOURCE: 1})
     from gpusession.broker import client
     from gpusession.broker.settings import BrokerConfig
 

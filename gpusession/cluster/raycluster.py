@@ -23,6 +23,9 @@ log = logging.getLogger("gpusession")
 LOCAL_GPUS_ENV = "GPUSESSION_LOCAL_GPUS"
 DEFAULT_LOCAL_GPUS = 4
 HEAD_RESOURCE = "node:__internal_head__"
+# A node started with this custom resource offers its GPUs as logical even on a machine with real
+# ones (`ray start --resources='{"gpusession_logical_gpus": 1}'`): its ranks train on the CPU.
+LOGICAL_GPUS_RESOURCE = "gpusession_logical_gpus"
 NODE_ID_LABEL = "ray.io/node-id"  # the label Ray gives every node: its id (bundle label selectors)
 _connect_lock = threading.Lock()
 
@@ -165,23 +168,20 @@ def init_local_head(*, attempts: int = 3, **init_options) -> None:
 
 def nodes() -> list[NodeInfo]:
     """Alive nodes with their GPU totals, as Ray declares them."""
-    result = []
-    for node in ray.nodes():
-        if not node.get("Alive"):
-            continue
-        resources = node.get("Resources", {})
-        gpus = float(resources.get("GPU", 0.0))
-        result.append(
-            NodeInfo(
-                node_id=node["NodeID"],
-                address=node.get("NodeManagerAddress", ""),
-                gpus=gpus,
-                is_head=HEAD_RESOURCE in resources,
-                logical=gpus > 0 and not any(k.startswith("accelerator_type:") for k in resources),
-                raylet_port=int(node.get("NodeManagerPort") or 0),
-            )
-        )
-    return result
+    return [node_info(node) for node in ray.nodes() if node.get("Alive")]
+
+
+def node_info(node: dict) -> NodeInfo:
+    """PURE: one entry of ray.nodes() as gpusession sees it. Its GPUs are logical (ranks train on
+    the CPU with gloo) when no real accelerator is behind them, or when the node was started with
+    the LOGICAL_GPUS_RESOURCE (a GPU machine that should act as a CPU one, as the test suite's
+    session cluster does, whatever number of real GPUs the machine has)."""
+    resources = node.get("Resources", {})
+    gpus = float(resources.get("GPU", 0.0))
+    real = any(key.startswith("accelerator_type:") for key in resources) and LOGICAL_GPUS_RESOURCE not in resources
+    return NodeInfo(node_id=node["NodeID"], address=node.get("NodeManagerAddress", ""), gpus=gpus,
+                    is_head=HEAD_RESOURCE in resources, logical=gpus > 0 and not real,
+                    raylet_port=int(node.get("NodeManagerPort") or 0))
 
 
 def node_answers(node_id: str, timeout_s: float) -> bool:
