@@ -133,7 +133,10 @@ class Lease:
         return f"<gpusession.Lease {self.lease_id}: {self.gpus:g} GPUs, {self.workers} workers, {state}>"
 
     # ----- acquiring ----------------------------------------------------------------------------
-    def acquire(self) -> "Lease":
+    def acquire(self, *, before_request: Callable[[], None] | None = None) -> "Lease":
+        """Ask the broker for the GPUs and wait for them; `before_request` runs once Ray is
+        connected and before the broker is asked (@gs.distributed ships the call's big arguments
+        there: a call that cannot be shipped is refused with nothing leased or queued)."""
         from ..run.heartbeat import silence_timeout
 
         silence_timeout()  # a bad GPUSESSION_HOST_SILENCE_S fails here, before anything is leased
@@ -141,6 +144,8 @@ class Lease:
         asked = time.time()  # the receipt's queue: connecting and a first call's broker start count too
         try:
             raycluster.ensure_connected()
+            if before_request is not None:
+                before_request()
             broker = client.broker()
             warm_probe_process()
             requested = time.time()

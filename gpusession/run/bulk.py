@@ -69,7 +69,14 @@ def pack(obj: Any) -> Shipment:
     import ray
 
     arrays = [numpy.frombuffer(buffer.raw(), dtype=numpy.uint8) for buffer in buffers]
-    ref = ray.put(arrays)  # one copy, into shared memory
+    try:
+        ref = ray.put(arrays)  # one copy, into shared memory
+    except (ray.exceptions.ObjectStoreFullError, ray.exceptions.OutOfDiskError) as exc:
+        total = sum(a.nbytes for a in arrays)
+        raise ValueError(
+            f"The call's arrays and tensors ({total / 1e6:,.0f} MB) do not fit in Ray's object store now "
+            f"({type(exc).__name__}); nothing was leased. Pass a path on storage the ranks can read and open "
+            "it in the function, or give the cluster more --object-store-memory.") from None
     return Shipment(header, tuple(a.nbytes for a in arrays), (ref,), time.perf_counter() - started)
 
 

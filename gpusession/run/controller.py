@@ -89,12 +89,13 @@ def _unique(items) -> tuple[str, ...]:
 
 class RunController:
     def __init__(self, lease, fn: Callable, args: tuple, kwargs: dict, *, info: RunInfo,
-                 observer: Observer, checkpoint_ref=None, checkpoint_step=None) -> None:
+                 observer: Observer, checkpoint_ref=None, checkpoint_step=None, shipment=None) -> None:
         self.lease, self.info, self.observer = lease, info, observer
         self.options = lease.options
         self.policy = FailurePolicy(self.options.max_failures, self.options.retry_exceptions)
         self.silence_s = silence_timeout()
         self._call = (fn, args, kwargs)
+        self._shipment = shipment
         self.shipment = None  # bulk.Shipment: kept for every attempt, and its buffers in the object store with it
         self.state = RunState.STARTING
         self.failures = 0
@@ -106,7 +107,8 @@ class RunController:
     def run(self) -> Any:
         started = time.time()
         try:
-            self.shipment = ship(*self._call)  # an unpicklable function fails here, its time told
+            # shipped before the lease by @gs.distributed; a held lease's lease.run() ships here
+            self.shipment = self._shipment or ship(*self._call)
             self.info.shipped_bytes, self.info.shipped_s = self.shipment.bulk_bytes, self.shipment.seconds
             return self._run(started)
         finally:
@@ -264,6 +266,6 @@ def _reset_run_fields(info: RunInfo, checkpoint_ref, checkpoint_step=None) -> No
 
 
 def run_function(lease, fn: Callable, args: tuple, kwargs: dict, *, info: RunInfo,
-                 observer: Observer, checkpoint_ref=None, checkpoint_step=None) -> Any:
-    return RunController(lease, fn, args, kwargs, info=info, observer=observer,
-                         checkpoint_ref=checkpoint_ref, checkpoint_step=checkpoint_step).run()
+                 observer: Observer, checkpoint_ref=None, checkpoint_step=None, shipment=None) -> Any:
+    return RunController(lease, fn, args, kwargs, info=info, observer=observer, checkpoint_ref=checkpoint_ref,
+                         checkpoint_step=checkpoint_step, shipment=shipment).run()

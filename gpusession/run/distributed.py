@@ -11,6 +11,7 @@ from ..events import Fanout, RunInfo
 from ..renderer import default_observer
 from ..stepreport import StepToBroker
 from .background import Run
+from .bulk import ship
 from .controller import run_function
 from ..cluster.lease import Lease
 from .endings import end_reason
@@ -97,9 +98,14 @@ class DistributedFunction:
                           StepToBroker())
         error: BaseException | None = None
         try:
-            with Lease(self.options, observer=observer, info=info).acquire() as lease:
+            # pickled and put in the object store before any GPU is asked for: a call that cannot
+            # be shipped (an unpicklable function, data too big for the store) queues for none
+            shipped = []
+            with Lease(self.options, observer=observer, info=info).acquire(
+                    before_request=lambda: shipped.append(ship(self.fn, args, kwargs))) as lease:
                 return run_function(lease, self.fn, args, kwargs, info=info, observer=observer,
-                                    checkpoint_ref=checkpoint_ref, checkpoint_step=checkpoint_step)
+                                    checkpoint_ref=checkpoint_ref, checkpoint_step=checkpoint_step,
+                                    shipment=shipped[0])
         except BaseException as exc:
             error = exc
             raise

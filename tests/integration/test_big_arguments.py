@@ -93,3 +93,15 @@ def test_a_200_mb_result_arrives_whole_and_writable_with_one_copy_in_the_caller(
         f"the caller's own memory grew by {memory.growth / MB:.0f} MB for a 200 MB result (bound: 1.5 copies)")
     leftover = bulk.node_directory(cluster_name(), make.last_run.lease_id)
     assert not os.path.exists(leftover), f"the rank's result file {leftover} outlived its lease"
+
+
+def test_a_call_that_cannot_be_shipped_fails_before_any_gpu_is_asked_for(cluster, quiet):
+    import threading
+
+    @gs.distributed(gpus=2)
+    def holds(lock):
+        return lock is not None
+
+    with pytest.raises(TypeError, match="pickle"):
+        holds(threading.Lock())
+    assert holds.last_run.lease_id is None, "a lease was asked for a call that could not be shipped"
