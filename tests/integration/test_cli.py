@@ -45,7 +45,7 @@ def test_an_admin_sets_reads_lists_and_resets_a_quota(cluster):
 def test_bad_quota_input_is_refused_with_the_reason_and_changes_nothing(cluster):
     user = f"cli-{uuid.uuid4().hex[:6]}"
     negative = gpusession(cluster, "quota", "set", user, "--max-gpus", "-1")
-    assert negative.returncode == 2 and "expected a number >= 0 or 'none'" in negative.stderr
+    assert negative.returncode == 2 and "expected a number >= 0 (e.g. 2 or 0.5) or 'none'" in negative.stderr
     nothing = gpusession(cluster, "quota", "set", user)
     assert nothing.returncode == 1 and "give at least one of --max-gpus" in nothing.stderr
     assert user not in gpusession(cluster, "quota", "list").stdout
