@@ -189,7 +189,13 @@ def _unlink(path: str) -> None:
 
 
 def remove_lease(cluster: str, lease_id: int) -> None:
-    shutil.rmtree(node_directory(cluster, lease_id), ignore_errors=True)
+    """The lease's node files go, and its cluster's directory with them once it holds no lease."""
+    lease_dir = node_directory(cluster, lease_id)
+    shutil.rmtree(lease_dir, ignore_errors=True)
+    try:
+        os.rmdir(os.path.dirname(lease_dir))
+    except OSError:  # another lease of the cluster still has files here (or it is gone already)
+        pass
 
 
 def remove_stale(scratch_lease_dir, *, now: float | None = None) -> list[str]:

@@ -103,3 +103,17 @@ def test_node_copies_of_leases_no_rank_holds_are_swept_after_a_while(tmp_path, m
     fresh.mkdir()
     assert bulk.remove_stale(lambda cluster, lease_id: str(tmp_path / "scratch")) == [str(live)]  # lease 3: too new
     assert fresh.exists()
+
+
+def test_a_leases_node_files_go_with_it_and_the_cluster_folder_once_no_lease_is_left(tmp_path, monkeypatch):
+    monkeypatch.setattr(bulk, "NODE_ROOT", str(tmp_path))
+    first, second = bulk.node_directory("c1", 1), bulk.node_directory("c1", 2)
+    for lease in (first, second):
+        os.makedirs(lease)
+        with open(os.path.join(lease, "copy"), "wb") as out:
+            out.write(b"x")
+    bulk.remove_lease("c1", 1)
+    assert not os.path.exists(first) and os.path.exists(second)
+    bulk.remove_lease("c1", 2)
+    assert not os.path.exists(os.path.dirname(second)), "the cluster's folder outlived its last lease"
+
