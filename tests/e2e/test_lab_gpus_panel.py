@@ -411,13 +411,25 @@ def test_dark_theme_and_a_narrow_window_stay_legible(browser, jupyter):
             return [s.color, s.backgroundColor]; }""")
         text, background = (luminance(c) for c in colors)
         assert text > 0.5 > background, f"dark theme: text {colors[0]} on {colors[1]}"
-        box = page.locator("#gpusession-sidebar .gs-stop, #gpusession-sidebar .gs-link").first.bounding_box()
-        assert box is not None and box["x"] + box["width"] <= 640, "a control of the sidebar is off screen"
+        box = rendered_box(page.locator("#gpusession-sidebar .gs-stop, #gpusession-sidebar .gs-link").first)
+        assert box["x"] + box["width"] <= 640, f"a control of the sidebar is off screen: {box}"
         assert errors == [], f"console errors of the dark page: {errors}"
     finally:
         context.close()
         set_theme(jupyter, "JupyterLab Light")
         held.release()
+
+
+def rendered_box(control, timeout_s: float = 10.0) -> dict:
+    """The control's box once it is rendered. The sidebar redraws at every update, and Playwright's
+    bounding_box() is None for an element caught between two drawings (seen once in CI)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        control.wait_for(state="visible", timeout=timeout_s * 1000)
+        box = control.bounding_box()
+        if box is not None:
+            return box
+    raise AssertionError(f"no control of the sidebar was rendered within {timeout_s:.0f} s")
 
 
 def set_theme(jupyter, name: str) -> None:
