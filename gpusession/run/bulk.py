@@ -87,11 +87,14 @@ def node_directory(cluster: str, lease_id: int) -> str:
 
 def node_copy(shipment: Shipment, directory: str) -> str:
     """In a worker actor: the path of this node's copy of the call's buffers, written by the
-    first actor of the node that needs it (the others wait on its lock and use it)."""
+    first actor of the node that needs it (the others wait on its lock and use it). Named by the
+    Ray node too: hosts simulated on one machine (network namespaces) share /dev/shm, and each
+    must fetch its own copy through its own object store, as a real host does."""
     import ray
 
     os.makedirs(directory, mode=0o700, exist_ok=True)
-    path = os.path.join(directory, shipment.refs[0].hex())
+    node = ray.get_runtime_context().get_node_id()[:12]
+    path = os.path.join(directory, f"{node}-{shipment.refs[0].hex()}")
     with open(path + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not os.path.exists(path):

@@ -185,7 +185,7 @@ def _set_environment(spec) -> None:
         os.environ.update(socket_ifname_env(spec.address))
     os.makedirs(scratch_dir(spec), exist_ok=True)  # the actor made it; a stale sweep may not have
     # Behind `gpusession hub` ranks run as the service account, which may not enter the user's
-    # folder (a 0700 home): then they stay where Ray started them (README "A team on one machine")
+    # folder (a 0700 home): then they stay where Ray started them (docs/getting-started/team.md)
     if spec.caller_host == socket.gethostname() and os.access(spec.caller_cwd, os.R_OK | os.X_OK) \
             and os.path.isdir(spec.caller_cwd):
         os.chdir(spec.caller_cwd)
