@@ -1,0 +1,262 @@
+"""Runs through the gateway (issue 28): a kernel with GPUSESSION_GATEWAY and no Ray address calls
+`@gs.distributed`; the run path runs in a gateway process (a Ray driver of the session's cluster)
+that never unpickles what the kernel sent. One gateway host for the module."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from gpusession.broker import client
+
+from ..conftest import CLUSTER_GPUS, ROOT, free_gpus, wait_for
+
+FREE_WITHIN_S = 5.0  # SPEC: a kernel that dies frees its GPUs within 5 s
+
+HOST = """
+import os, sys
+from functools import partial
+from gpusession.broker import secrets
+from gpusession.cluster import raycluster
+from gpusession.gateway.acting import ServiceKeys
+from gpusession.gateway.hosted import serve_run
+from gpusession.gateway.server import GatewayServer
+
+db = os.environ["GS_TEST_DB"]
+keys = ServiceKeys(secrets.identity_key(db), secrets.admin_token(db))
+raycluster.ensure_connected()
+server = GatewayServer(sys.argv[1], {"run": partial(serve_run, keys=keys)}).start()
+print("READY", flush=True)
+sys.stdin.read()  # until the test closes stdin
+server.stop()
+"""
+
+# What every kernel script begins with: a recorder of its observer's events beside the console.
+PRELUDE = """
+import json, sys, threading
+import gpusession as gs
+from gpusession import events
+from gpusession.console import ConsoleObserver
+
+EVENTS = []
+STOP_ON = []  # a text: the observer's poll raises KeyboardInterrupt once a rank printed it
+
+class Recorder(events.Fanout):
+    def __init__(self, workers):
+        super().__init__(ConsoleObserver(workers))
+        self.seen = ""
+    def requesting(self, gpus, workers): EVENTS.append("requesting"); super().requesting(gpus, workers)
+    def queued(self, view, elapsed_s): EVENTS.append("queued"); super().queued(view, elapsed_s)
+    def granted(self, info): EVENTS.append("granted"); super().granted(info)
+    def output(self, rank, stream, text):
+        EVENTS.append("output"); self.seen += text; super().output(rank, stream, text)
+    def report(self, metrics, info): EVENTS.append("report"); super().report(metrics, info)
+    def running(self, info): EVENTS.append("running"); super().running(info)
+    def released(self, info): EVENTS.append("released"); super().released(info)
+    def finished(self, info, error): EVENTS.append("finished"); super().finished(info, error)
+    def poll(self):
+        if STOP_ON and STOP_ON[0] in self.seen:
+            raise KeyboardInterrupt("stop button")
+
+events.set_observer_factory(Recorder)
+
+def say(**fields):
+    print("RESULT " + json.dumps(fields), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def gateway(cluster, tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("gateway") / "run.sock")
+    host = subprocess.Popen([sys.executable, "-c", HOST, path], env=cluster.env(GS_TEST_DB=str(cluster.db_path)),
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=str(ROOT))
+    line = host.stdout.readline()
+    if not line.startswith("READY"):
+        host.kill()
+        pytest.fail(f"the gateway host did not start: {line}{host.stdout.read()}")
+    yield path
+    host.stdin.close()
+    try:
+        host.wait(30)
+    except subprocess.TimeoutExpired:
+        host.kill()
+        host.wait()
+
+
+class Kernel:
+    """A kernel-like process: GPUSESSION_GATEWAY set, no Ray address, no gpusession home."""
+
+    def __init__(self, gateway: str, code: str) -> None:
+        env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "GPUSESSION_HOME")}
+        env.update(GPUSESSION_GATEWAY=gateway, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen([sys.executable, "-c", PRELUDE + textwrap.dedent(code)], env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(ROOT))
+        self.lines: list[str] = []
+
+    def wait_for_line(self, prefix: str, timeout: float = 90.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            self.lines.append(line)
+            if line.startswith(prefix):
+                return line.strip()
+        self.proc.kill()
+        pytest.fail(f"the kernel never printed {prefix!r}; output:\n{''.join(self.lines)}")
+
+    def result(self, timeout: float = 120.0) -> dict:
+        found = json.loads(self.wait_for_line("RESULT ", timeout)[len("RESULT "):])
+        self.proc.wait(30)
+        return found
+
+    def kill(self) -> float:
+        killed_at = time.monotonic()
+        self.proc.kill()
+        self.proc.wait()
+        return killed_at
+
+
+@pytest.fixture
+def kernel(gateway):
+    started: list[Kernel] = []
+
+    def start(code: str) -> Kernel:
+        started.append(Kernel(gateway, code))
+        return started[-1]
+
+    yield start
+    for k in started:
+        if k.proc.poll() is None:
+            k.kill()
+
+
+def _gpus_free_everywhere(broker, admin) -> bool:
+    return free_gpus() == CLUSTER_GPUS and not client.call(broker.leases, admin)
+
+
+def test_a_call_returns_its_value_streams_output_and_reports_moves_100_mb_each_way_and_imports_no_ray(
+        kernel, broker, admin):
+    k = kernel("""
+        import numpy as np
+
+        @gs.distributed(gpus=2)
+        def double(big, factor):
+            ctx = gs.context()
+            print("hello from", ctx.rank, flush=True)
+            gs.report(step=1, loss=0.5)
+            gs.report(step=2, loss=0.25)
+            return {"world": ctx.world_size, "big": big * factor}
+
+        big = np.arange(100 * 2**20 // 8, dtype=np.float64)
+        value = double(big, 2.0)
+        info = double.last_run
+        value["big"][0] = 7.0  # the result is the kernel's own, writable
+        say(world=value["world"], same=bool(np.array_equal(value["big"][1:], big[1:] * 2)),
+            ray="ray" in sys.modules, events=sorted(set(EVENTS)), history=info.history,
+            lease_id=info.lease_id, released=info.released, end=info.end_reason, shipped=info.shipped_bytes,
+            order=[e for e in EVENTS if e != "output"], receipt=info.receipt())
+    """)
+    got = k.result()
+    assert got["world"] == 2 and got["same"], got
+    assert got["ray"] is False, "the kernel imported ray"
+    assert {"requesting", "granted", "running", "output", "report", "released", "finished"} <= set(got["events"])
+    assert got["order"][0] == "requesting" and got["order"][-2:] == ["released", "finished"], got["order"]
+    assert [r["step"] for r in got["history"]] == [1, 2] and got["history"][1]["loss"] == 0.25
+    assert got["lease_id"] is not None and got["released"] and got["end"] == "finished"
+    assert got["shipped"] >= 100 * 2**20
+    assert any("hello from 0" in line for line in k.lines) and any("hello from 1" in line for line in k.lines)
+    rows = {row["lease_id"]: row for row in client.call(broker.leases, admin, True)}
+    assert rows[got["lease_id"]]["state"] == "ended"
+
+
+def test_a_user_exception_keeps_its_type_message_and_traceback(kernel):
+    k = kernel("""
+        @gs.distributed(gpus=2)
+        def broken():
+            raise ValueError("no good value: 42")
+
+        try:
+            broken()
+        except gs.WorkerFailed as exc:
+            say(type=type(exc).__name__, remote=exc.remote_type, message=exc.remote_message, text=str(exc),
+                end=broken.last_run.end_reason, ray="ray" in sys.modules)
+    """)
+    got = k.result()
+    assert got["type"] == "WorkerFailed" and got["remote"] == "ValueError", got
+    assert got["message"] == "no good value: 42" and "in broken" in got["text"], got["text"]
+    assert got["end"] == "failed" and got["ray"] is False
+
+
+def test_stop_mid_run_ends_it_as_interrupted_and_releases_its_lease(kernel, broker, admin):
+    k = kernel("""
+        import time
+        STOP_ON.append("SPINNING")
+
+        @gs.distributed(gpus=2)
+        def spin():
+            print("SPINNING", flush=True)
+            while True:
+                time.sleep(0.05)
+
+        try:
+            spin()
+        except KeyboardInterrupt as exc:
+            say(raised=type(exc).__name__, end=spin.last_run.end_reason, lease_id=spin.last_run.lease_id,
+                released=spin.last_run.released)
+    """)
+    got = k.result()
+    assert got["raised"] == "KeyboardInterrupt" and got["end"] == "interrupted" and got["released"], got
+    wait_for(lambda: _gpus_free_everywhere(broker, admin), timeout=FREE_WITHIN_S, message="GPUs free after the stop")
+    row = next(r for r in client.call(broker.leases, admin, True) if r["lease_id"] == got["lease_id"])
+    assert row["state"] == "ended", row
+
+
+def test_killing_the_kernel_mid_run_frees_its_gpus_within_5_s(kernel, broker, admin):
+    k = kernel("""
+        import time
+
+        @gs.distributed(gpus=2)
+        def forever():
+            print("RUNNING", flush=True)
+            while True:
+                time.sleep(0.5)
+
+        forever()
+    """)
+    k.wait_for_line("[rank 0] RUNNING")
+    assert free_gpus() == CLUSTER_GPUS - 2
+    killed_at = k.kill()
+    wait_for(lambda: _gpus_free_everywhere(broker, admin), timeout=FREE_WITHIN_S,
+             message="GPUs free in Ray and the broker after the kernel's SIGKILL")
+    assert time.monotonic() - killed_at < FREE_WITHIN_S
+
+
+def test_a_background_run_leaves_a_checkpoint_the_kernel_reads_and_resume_continues_from(kernel):
+    k = kernel("""
+        @gs.distributed(gpus=2)
+        def count(until):
+            state = gs.load_checkpoint() or {"n": 0, "runs": 0}
+            state = {"n": state["n"], "runs": state["runs"] + 1}
+            while state["n"] < until:
+                state["n"] += 1
+                gs.report(step=state["n"])
+                gs.save_checkpoint(state)
+            return state
+
+        run = count.submit(3)
+        first = run.result(timeout=120)
+        saved = count.last_run.checkpoint
+        resumed = count.resume(5)
+        say(first=first, saved=saved, resumed=resumed, status=run.state.value, ray="ray" in sys.modules)
+    """)
+    got = k.result()
+    assert got["first"] == {"n": 3, "runs": 1} and got["saved"] == {"n": 3, "runs": 1}, got
+    assert got["resumed"] == {"n": 5, "runs": 2}, got
+    assert got["ray"] is False
