@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
+import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
+import uuid
 
 import pytest
 
@@ -34,6 +38,22 @@ server = GatewayServer(sys.argv[1], {"run": partial(serve_run, keys=keys)}).star
 print("READY", flush=True)
 sys.stdin.read()  # until the test closes stdin
 server.stop()
+"""
+
+# The interpreter lives where only root may read (here, under /root): the kernel imports what its
+# call needs as root, then becomes the account for good (groups, gid, uid) before it connects.
+DROP_TO_ACCOUNT = """
+import getpass, os, pwd
+import numpy
+import gpusession as gs
+import gpusession.console, gpusession.gateway.remote, gpusession.receipt, gpusession.renderer
+import gpusession.run.bulk, gpusession.run.distributed, gpusession.kernelcell, gpusession.shipping
+gpusession.shipping.local_modules()  # reads every installed package's metadata (cached)
+account = pwd.getpwnam(os.environ["GS_TEST_ACCOUNT"])
+os.setgroups([])
+os.setgid(account.pw_gid)
+os.setuid(account.pw_uid)
+os.environ.update(HOME=account.pw_dir, USER=account.pw_name, LOGNAME=account.pw_name)
 """
 
 # What every kernel script begins with: a recorder of its observer's events beside the console.
@@ -71,8 +91,11 @@ def say(**fields):
 
 
 @pytest.fixture(scope="module")
-def gateway(cluster, tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("gateway") / "run.sock")
+def gateway(cluster):
+    # a folder other accounts may pass through (pytest's own tmp folder is root's alone)
+    folder = tempfile.mkdtemp(prefix="gs-gateway-runs-")
+    os.chmod(folder, 0o711)
+    path = os.path.join(folder, "run.sock")
     host = subprocess.Popen([sys.executable, "-c", HOST, path], env=cluster.env(GS_TEST_DB=str(cluster.db_path)),
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=str(ROOT))
@@ -87,15 +110,20 @@ def gateway(cluster, tmp_path_factory):
     except subprocess.TimeoutExpired:
         host.kill()
         host.wait()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 class Kernel:
     """A kernel-like process: GPUSESSION_GATEWAY set, no Ray address, no gpusession home."""
 
-    def __init__(self, gateway: str, code: str) -> None:
+    def __init__(self, gateway: str, code: str, account: pwd.struct_passwd | None = None) -> None:
         env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "GPUSESSION_HOME")}
         env.update(GPUSESSION_GATEWAY=gateway, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen([sys.executable, "-c", PRELUDE + textwrap.dedent(code)], env=env,
+        prefix = ""
+        if account is not None:  # another account's kernel: it drops to that account before it connects
+            env.update(GS_TEST_ACCOUNT=account.pw_name, PYTHONDONTWRITEBYTECODE="1")
+            prefix = DROP_TO_ACCOUNT
+        self.proc = subprocess.Popen([sys.executable, "-c", prefix + PRELUDE + textwrap.dedent(code)], env=env,
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(ROOT))
         self.lines: list[str] = []
 
@@ -127,8 +155,8 @@ class Kernel:
 def kernel(gateway):
     started: list[Kernel] = []
 
-    def start(code: str) -> Kernel:
-        started.append(Kernel(gateway, code))
+    def start(code: str, account: pwd.struct_passwd | None = None) -> Kernel:
+        started.append(Kernel(gateway, code, account))
         return started[-1]
 
     yield start
@@ -260,3 +288,35 @@ def test_a_background_run_leaves_a_checkpoint_the_kernel_reads_and_resume_contin
     assert got["first"] == {"n": 3, "runs": 1} and got["saved"] == {"n": 3, "runs": 1}, got
     assert got["resumed"] == {"n": 5, "runs": 2}, got
     assert got["ray"] is False
+
+
+@pytest.fixture
+def other_account():
+    """A real Unix account made for this test (a unique name), removed on every path."""
+    if os.geteuid() != 0 or shutil.which("useradd") is None:
+        pytest.skip("making a Unix account needs root and useradd")
+    name = f"gsrun{uuid.uuid4().hex[:8]}"
+    subprocess.run(["useradd", "--create-home", "--shell", "/usr/sbin/nologin", name], check=True,
+                   capture_output=True)
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        subprocess.run(["userdel", "--remove", name], capture_output=True)
+
+
+def test_a_kernel_of_another_account_runs_as_that_account_at_the_broker(kernel, other_account, broker, admin):
+    k = kernel("""
+        import getpass, os
+
+        @gs.distributed(gpus=2)
+        def where():
+            return gs.context().world_size
+
+        say(world=where(), me=getpass.getuser(), uid=os.getuid(), lease_id=where.last_run.lease_id,
+            ray="ray" in sys.modules)
+    """, account=other_account)
+    got = k.result()
+    assert got["world"] == 2 and got["me"] == other_account.pw_name and got["uid"] == other_account.pw_uid, got
+    assert got["ray"] is False
+    row = next(r for r in client.call(broker.leases, admin, True) if r["lease_id"] == got["lease_id"])
+    assert row["user"] == other_account.pw_name, row
