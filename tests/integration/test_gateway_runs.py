@@ -320,3 +320,24 @@ def test_a_kernel_of_another_account_runs_as_that_account_at_the_broker(kernel, 
     assert got["ray"] is False
     row = next(r for r in client.call(broker.leases, admin, True) if r["lease_id"] == got["lease_id"])
     assert row["user"] == other_account.pw_name, row
+
+
+def test_a_sweep_runs_its_trials_through_the_gateway_prunes_and_finds_the_best(kernel):
+    k = kernel("""
+        import time
+
+        def quadratic(x):
+            for step in range(8):
+                time.sleep(0.05)
+                gs.report(step=step, val_loss=(x - 0.3) ** 2 + 0.2 / (step + 1))
+            return {"x": x}
+
+        result = gs.sweep(quadratic, {"x": gs.uniform(0.0, 1.0)}, trials=6, parallel=2, objective="val_loss",
+                          mode="min", sampler="random", seed=3, pruner="asha", gpus=1)
+        states = sorted({t.state.value for t in result.trials})
+        say(states=states, count=len(result.trials), best=result.best.result, x=result.best.params["x"],
+            ray="ray" in sys.modules)
+    """)
+    got = k.result(timeout=180)
+    assert got["count"] == 6 and set(got["states"]) <= {"complete", "pruned"} and "complete" in got["states"], got
+    assert got["best"] == {"x": got["x"]} and got["ray"] is False, got
