@@ -341,3 +341,38 @@ def test_a_sweep_runs_its_trials_through_the_gateway_prunes_and_finds_the_best(k
     got = k.result(timeout=180)
     assert got["count"] == 6 and set(got["states"]) <= {"complete", "pruned"} and "complete" in got["states"], got
     assert got["best"] == {"x": got["x"]} and got["ray"] is False, got
+
+
+def _forever():
+    import time as clock
+
+    print("RUNNING", flush=True)
+    while True:
+        clock.sleep(0.5)
+
+
+def test_a_malformed_message_mid_run_ends_the_connection_and_frees_the_gpus(gateway, broker, admin):
+    from gpusession.gateway.client import connect
+    from gpusession.gateway.remote import pickle_call
+    from gpusession.gateway.runwire import options_to_json
+    from gpusession.options import validate_run_options
+
+    header, buffers = pickle_call(_forever, (), {})
+    conn, welcome = connect("run", gateway)
+    try:
+        conn.send("run", [header, *buffers], name="forever", cwd=str(ROOT), buffers=len(buffers),
+                  options=options_to_json(validate_run_options(gpus=2)), checkpoint=None, checkpoint_step=None,
+                  asking={})
+        while True:  # events until the ranks run
+            message = conn.receive()
+            assert message.kind == "event", message
+            if message.get("event") == "output" and "RUNNING" in message.get("text", ""):
+                break
+        assert free_gpus() == CLUSTER_GPUS - 2
+        conn.sock.sendall(b"\x00\x00\x00\x00\x00\x00\x00\x05hello")  # a frame that is not JSON
+        sent_at = time.monotonic()
+        wait_for(lambda: _gpus_free_everywhere(broker, admin), timeout=FREE_WITHIN_S,
+                 message="GPUs free after a malformed message")
+        assert time.monotonic() - sent_at < FREE_WITHIN_S
+    finally:
+        conn.close()
