@@ -376,3 +376,24 @@ def test_a_malformed_message_mid_run_ends_the_connection_and_frees_the_gpus(gate
         assert time.monotonic() - sent_at < FREE_WITHIN_S
     finally:
         conn.close()
+
+
+def test_a_gpu_cell_and_a_background_cell_run_through_the_gateway(kernel):
+    k = kernel("""
+        from IPython.core.interactiveshell import InteractiveShell
+
+        shell = InteractiveShell.instance()
+        for setup in ("%load_ext gpusession", "import gpusession as gs", "base = 10"):
+            shell.run_cell(setup).raise_error()
+        run = shell.run_cell("%%gpu 2\\nrank = gs.context().rank\\nworld = gs.context().world_size\\nbase + world")
+        run.raise_error()
+        ns = shell.user_ns
+        first = (run.result, ns["rank"], ns["world"], ns["_gpu"].end_reason, ns["_gpu"].released)
+        shell.run_cell("%%gpu 2 --bg\\nlater = gs.context().world_size * 100\\nlater + 1").raise_error()
+        pulled = ns["_run"].pull(timeout=120)
+        say(first=first, pulled=pulled, later=ns.get("later"), bg_end=ns["_gpu"].end_reason, ray="ray" in sys.modules)
+    """)
+    got = k.result()
+    assert got["first"] == [12, 0, 2, "finished", True], got
+    assert (got["pulled"], got["later"], got["bg_end"]) == (201, 200, "finished"), got
+    assert got["ray"] is False, "the kernel imported ray"
