@@ -4,8 +4,10 @@ controller, recovery, streaming) inside the gateway process, for the account the
 The messages (JSON header + raw frames, frames.py; after the hello of session "run"):
 
     kernel -> gateway, first message, one of
-      run         {name, cwd, options, buffers, checkpoint, checkpoint_step, asking}
+      run         {name, cwd, options, buffers, checkpoint, checkpoint_step, asking, frames}
                   payload: [pickle of (fn, args, kwargs), *its out-of-band buffers]
+      more        payload: the next frames of the message before it (chunks.py: a message
+                  carries at most 64 frames; `frames` says how many it has in all)
       checkpoint  {handle}          the bytes of a checkpoint this account's run left (see Shelf)
     kernel -> gateway, while a run goes on
       stop        {reason: "interrupted" | "cancelled", message}: end it as the local path would
@@ -13,7 +15,8 @@ The messages (JSON header + raw frames, frames.py; after the hello of session "r
       event       {event, ...}      one Observer event: requesting {gpus, workers}, queued {view,
                                     elapsed_s}, granted/running/released {info}, output {rank,
                                     stream, text}, report {metrics, info}, transition {info, line}
-      done        {info, error, values} payload: each value's pickle and buffers, in order;
+      done        {info, error, values, frames} payload (then `more`): each value's pickle and
+                                    buffers, in order;
                                     values: {"all": bool, "items": [null | buffer count]}
       checkpoint_bytes {}           payload: [the checkpoint's pickle]
       failed      {error}           a request refused before any run (bad message, unknown handle)
@@ -36,6 +39,7 @@ from typing import Any
 
 from ..events import Fanout, Observer, RunInfo
 from .acting import ServiceKeys, identity_of
+from .chunks import gather, send_chunked
 from .frames import Connection, Message
 from .runwire import BadRunMessage, error_to_json, info_to_json, options_from_json, plain, stop_error
 from .server import Caller
@@ -211,6 +215,8 @@ def serve_run(conn: Connection, caller: Caller, hello: Message, keys: ServiceKey
               shelf: Shelf = SHELF) -> None:
     """The handler of the gateway's "run" session (see the module's docstring)."""
     first = conn.receive()
+    if first.kind == "run":
+        first = gather(conn, first)
     if first.kind == "checkpoint":
         return _send_checkpoint(conn, caller, first, shelf)
     if first.kind != "run":
@@ -276,7 +282,7 @@ def _run(conn: Connection, caller: Caller, request: RunRequest, keys: ServiceKey
             frames.append(header)
             frames.extend(buffers)
             items.append(len(buffers))
-    conn.send("done", frames, info=forward.info(info), error=error_to_json(error) if error is not None else None,
+    send_chunked(conn, "done", frames, info=forward.info(info), error=error_to_json(error) if error is not None else None,
               values=None if items is None else {"all": request.options.return_all, "items": items})
 
 

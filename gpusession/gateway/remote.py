@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from ..errors import GPUSessionError
 from ..events import Observer, RunInfo
+from .chunks import gather, send_chunked
 from .client import connect, gateway_path
 from .frames import Connection, Message
 from .runwire import add_report, apply_info, error_from_json, options_to_json, stop_reason
@@ -74,7 +75,7 @@ def run_remote(fn: Callable, args: tuple, kwargs: dict, options, *, info: RunInf
     path = gateway_path()
     conn, _ = connect("run", path)
     try:
-        conn.send("run", [header, *buffers], name=name or getattr(fn, "__name__", "function"),
+        send_chunked(conn, "run", [header, *buffers], name=name or getattr(fn, "__name__", "function"),
                   cwd=os.getcwd(), options=options_to_json(options), buffers=len(buffers),
                   checkpoint=checkpoint_ref.handle if checkpoint_ref is not None else None,
                   checkpoint_step=checkpoint_step, asking=asking())
@@ -143,6 +144,12 @@ def _read(conn: Connection, inbox: queue.Queue) -> None:
         except Exception as exc:  # noqa: BLE001 - handed to the run's loop
             inbox.put(exc)
             return
+        if message.kind == "done":
+            try:
+                message = gather(conn, message)
+            except Exception as exc:  # noqa: BLE001 - handed to the run's loop
+                inbox.put(exc)
+                return
         inbox.put(message)
         if message.kind in ("done", "failed"):
             return

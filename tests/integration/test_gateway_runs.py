@@ -397,3 +397,20 @@ def test_a_gpu_cell_and_a_background_cell_run_through_the_gateway(kernel):
     assert got["first"] == [12, 0, 2, "finished", True], got
     assert (got["pulled"], got["later"], got["bg_end"]) == (201, 200, "finished"), got
     assert got["ray"] is False, "the kernel imported ray"
+
+
+def test_a_call_and_a_result_with_more_arrays_than_one_message_carries_round_trip(kernel):
+    k = kernel("""
+        import numpy as np
+
+        @gs.distributed(gpus=1)
+        def plus_one(arrays):
+            return [a + 1 for a in arrays]
+
+        arrays = [np.full(2**17 + 1, i, dtype=np.float64) for i in range(80)]  # 80 arrays of 1 MB
+        back = plus_one(arrays)
+        say(right=all(np.array_equal(b, a + 1) for a, b in zip(arrays, back)), count=len(back),
+            shipped=plus_one.last_run.shipped_bytes)
+    """)
+    got = k.result()
+    assert got["right"] and got["count"] == 80 and got["shipped"] >= 80 * 2**20, got

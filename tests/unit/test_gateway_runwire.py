@@ -144,3 +144,28 @@ def test_the_shelf_keeps_one_checkpoint_per_run_a_few_runs_per_account_and_only_
     assert shelf.get("bob", second) is None and shelf.get("ann", 12) is None
     third, fourth = shelf.keep("ann", "ref3"), shelf.keep("ann", "ref4")
     assert shelf.get("ann", second) is None and shelf.get("ann", third) == "ref3" and shelf.get("ann", fourth)
+
+
+def test_a_message_with_more_frames_than_one_message_carries_arrives_whole_and_in_order():
+    import socket
+    import threading
+
+    from gpusession.gateway.chunks import gather, send_chunked
+    from gpusession.gateway.frames import Connection, FrameError
+
+    left, right = socket.socketpair()
+    sender, receiver = Connection(left), Connection(right)
+    frames = [bytes([i % 256]) * (i + 1) for i in range(150)]
+    thread = threading.Thread(target=send_chunked, args=(sender, "done", frames), kwargs={"info": {"a": 1}})
+    thread.start()
+    got = gather(receiver, receiver.receive())
+    thread.join()
+    assert got.kind == "done" and got.fields == {"info": {"a": 1}} and got.payload == frames
+    sender.send("run", [b"x"], frames=3)
+    sender.send("stop")
+    with pytest.raises(FrameError, match="stop"):
+        gather(receiver, receiver.receive())
+    sender.send("run", [b"x"], frames=-1)
+    with pytest.raises(FrameError, match="-1"):
+        gather(receiver, receiver.receive())
+    sender.close(), receiver.close()
