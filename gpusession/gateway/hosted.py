@@ -115,7 +115,12 @@ def run_request(message: Message) -> RunRequest:
     asking = message.get("asking", {})
     if not isinstance(asking, dict):
         raise BadRunMessage("asking must be an object {notebook, cell_id, background}")
-    return RunRequest(name, cwd, options_from_json(message.get("options")), message.payload[0],
+    options = options_from_json(message.get("options"))
+    if options.runtime_env:
+        raise BadRunMessage(
+            "runtime_env is not available through the gateway: it would configure the service's own worker "
+            "processes (their environment, their code). Ask an admin to install what the function needs")
+    return RunRequest(name, cwd, options, message.payload[0],
                       list(message.payload[1:]), checkpoint, step,
                       {k: asking.get(k) for k in ("notebook", "cell_id", "background")})
 

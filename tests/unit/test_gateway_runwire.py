@@ -131,7 +131,8 @@ def test_a_run_message_is_checked_field_by_field():
     for override, field in [({"name": ""}, "name"), ({"cwd": "relative"}, "cwd"), ({"buffers": 2}, "buffers"),
                             ({"buffers": True}, "buffers"), ({"checkpoint": 5}, "checkpoint"),
                             ({"checkpoint_step": "x"}, "checkpoint_step"), ({"asking": []}, "asking"),
-                            ({"options": {"gpus": 0}}, "gpus")]:
+                            ({"options": {"gpus": 0}}, "gpus"),
+                            ({"options": {"runtime_env": {"env_vars": {"LD_PRELOAD": "/tmp/x.so"}}}}, "runtime_env")]:
         with pytest.raises(BadRunMessage, match=field):
             run_request(_run_message(**override))
 
