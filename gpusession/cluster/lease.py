@@ -269,6 +269,14 @@ class Lease:
         self.info.logical_gpus = self.logical_gpus
         self.info.nodes = sorted({slot.address for slot in self.slots})
 
+    def drop_group(self) -> None:
+        """Remove the placement group now, as Ray does when the process that made it dies: its
+        workers stop by themselves and the broker closes the lease's row. For a run hosted for a
+        kernel that died while the run could not notice (gateway/hosted.py); its own release follows."""
+        group = self._pg
+        if group is not None:
+            remove_placement_group(group)
+
     def avoid_nodes(self, nodes) -> None:
         """The hosts the broker knows lost as it grants GPUs (or offers more): the next group of
         this lease is placed on none of them."""

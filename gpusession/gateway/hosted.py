@@ -47,6 +47,7 @@ from .server import Caller
 log = logging.getLogger("gpusession.gateway")
 CHECKPOINTS_PER_USER = 16  # runs whose last checkpoint an account can still fetch or resume from
 MAX_NAME = 200
+GONE_GRACE_S = 2.0  # a run polls every 0.2 s while it runs: one that has not ended by then cannot poll
 
 
 # ----- checkpoints kept for their kernels ----------------------------------------------------------
@@ -134,6 +135,7 @@ class StopWatch:
         self.conn = conn
         self.error: BaseException | None = None
         self.gone = False
+        self.ended = threading.Event()  # the kernel is gone, or asked to stop
         self._thread = threading.Thread(target=self._read, name="gpusession-gateway-run-stop", daemon=True)
 
     def start(self) -> "StopWatch":
@@ -148,10 +150,12 @@ class StopWatch:
                 self.gone = True
                 if self.error is None:
                     self.error = KeyboardInterrupt(f"the caller's connection ended ({type(exc).__name__})")
+                self.ended.set()
                 return
             if message.kind != "stop":
                 self.gone = True  # anything but a stop is malformed here: end the run, drop the kernel
                 self.error = self.error or KeyboardInterrupt(f"the caller sent {message.kind[:40]!r} mid-run")
+                self.ended.set()
                 self.conn.close()
                 return
             if self.error is None:
@@ -186,6 +190,7 @@ class Forwarder(Observer):
         except OSError as exc:
             self.watch.gone = True
             self.watch.error = self.watch.error or KeyboardInterrupt(f"the caller's connection ended ({exc})")
+            self.watch.ended.set()
 
     def requesting(self, gpus, workers):
         self._send("requesting", gpus=gpus, workers=workers)
@@ -213,6 +218,19 @@ class Forwarder(Observer):
 
     def poll(self):
         self.watch.check()
+
+
+def free_when_gone(watch: StopWatch, lease, finished: threading.Event, *, grace_s: float = GONE_GRACE_S) -> bool:
+    """In a thread of its own: once the kernel is gone, give the run grace_s to end by its poll;
+    a run that cannot poll then (placing its group, starting workers) loses its placement group,
+    as a local run does when its kernel dies (Ray removes the dead job's groups). True: dropped."""
+    watch.ended.wait()
+    if not watch.gone or finished.wait(grace_s):
+        return False
+    log.warning("lease %s: its kernel left and the run did not end within %.0f s; its group is removed",
+                getattr(lease, "lease_id", None), grace_s)
+    lease.drop_group()
+    return True
 
 
 # ----- the session ------------------------------------------------------------------------------------
@@ -252,6 +270,7 @@ def _run(conn: Connection, caller: Caller, request: RunRequest, keys: ServiceKey
     info = RunInfo()
     checkpoint_ref = shelf.get(caller.user, request.checkpoint) if request.checkpoint else None
     values, error = None, None
+    finished = threading.Event()
     if request.asking.get("background"):
         mark_background()
     try:
@@ -263,6 +282,8 @@ def _run(conn: Connection, caller: Caller, request: RunRequest, keys: ServiceKey
                 f"{shelf.per_user} runs' checkpoints of each account while it runs). Run from the start.")
         shipped = []
         lease = Lease(request.options, observer=observer, info=info, identity=identity, asking=request.asking)
+        threading.Thread(target=free_when_gone, args=(watch, lease, finished), daemon=True,
+                         name="gpusession-gateway-run-gone").start()
         with lease.acquire(before_request=lambda: shipped.append(shipment_of(request.header, request.buffers))):
             request.buffers.clear()  # the object store holds them now
             values = run_function(lease, None, (), {}, info=info, observer=observer,
@@ -271,6 +292,9 @@ def _run(conn: Connection, caller: Caller, request: RunRequest, keys: ServiceKey
                                   caller=CallerPlace(caller.user, request.cwd))
     except BaseException as exc:  # noqa: BLE001 - told to the kernel as text, never re-raised here
         error = exc
+    finally:
+        finished.set()
+        watch.ended.set()  # the watchdog's thread ends with the run
     info.end_reason = end_reason(error)
     if watch.gone:
         log.info("run %s of %s ended (%s) after its kernel left", request.name, caller.user, info.end_reason)

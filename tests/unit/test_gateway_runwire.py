@@ -170,3 +170,33 @@ def test_a_message_with_more_frames_than_one_message_carries_arrives_whole_and_i
     with pytest.raises(FrameError, match="-1"):
         gather(receiver, receiver.receive())
     sender.close(), receiver.close()
+
+
+class _FakeLease:
+    lease_id = 9
+
+    def __init__(self):
+        self.dropped = 0
+
+    def drop_group(self):
+        self.dropped += 1
+
+
+def test_a_run_that_cannot_poll_when_its_kernel_is_gone_loses_its_group_after_the_grace_and_only_then():
+    import threading
+
+    from gpusession.gateway.hosted import StopWatch, free_when_gone
+
+    def watch(gone: bool) -> StopWatch:
+        w = StopWatch(conn=None)
+        w.gone = gone
+        w.ended.set()
+        return w
+
+    stuck, lease = threading.Event(), _FakeLease()
+    assert free_when_gone(watch(True), lease, stuck, grace_s=0.01) and lease.dropped == 1
+    ended = threading.Event()
+    ended.set()
+    assert not free_when_gone(watch(True), lease, ended, grace_s=0.01)  # it ended by its own poll
+    assert not free_when_gone(watch(False), lease, stuck, grace_s=0.01)  # the run ended; the kernel is there
+    assert lease.dropped == 1
