@@ -37,6 +37,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import GPUSessionError
 from ..events import Fanout, Observer, RunInfo
 from .acting import ServiceKeys, identity_of
 from .chunks import gather, send_chunked
@@ -275,8 +276,6 @@ def _run(conn: Connection, caller: Caller, request: RunRequest, keys: ServiceKey
         mark_background()
     try:
         if request.checkpoint and checkpoint_ref is None:
-            from ..errors import GPUSessionError
-
             raise GPUSessionError(
                 f"{request.name}.resume(): the gateway no longer holds that checkpoint (it keeps the last "
                 f"{shelf.per_user} runs' checkpoints of each account while it runs). Run from the start.")
@@ -296,6 +295,8 @@ def _run(conn: Connection, caller: Caller, request: RunRequest, keys: ServiceKey
         finished.set()
         watch.ended.set()  # the watchdog's thread ends with the run
     info.end_reason = end_reason(error)
+    if error is not None and not isinstance(error, (GPUSessionError, KeyboardInterrupt)):
+        log.warning("run %s of %s failed in the gateway", request.name, caller.user, exc_info=error)
     if watch.gone:
         log.info("run %s of %s ended (%s) after its kernel left", request.name, caller.user, info.end_reason)
         return

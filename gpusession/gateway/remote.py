@@ -76,9 +76,9 @@ def run_remote(fn: Callable, args: tuple, kwargs: dict, options, *, info: RunInf
     conn, _ = connect("run", path)
     try:
         send_chunked(conn, "run", [header, *buffers], name=name or getattr(fn, "__name__", "function"),
-                  cwd=os.getcwd(), options=options_to_json(options), buffers=len(buffers),
-                  checkpoint=checkpoint_ref.handle if checkpoint_ref is not None else None,
-                  checkpoint_step=checkpoint_step, asking=asking())
+                     cwd=os.getcwd(), options=options_to_json(options), buffers=len(buffers),
+                     checkpoint=checkpoint_ref.handle if checkpoint_ref is not None else None,
+                     checkpoint_step=checkpoint_step, asking=asking())
         del header, buffers
         return _follow(conn, path, info, observer)
     finally:
