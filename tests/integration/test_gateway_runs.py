@@ -266,8 +266,10 @@ def test_killing_the_kernel_mid_run_frees_its_gpus_within_5_s(kernel, broker, ad
     assert time.monotonic() - killed_at < FREE_WITHIN_S
 
 
-def test_a_background_run_leaves_a_checkpoint_the_kernel_reads_and_resume_continues_from(kernel):
+def test_a_background_run_leaves_a_checkpoint_the_kernel_reads_resume_continues_from_and_cancel_stops(kernel):
     k = kernel("""
+        import time
+
         @gs.distributed(gpus=2)
         def count(until):
             state = gs.load_checkpoint() or {"n": 0, "runs": 0}
@@ -278,16 +280,31 @@ def test_a_background_run_leaves_a_checkpoint_the_kernel_reads_and_resume_contin
                 gs.save_checkpoint(state)
             return state
 
+        @gs.distributed(gpus=2)
+        def spin():
+            import time
+            print("SPINNING", flush=True)
+            while True:
+                time.sleep(0.05)
+
         run = count.submit(3)
         first = run.result(timeout=120)
         saved = count.last_run.checkpoint
         resumed = count.resume(5)
-        say(first=first, saved=saved, resumed=resumed, status=run.state.value, ray="ray" in sys.modules)
+        spinning = spin.submit()
+        while spinning.state.value != "running":
+            time.sleep(0.02)
+        spinning.cancel()
+        cancelled = type(spinning.exception(timeout=60)).__name__
+        say(first=first, saved=saved, resumed=resumed, status=run.state.value, ray="ray" in sys.modules,
+            cancelled=cancelled, cancelled_state=spinning.state.value, cancelled_end=spin.last_run.end_reason,
+            cancelled_released=spin.last_run.released)
     """)
     got = k.result()
     assert got["first"] == {"n": 3, "runs": 1} and got["saved"] == {"n": 3, "runs": 1}, got
-    assert got["resumed"] == {"n": 5, "runs": 2}, got
-    assert got["ray"] is False
+    assert got["resumed"] == {"n": 5, "runs": 2} and got["status"] == "finished", got
+    assert (got["cancelled"], got["cancelled_state"], got["cancelled_end"]) == ("RunCancelled", "cancelled", "cancelled")
+    assert got["cancelled_released"] and got["ray"] is False, got
 
 
 @pytest.fixture
