@@ -431,3 +431,25 @@ def test_a_call_and_a_result_with_more_arrays_than_one_message_carries_round_tri
     """)
     got = k.result()
     assert got["right"] and got["count"] == 80 and got["shipped"] >= 80 * 2**20, got
+
+
+def test_killing_a_kernel_whose_call_waits_in_the_queue_drops_its_request_within_5_s(kernel, broker, admin):
+    import gpusession as gs
+
+    with gs.lease(gpus=CLUSTER_GPUS):
+        k = kernel("""
+            print("ASKING", flush=True)
+
+            @gs.distributed(gpus=2)
+            def never():
+                return 1
+
+            never()
+        """)
+        k.wait_for_line("ASKING")
+        wait_for(lambda: any(r["state"] == "queued" for r in client.call(broker.leases, admin)), timeout=60,
+                 message="the kernel's request queued")
+        killed_at = k.kill()
+        wait_for(lambda: not any(r["state"] == "queued" for r in client.call(broker.leases, admin)),
+                 timeout=FREE_WITHIN_S, message="the dead kernel's queued request dropped")
+        assert time.monotonic() - killed_at < FREE_WITHIN_S
