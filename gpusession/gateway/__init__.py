@@ -13,4 +13,6 @@ A user's functions, arguments and results cross the gateway as opaque bytes.
     runwire.py  PURE: the run session's JSON (options re-validated, RunInfo, events, errors by name)
     remote.py   the run session, kernel's side: pickle, send, render events, unpickle the result
     hosted.py   the run session, service's side: the one run path (Lease, controller) for a caller
+    shelf.py    the checkpoints hosted runs left, per account, under handles
+    chunks.py   a message with more raw frames than one message carries
 """

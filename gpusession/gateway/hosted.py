@@ -8,7 +8,7 @@ The messages (JSON header + raw frames, frames.py; after the hello of session "r
                   payload: [pickle of (fn, args, kwargs), *its out-of-band buffers]
       more        payload: the next frames of the message before it (chunks.py: a message
                   carries at most 64 frames; `frames` says how many it has in all)
-      checkpoint  {handle}          the bytes of a checkpoint this account's run left (see Shelf)
+      checkpoint  {handle}          the bytes of a checkpoint this account's run left (shelf.py)
     kernel -> gateway, while a run goes on
       stop        {reason: "interrupted" | "cancelled", message}: end it as the local path would
     gateway -> kernel
@@ -25,15 +25,14 @@ The gateway never unpickles what a kernel sent: the call's bytes go into Ray's o
 they came (bulk.shipment_of) and a rank unpickles them; a result leaves as the rank pickled it.
 The connection closing (the kernel died), a malformed message or a stop makes the run's poll
 raise: the run ends as interrupted and its GPUs are released (poll runs every 0.2 s while the
-run runs, every second while it queues).
+run runs, every second while it queues); a run that cannot poll then (placing its group, starting
+workers) loses its placement group after GONE_GRACE_S, as Ray removes a dead local kernel's.
 """
 from __future__ import annotations
 
 import logging
 import os
 import threading
-import uuid
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,45 +43,11 @@ from .chunks import gather, send_chunked
 from .frames import Connection, Message
 from .runwire import BadRunMessage, error_to_json, info_to_json, options_from_json, plain, stop_error
 from .server import Caller
+from .shelf import SHELF, Shelf
 
 log = logging.getLogger("gpusession.gateway")
-CHECKPOINTS_PER_USER = 16  # runs whose last checkpoint an account can still fetch or resume from
 MAX_NAME = 200
 GONE_GRACE_S = 2.0  # a run polls every 0.2 s while it runs: one that has not ended by then cannot poll
-
-
-# ----- checkpoints kept for their kernels ----------------------------------------------------------
-class Shelf:
-    """The checkpoints runs left, per account: an ObjectRef the gateway owns (so the object stays
-    in the store) under a random handle that only its account can use. A run keeps one entry (its
-    latest commit); an account keeps its CHECKPOINTS_PER_USER latest runs' entries."""
-
-    def __init__(self, per_user: int = CHECKPOINTS_PER_USER) -> None:
-        self.per_user = per_user
-        self._by_user: dict[str, OrderedDict[str, Any]] = {}
-        self._lock = threading.Lock()
-
-    def keep(self, user: str, ref: Any, *, replacing: str | None = None) -> str:
-        handle = uuid.uuid4().hex
-        with self._lock:
-            kept = self._by_user.setdefault(user, OrderedDict())
-            if replacing is not None:
-                kept.pop(replacing, None)
-            kept[handle] = ref
-            while len(kept) > self.per_user:
-                kept.popitem(last=False)
-        return handle
-
-    def get(self, user: str, handle: Any) -> Any:
-        with self._lock:
-            kept = self._by_user.get(user, {})
-            ref = kept.get(handle) if isinstance(handle, str) else None
-            if ref is not None:
-                kept.move_to_end(handle)
-            return ref
-
-
-SHELF = Shelf()
 
 
 # ----- a run request --------------------------------------------------------------------------------

@@ -8,7 +8,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 
 import numpy as np
 import pytest
@@ -20,7 +19,6 @@ from gpusession.gateway.chunks import gather, send_chunked
 from gpusession.gateway.client import GATEWAY_ENV
 from gpusession.gateway.runwire import error_to_json, info_to_json
 from gpusession.gateway.server import GatewayServer
-from gpusession.run.bulk import pickle_out_of_band
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -11,7 +11,8 @@ from gpusession import errors
 from gpusession.comm_options import CommReport, validate_comm_options
 from gpusession.events import RunInfo
 from gpusession.gateway.frames import Message
-from gpusession.gateway.hosted import Shelf, run_request
+from gpusession.gateway.hosted import run_request
+from gpusession.gateway.shelf import Shelf
 from gpusession.gateway.runwire import (BadRunMessage, add_report, apply_info, error_from_json, error_to_json,
                                         info_to_json, options_from_json, options_to_json, plain, stop_error,
                                         stop_reason)
