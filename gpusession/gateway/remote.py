@@ -71,9 +71,14 @@ def run_remote(fn: Callable, args: tuple, kwargs: dict, options, *, info: RunInf
     if checkpoint_ref is not None and not isinstance(checkpoint_ref, RemoteCheckpoint):
         raise GPUSessionError("This checkpoint was made outside the gpusession gateway and cannot be resumed "
                               "through it; run from the start.")
-    header, buffers = pickle_call(fn, args, kwargs)
+    observer.requesting(options.lease.gpus, options.lease.workers)  # the status line, before the call travels
     path = gateway_path()
-    conn, _ = connect("run", path)
+    try:
+        header, buffers = pickle_call(fn, args, kwargs)
+        conn, _ = connect("run", path)
+    except BaseException:
+        observer.released(info)  # nothing was asked for: what began with `requesting` ends
+        raise
     try:
         send_chunked(conn, "run", [header, *buffers], name=name or getattr(fn, "__name__", "function"),
                      cwd=os.getcwd(), options=options_to_json(options), buffers=len(buffers),
@@ -173,9 +178,7 @@ def _render(message: Message, info: RunInfo, observer: Observer, path: str, hand
         metrics = message.get("metrics")
         add_report(info, metrics, data or {})
         observer.report(metrics, info)
-    elif event == "requesting":
-        observer.requesting(message.get("gpus"), message.get("workers"))
-    elif event == "queued":
+    elif event == "queued":  # (`requesting` was the kernel's own, before it sent the call)
         observer.queued(message.get("view") or {}, message.get("elapsed_s") or 0.0)
     elif event == "granted":
         observer.granted(info)
