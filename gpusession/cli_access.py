@@ -127,6 +127,43 @@ class ServerAccess:
             raise GPUSessionError(f"The Jupyter server at {self.base} did not answer ({exc}).") from None
 
 
+class GatewayAccess:
+    """The broker's operations through the gateway (a `gpusession hub` user's terminal): the
+    gateway acts for this account, named by its socket; no Ray, no token."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def _call(self, method: str, **args):
+        from .gateway import brokerclient
+
+        return brokerclient.call(method, path=self.path, **args)
+
+    def status(self) -> dict:
+        return self._call("status")
+
+    def leases(self, include_ended: bool) -> list[dict]:
+        return self._call("leases", include_ended=include_ended)
+
+    def revoke(self, lease_id: int) -> dict:
+        return self._call("revoke", lease_id=lease_id)
+
+    def quotas(self) -> list[dict]:
+        return self._call("quotas")
+
+    def quota(self, user: str) -> dict:
+        return self._call("quota", user=user)
+
+    def set_quota(self, user: str, update: dict) -> dict:
+        return self._call("set_quota", user=user, update=update)
+
+    def reset_quota(self, user: str) -> dict:
+        return self._call("reset_quota", user=user)
+
+    def usage(self, since: float | None, until: float | None, by: str) -> list[dict]:
+        return self._call("usage", since=since, until=until, by=by)
+
+
 class EndpointGone(Exception):
     """The broker's status endpoint did not answer as announced (the broker died or restarted)."""
 
