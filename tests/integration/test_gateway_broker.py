@@ -96,7 +96,7 @@ def test_malformed_frames_and_unknown_sessions_are_refused_and_change_nothing(ga
     code = """
 import socket, struct
 def exchange(raw):
-    s = socket.socket(socket.AF_UNIX); s.settimeout(20); s.connect(PATH); s.sendall(raw)
+    s = socket.socket(socket.AF_UNIX); s.settimeout(20); s.connect(PATH); s.sendall(raw); s.shutdown(socket.SHUT_WR)
     got = b''
     try:
         while True:
@@ -113,8 +113,7 @@ print(json.dumps({
   'unknown_session': exchange(frame({'kind': 'hello', 'version': 1, 'session': 'admin', 'payload': 0})),
   'bad_call': exchange(frame({'kind': 'hello', 'version': 1, 'session': 'broker', 'payload': 0})
                        + frame({'kind': 'call', 'id': 1, 'method': 'set_quota', 'args': {'user': 'nobody',
-                                'update': {'max_gpus': 50}, 'auth': {'token': 'x'}}, 'payload': 0})
-                       + struct.pack('>Q', 3) + b'xyz'),
+                                'update': {'max_gpus': 50}, 'auth': {'token': 'x'}}, 'payload': 0})),
 }))
 """
     seen = as_account(USER, code, gateway)
