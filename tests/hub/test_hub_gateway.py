@@ -77,29 +77,49 @@ def test_bob_finds_no_ray_address_token_or_secret_in_any_environment_or_command_
         assert value not in text, f"bob can read the {what} in an environment or a command line"
 
 
-def test_bob_cannot_join_ray_at_any_address_or_reach_its_sockets(hub):
-    _ready(hub.bob)
-    address = _ray_address(hub)
-    code = f"""import json, os, subprocess, sys
-joins = "import ray; ray.init(address={address!r}, logging_level='ERROR'); print('JOINED', flush=True)"
-tries = {{'plain': {{}}, 'token mode, no token': {{'RAY_AUTH_MODE': 'token'}},
-          'guessed token': {{'RAY_AUTH_MODE': 'token', 'RAY_AUTH_TOKEN': 'f' * 64}}}}
-procs = {{name: subprocess.Popen([sys.executable, '-c', joins], env={{**os.environ, **extra}}, text=True,
-                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) for name, extra in tries.items()}}
-joined = {{}}
+JOIN_ATTEMPTS = """import json, os, subprocess, sys
+def joins(address):
+    return ("import ray; print('IMPORTED', flush=True); ray.init(address=" + repr(address) +
+            ", logging_level='ERROR'); print('JOINED', flush=True)")
+token = {'RAY_AUTH_MODE': 'token'}
+guessed = {**token, 'RAY_AUTH_TOKEN': 'f' * 64}
+tries = {'plain': (GCS, {}), 'token mode, no token': (GCS, token), 'guessed token': (GCS, guessed),
+         'ray client': (CLIENT, {}), 'ray client, guessed token': (CLIENT, guessed)}
+procs = {name: subprocess.Popen([sys.executable, '-c', joins(where)], env={**os.environ, **extra}, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) for name, (where, extra) in tries.items()}
+joined = {}
 for name, proc in procs.items():
     try:
-        out, _ = proc.communicate(timeout=45)
+        out, _ = proc.communicate(timeout=40)  # a hung attempt has not joined either
     except subprocess.TimeoutExpired:
         proc.kill(); out, _ = proc.communicate()
-    joined[name] = 'JOINED' in out
+    joined[name] = 'JOINED' if 'JOINED' in out else 'refused' if 'IMPORTED' in out else 'no ray'
 try:
-    os.listdir({str(hub.layout.ray_tmp)!r}); listed = True
+    os.listdir(RAY_TMP); listed = True
 except PermissionError:
     listed = False
-print(json.dumps({{'joined': joined, 'listed_ray_tmp': listed}}))"""
-    seen = _json(hub.bob.run(code, timeout_s=120))
-    assert seen == {"joined": {"plain": False, "token mode, no token": False, "guessed token": False},
+print(json.dumps({'joined': joined, 'listed_ray_tmp': listed}))"""
+
+
+def _ray_client_address(hub) -> str:
+    """Where the head's Ray Client server listens (ray://...), found as root from its process."""
+    for proc in psutil.process_iter(["cmdline", "username"]):
+        if proc.info["username"] == hub.layout.service_user and "ray.util.client.server" in " ".join(
+                proc.info["cmdline"] or ()):
+            ports = [c.laddr.port for c in proc.net_connections("tcp") if c.status == psutil.CONN_LISTEN]
+            if ports:
+                return f"ray://127.0.0.1:{min(ports)}"
+    raise AssertionError("the head's Ray Client server was not found")
+
+
+def test_bob_cannot_join_ray_at_any_address_or_reach_its_sockets(hub):
+    """The GCS address (as a user might learn it) and the Ray Client server, with no token, with
+    token mode and no token, with a guessed token: each attempt imports Ray, then is refused."""
+    _ready(hub.bob)
+    where = f"GCS, CLIENT, RAY_TMP = {_ray_address(hub)!r}, {_ray_client_address(hub)!r}, {str(hub.layout.ray_tmp)!r}\n"
+    seen = _json(hub.bob.run(where + JOIN_ATTEMPTS, timeout_s=120))
+    assert seen == {"joined": {"plain": "refused", "token mode, no token": "refused", "guessed token": "refused",
+                               "ray client": "refused", "ray client, guessed token": "refused"},
                     "listed_ray_tmp": False}
 
 
