@@ -154,6 +154,9 @@ print(json.dumps(out))"""
     assert refused["revoke"] in ("NotAuthorized", "LeaseNotFound"), refused
     assert hub.bob.api("PUT", f"gpusession/api/quotas/{hub.bob.name}", json={"max_gpus": 4}).status_code == 403
     assert ledger(hub) == before
+    assert hub.admin.api("GET", "gpusession/admin").status_code == 200  # the admin page, as before
+    assert hub.bob.api("GET", "gpusession/admin").status_code == 403
+    assert hub.admin.api("GET", "gpusession/api/whoami").json() == {"user": hub.admin.name, "admin": True}
     put = hub.admin.api("PUT", f"gpusession/api/quotas/{hub.bob.name}", json={"max_gpus": 3})
     try:
         assert put.status_code == 200, put.text
@@ -210,3 +213,15 @@ def test_status_the_rest_api_and_the_cli_answer_bob_through_the_gateway_without_
     cli = hub.bob.run("import subprocess\nprint(subprocess.run(['gpusession', 'status'], capture_output=True, "
                       "text=True, timeout=60).stdout)")
     assert f"{hub.bob.name}: 0 GPUs in use" in cli.stdout, cli
+
+
+def test_a_lease_in_bobs_kernel_names_the_gateway_and_starts_no_ray_of_his_own(hub):
+    """Until the run session lands, leasing from a hub kernel fails at once, saying why; it never
+    falls back to starting a Ray head as bob (his own cluster, outside the hub's quotas)."""
+    _ready(hub.bob)
+    tried = hub.bob.run("held = gs.lease(gpus=1)\nheld.__enter__()", timeout_s=60)
+    assert tried.error and "through the gateway at" in tried.error, tried
+    bobs = [p.info["cmdline"] for p in psutil.process_iter(["username", "cmdline"])
+            if p.info["username"] == hub.bob.name
+            and any(part in " ".join(p.info["cmdline"] or ()) for part in ("raylet", "gcs_server", "ray start"))]
+    assert bobs == []

@@ -146,3 +146,10 @@ def test_a_hello_is_refused_for_a_nameless_uid_an_unknown_session_or_too_many_co
     assert "no account name" in refusal(Peer(1, 4242, 4242, ""), "broker", sessions)
     assert "unknown session 'admin'; the gateway offers broker, run" in refusal(BOB.peer, "admin", sessions)
     assert "at most 64" in refusal(BOB.peer, "broker", sessions, MAX_CONNECTIONS_PER_UID)
+
+
+def test_a_process_behind_the_gateway_starts_no_ray_cluster_of_its_own():
+    from gpusession.cluster.raycluster import gateway_refusal
+
+    assert "through the gateway at /g.sock" in gateway_refusal({"GPUSESSION_GATEWAY": "/g.sock"})
+    assert gateway_refusal({}) is None
