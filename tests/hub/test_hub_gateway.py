@@ -157,6 +157,7 @@ print(json.dumps(out))"""
     assert hub.admin.api("GET", "gpusession/admin").status_code == 200  # the admin page, as before
     assert hub.bob.api("GET", "gpusession/admin").status_code == 403
     assert hub.admin.api("GET", "gpusession/api/whoami").json() == {"user": hub.admin.name, "admin": True}
+    assert hub.admin.api("GET", "gpusession/metrics").status_code == 200  # ledger-wide stats: the admin's
     put = hub.admin.api("PUT", f"gpusession/api/quotas/{hub.bob.name}", json={"max_gpus": 3})
     try:
         assert put.status_code == 200, put.text
@@ -225,3 +226,17 @@ def test_a_lease_in_bobs_kernel_names_the_gateway_and_starts_no_ray_of_his_own(h
             if p.info["username"] == hub.bob.name
             and any(part in " ".join(p.info["cmdline"] or ()) for part in ("raylet", "gcs_server", "ray start"))]
     assert bobs == []
+
+
+def test_stopping_the_hub_ends_the_gateway_and_removes_its_socket(hub):
+    """It stops this module's hub (so it is the module's last test)."""
+    from .conftest import stop_hub
+
+    gateway = [p for p in hub.descendants() if "gpusession.gateway.main" in " ".join(p.cmdline())]
+    assert len(gateway) == 1 and gateway[0].username() == hub.layout.service_user, gateway
+    assert hub.layout.gateway_socket.is_socket()
+    stop_hub(hub.proc)
+    assert hub.proc.returncode == 0, hub.output.read_text()[-2000:]
+    assert not gateway[0].is_running() or gateway[0].status() == psutil.STATUS_ZOMBIE
+    assert not hub.layout.gateway_socket.exists()
+    assert hub.processes() == [], f"processes of the hub's accounts still running: {hub.processes()}"
