@@ -10,4 +10,10 @@ A user's functions, arguments and results cross the gateway as opaque bytes.
     server.py   the service's side: accept, learn the peer, hand the connection to its handler
     acting.py   how the service acts for a caller at the broker (signed name, admin token)
     client.py   the caller's side: connect, say hello, send and receive messages
+
+    brokercalls.py    PURE: the broker session's methods, request checks, the broker call it makes
+    brokersession.py  the service's side of the "broker" session (status, quotas, the admin page's calls)
+    brokerclient.py   the caller's side of it: no Ray, no credentials (servers, kernels, the CLI)
+    main.py           the gateway process (`python -m gpusession.gateway.main`), a Ray driver of the service
+    process.py        start and stop that process (the hub's cluster service does)
 """
