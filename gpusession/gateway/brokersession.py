@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +25,7 @@ from .server import Caller
 
 log = logging.getLogger("gpusession.gateway.broker")
 CALLS_AT_ONCE = 8  # per connection
+CALLS_QUEUED = 64  # per connection: past this, the session reads no more until answers go out
 BrokerCall = Callable[[str, list], Any]  # (method, positional args) -> the broker's answer
 
 
@@ -65,6 +67,7 @@ def serve_broker(conn: Connection, caller: Caller, hello: Message, keys: Service
     """Answer `call` messages until the caller closes the connection."""
     log.info("broker session of %s (uid %d, pid %d%s)", caller.user, caller.peer.uid, caller.peer.pid,
              ", admin" if caller.admin else "")
+    queued = threading.BoundedSemaphore(CALLS_QUEUED)
     with ThreadPoolExecutor(max_workers=CALLS_AT_ONCE, thread_name_prefix="gateway-broker") as pool:
         while True:
             message = conn.receive()  # Closed / FrameError end the session (the server logs it)
@@ -72,14 +75,26 @@ def serve_broker(conn: Connection, caller: Caller, hello: Message, keys: Service
                 conn.send("error", id=None, type="InvalidRequest",
                           message=f"The broker session takes 'call' messages; got {message.kind[:40]!r}.")
                 continue
-            pool.submit(_reply, conn, caller, keys, message, broker_call)
+            queued.acquire()  # a caller that floods calls waits for its own answers
+            pool.submit(_reply, conn, caller, keys, message, broker_call, queued)
 
 
-def _reply(conn: Connection, caller: Caller, keys: ServiceKeys, message: Message, broker_call: BrokerCall) -> None:
-    fields = answer(caller, keys, message, broker_call)
+def _reply(conn: Connection, caller: Caller, keys: ServiceKeys, message: Message, broker_call: BrokerCall,
+           queued: threading.BoundedSemaphore) -> None:
+    try:
+        _send(conn, answer(caller, keys, message, broker_call))
+    finally:
+        queued.release()
+
+
+def _send(conn: Connection, fields: dict) -> None:
     try:
         conn.send(fields.pop("kind"), **fields)
     except OSError:  # the caller went away meanwhile
         pass
-    except (TypeError, ValueError) as exc:  # an answer JSON cannot carry: a bug, say so
-        conn.send("error", id=fields.get("id"), type="BrokerFailed", message=f"The answer could not be sent: {exc}")
+    except (TypeError, ValueError) as exc:  # an answer over the frame limit: say so instead
+        try:
+            conn.send("error", id=fields.get("id"), type="BrokerFailed",
+                      message=f"The answer could not be sent: {str(exc)[:300]}")
+        except OSError:
+            pass

@@ -10,6 +10,7 @@ started it) or on SIGTERM / SIGINT.
 """
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -52,8 +53,10 @@ def load_keys(db_path: str) -> ServiceKeys:
 def run_session(keys: ServiceKeys):
     """The "run" session's handler, where gpusession.gateway.hosted is installed; else None."""
     try:
-        from . import hosted  # noqa: PLC0415 (built beside this; absent on older branches)
-    except ImportError:
+        hosted = importlib.import_module(f"{__package__}.hosted")  # absent until the run session lands
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{__package__}.hosted":  # hosted is there but something it needs is not: say so
+            raise
         return None
     serve_run = getattr(hosted, "serve_run", None)
     return None if serve_run is None else (lambda conn, caller, hello: serve_run(conn, caller, hello, keys))

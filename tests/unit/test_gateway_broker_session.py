@@ -153,3 +153,19 @@ def test_a_process_behind_the_gateway_starts_no_ray_cluster_of_its_own():
 
     assert "through the gateway at /g.sock" in gateway_refusal({"GPUSESSION_GATEWAY": "/g.sock"})
     assert gateway_refusal({}) is None
+
+
+def test_the_run_session_is_offered_once_its_module_is_there(monkeypatch):
+    import sys
+    import types
+
+    from gpusession.gateway.main import sessions_for
+
+    assert "run" not in sessions_for(KEYS, call=Broker()) or "gpusession.gateway.hosted" in sys.modules
+    seen = []
+    fake = types.ModuleType("gpusession.gateway.hosted")
+    fake.serve_run = lambda conn, caller, hello, keys: seen.append((caller, keys))
+    monkeypatch.setitem(sys.modules, "gpusession.gateway.hosted", fake)
+    sessions = sessions_for(KEYS, call=Broker())
+    sessions["run"](None, BOB, Message("hello"))
+    assert sorted(sessions) == ["broker", "run"] and seen == [(BOB, KEYS)]
