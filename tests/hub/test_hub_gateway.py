@@ -64,7 +64,12 @@ def ledger(hub) -> tuple:
 
 def test_bob_finds_no_ray_address_token_or_secret_in_any_environment_or_command_line(hub):
     _ready(hub.admin, hub.bob)
+    terminal = hub.bob.api("POST", "api/terminals")  # a terminal of bob's: its shell is read below too
+    assert terminal.status_code == 200, terminal.text
     seen = _json(hub.bob.run(READ_PROC))
+    shells = [p for p in psutil.process_iter(["username", "name"])
+              if p.info["username"] == hub.bob.name and p.info["name"] in ("bash", "sh")]
+    assert shells and all(f"{p.pid}/environ" in seen for p in shells), "bob's terminal was not read"
     assert seen["own"].get("GPUSESSION_GATEWAY") == str(hub.layout.gateway_socket)
     assert not [name for name in SECRET_NAMES if name in seen["own"]], seen["own"]
     environs = {where: text for where, text in seen.items() if where.endswith("/environ")}
