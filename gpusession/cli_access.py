@@ -9,6 +9,9 @@ Ray address is the one the CLI would join (RAY_ADDRESS, else the head recorded b
 cluster start` or `gpusession lab`), and only without an explicit --admin-token (then the CLI acts
 as that token's holder, which only the Ray path can do).
 
+Behind the hub's gateway (GPUSESSION_GATEWAY set: a `gpusession hub` user's terminal) every
+command goes through the gateway's broker session instead (GatewayAccess), without Ray.
+
 `gpusession status` has a third way, between the two: the broker's own read-only status endpoint
 on the head's loopback (gpusession/status_endpoint.py), for a shell on the head with no Jupyter
 server running. Where it is absent, dead or refuses the announcement's token, the Ray path answers.
