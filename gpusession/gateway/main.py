@@ -40,14 +40,17 @@ def broker_call(method: str, args: list):
 
 
 def load_keys(db_path: str) -> ServiceKeys:
-    """The broker's secrets beside its ledger (this account's own files; the broker made them)."""
+    """The broker's secrets beside its ledger: this account's own private regular files (the broker
+    made them), read as the hub's root reads a secret (no symlink, no FIFO, not empty)."""
     from ..broker import secrets
+    from ..hub.rootfs import read_secret
 
     token_path, key_path = secrets.admin_token_path(db_path), secrets.identity_key_path(db_path)
     for path in (token_path, key_path):
-        if not path.is_file() or not path.read_text().strip():
-            raise FileNotFoundError(f"{path} is missing or empty: start the broker (it makes it) before the gateway.")
-    return ServiceKeys(identity_key=key_path.read_text().strip().encode(), admin_token=token_path.read_text().strip())
+        if not path.exists():
+            raise FileNotFoundError(f"{path} is missing: start the broker (it makes it) before the gateway.")
+    return ServiceKeys(identity_key=read_secret(key_path, owner=os.geteuid()).encode(),
+                       admin_token=read_secret(token_path, owner=os.geteuid()))
 
 
 def run_session(keys: ServiceKeys):
