@@ -30,12 +30,13 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="dropping to other acc
 def gateway(cluster):
     folder = Path(tempfile.mkdtemp(prefix="gsgw-", dir="/tmp"))
     os.chmod(folder, 0o755)  # every account may reach the socket, as under the hub
-    path = folder / "gateway.sock"
-    server = GatewayServer(path, sessions_for(load_keys(str(cluster.db_path))), admins=frozenset({ADMIN})).start()
+    path, server = folder / "gateway.sock", None
     try:
+        server = GatewayServer(path, sessions_for(load_keys(str(cluster.db_path))), admins=frozenset({ADMIN})).start()
         yield path
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
         shutil.rmtree(folder)
 
 
@@ -125,16 +126,18 @@ print(json.dumps({
 
 def test_the_gateway_process_serves_as_a_ray_driver_and_removes_its_socket_when_stopped(cluster):
     folder = Path(tempfile.mkdtemp(prefix="gsgw-", dir="/tmp"))
-    path = folder / "gateway.sock"
-    proc = gatewayproc.start(env=cluster.env(), socket=str(path), db_path=str(cluster.db_path), admins=[ADMIN],
-                             timeout_s=180)
+    path, proc = folder / "gateway.sock", None
     try:
+        proc = gatewayproc.start(env=cluster.env(), socket=str(path), db_path=str(cluster.db_path), admins=[ADMIN],
+                                 timeout_s=180)
         from gpusession.gateway import brokerclient
 
         assert brokerclient.call("whoami", path=str(path)) == {"user": "root", "admin": False}
         assert brokerclient.call("cluster", path=str(path))["gpus_total"] > 0
         assert "db_path" not in brokerclient.call("info", path=str(path))
-    finally:
         gatewayproc.stop(proc)
-        assert not path.exists()
+        assert not path.exists()  # it removes its socket as it stops
+    finally:
+        if proc is not None:
+            gatewayproc.stop(proc)
         shutil.rmtree(folder)
