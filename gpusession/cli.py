@@ -212,7 +212,10 @@ def _broker(args):
     """The quickest way to this cluster's broker: a gpusession Jupyter server of this user on it
     (see cli_access), else Ray. Imports nothing heavy until it knows which."""
     from . import cli_access
+    from .gateway.client import gateway_path
 
+    if gateway_path() and not getattr(args, "admin_token", None):  # a hub user: the gateway is the one door
+        return cli_access.GatewayAccess(gateway_path())
     address = cli_access.target_address()
     # an admin token (flag or environment) means acting as its holder: only the Ray path can
     server = None if getattr(args, "admin_token", None) else cli_access.find_server(address)
@@ -247,9 +250,10 @@ def _status_quickly(args) -> dict | None:
     """`status` from the broker's endpoint on this head when no server of this user runs here;
     None when neither answers (then Ray's path, which also takes the admin token, is used)."""
     from . import cli_access
+    from .gateway.client import gateway_path
 
     address = cli_access.target_address()
-    if getattr(args, "admin_token", None) or cli_access.find_server(address):
+    if getattr(args, "admin_token", None) or gateway_path() or cli_access.find_server(address):
         return None
     access = cli_access.EndpointAccess.find(address)
     try:

@@ -9,6 +9,9 @@ Ray address is the one the CLI would join (RAY_ADDRESS, else the head recorded b
 cluster start` or `gpusession lab`), and only without an explicit --admin-token (then the CLI acts
 as that token's holder, which only the Ray path can do).
 
+Behind the hub's gateway (GPUSESSION_GATEWAY set: a `gpusession hub` user's terminal) every
+command goes through the gateway's broker session instead (GatewayAccess), without Ray.
+
 `gpusession status` has a third way, between the two: the broker's own read-only status endpoint
 on the head's loopback (gpusession/status_endpoint.py), for a shell on the head with no Jupyter
 server running. Where it is absent, dead or refuses the announcement's token, the Ray path answers.
@@ -125,6 +128,43 @@ class ServerAccess:
             raise _error(error.code, _message(error)) from None
         except OSError as exc:
             raise GPUSessionError(f"The Jupyter server at {self.base} did not answer ({exc}).") from None
+
+
+class GatewayAccess:
+    """The broker's operations through the gateway (a `gpusession hub` user's terminal): the
+    gateway acts for this account, named by its socket; no Ray, no token."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def _call(self, method: str, **args):
+        from .gateway import brokerclient
+
+        return brokerclient.call(method, path=self.path, **args)
+
+    def status(self) -> dict:
+        return self._call("status")
+
+    def leases(self, include_ended: bool) -> list[dict]:
+        return self._call("leases", include_ended=include_ended)
+
+    def revoke(self, lease_id: int) -> dict:
+        return self._call("revoke", lease_id=lease_id)
+
+    def quotas(self) -> list[dict]:
+        return self._call("quotas")
+
+    def quota(self, user: str) -> dict:
+        return self._call("quota", user=user)
+
+    def set_quota(self, user: str, update: dict) -> dict:
+        return self._call("set_quota", user=user, update=update)
+
+    def reset_quota(self, user: str) -> dict:
+        return self._call("reset_quota", user=user)
+
+    def usage(self, since: float | None, until: float | None, by: str) -> list[dict]:
+        return self._call("usage", since=since, until=until, by=by)
 
 
 class EndpointGone(Exception):

@@ -7,6 +7,10 @@ e.g. as root without --allow-root, never starts a head) or at the first request.
 requests get at once a clean "starting the cluster (N s)" state; a failed start gives one readable
 line (the server's log has the cause) and is retried by a later request. Nothing here wraps the
 bring-up's future in an asyncio future, so a failure never leaves an unretrieved exception.
+
+Behind a gateway (GPUSESSION_GATEWAY set: a `gpusession hub` user server) there is nothing to
+bring up: the link is the gateway's broker session (gatewaylink.py), the server holds no token
+and no key, and kernels get the gateway's socket instead of Ray's address.
 """
 from __future__ import annotations
 
@@ -20,12 +24,14 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from gpusession.cluster import localhead
+from gpusession.gateway.client import GATEWAY_ENV, gateway_path
 from gpusession.identity import SIGNATURE_ENV, USER_ENV, sign
 from gpusession.cluster.raycluster import state_dir
 
 from . import bringup
 from .brokerlink import BrokerLink, BrokerUnavailable, settle
 from .config import GPUSession
+from .gatewaylink import GatewayLink
 
 CALL_TIMEOUT_S = bringup.CALL_TIMEOUT_S
 RETRY_AFTER_S = 15.0
@@ -60,7 +66,7 @@ def _clip(text: str, limit: int) -> str:
 
 @dataclass(frozen=True)
 class Connection:
-    ray_env: dict  # RAY_ADDRESS (and RAY_AUTH_MODE for a local head): how kernels reach the cluster
+    ray_env: dict  # RAY_ADDRESS (and RAY_AUTH_MODE for a local head), or GPUSESSION_GATEWAY: how kernels reach it
     info: dict  # the broker's version, db_path, policy, and the Ray address the bridge joined
     admin_token: str | None
     signing_key: bytes | None
@@ -71,7 +77,8 @@ class Backend:
         self.options, self.owner, self.log = options, owner, log
         self.announce = announce  # called with the cluster's environment once it is up
         self.head: localhead.LocalHead | None = None  # only a head this server started
-        self.link: BrokerLink | None = None
+        self.gateway = gateway_path()  # the gateway's socket when this server runs behind one
+        self.link: BrokerLink | GatewayLink | None = None
         self._connected: Future = Future()
         self._started = False
         self.started_at = time.monotonic()
@@ -125,6 +132,8 @@ class Backend:
         A server without the signing key (a JupyterHub user server: the Hub signed its owner's
         name at spawn, see cluster/jupyterhub-values.yaml) can vouch only for its owner."""
         conn = await self.connection()
+        if self.gateway:  # the gateway acts for the account its socket names; nothing to send
+            return {"user": user}
         if user in self.options.admin_users and conn.admin_token:
             return {"user": user, "token": conn.admin_token, "by": user}
         if conn.signing_key:
@@ -133,6 +142,8 @@ class Backend:
 
     async def server_auth(self) -> dict | None:
         conn = await self.connection()
+        if self.gateway:  # admin rights are the gateway's to check
+            return {"user": self.owner} if self.owner in self.options.admin_users else None
         return {"user": self.owner, "token": conn.admin_token} if conn.admin_token else None
 
     async def kernel_env(self) -> dict:
@@ -145,7 +156,7 @@ class Backend:
         env = {**conn.ray_env, USER_ENV: self.owner}
         if conn.signing_key:
             env[SIGNATURE_ENV] = sign(self.owner, conn.signing_key)
-        if self.options.embedded:
+        if self.options.embedded and not self.gateway:
             env["GPUSESSION_HOME"] = str(state_dir())
         return env
 
@@ -178,6 +189,8 @@ class Backend:
             self.stop()
 
     def _connect(self) -> Connection:
+        if self.gateway:
+            return self._connect_gateway()
         ray_env, started = bringup.cluster_env(self.options, self.log, spawned=self._spawned)
         self.head = started or self.head  # a retry finds the head an earlier attempt started
         self._unless_stopping()
@@ -197,6 +210,14 @@ class Backend:
                 self.log.warning("gpusession could not write its announcement for the CLI: %s", exc)
         return Connection(ray_env, info, token, key)
 
+    def _connect_gateway(self) -> Connection:
+        self.link = GatewayLink(self.gateway, log=self.log)
+        info = self.link.start()
+        self._unless_stopping()
+        self.log.info("gpusession: broker %s (ledger %s) through the gateway at %s",
+                      info.get("version"), info.get("ledger_id"), self.gateway)
+        return Connection({GATEWAY_ENV: self.gateway}, info, None, None)
+
     def _unless_stopping(self) -> None:
         if self.stopping:  # the server shut down while we were starting: stop what we just started
             self.stop()
@@ -206,6 +227,10 @@ class Backend:
         with self.lock:
             if self.link.alive:
                 return
-            self.log.warning("The gpusession bridge had exited; starting a new one.")
-            self.link = BrokerLink(env=self.link.env, policy=self.link.policy, log=self.log)
+            if self.gateway:
+                self.log.warning("The connection to the gpusession gateway had closed; opening a new one.")
+                self.link = GatewayLink(self.gateway, log=self.log)
+            else:
+                self.log.warning("The gpusession bridge had exited; starting a new one.")
+                self.link = BrokerLink(env=self.link.env, policy=self.link.policy, log=self.log)
             self.link.start()

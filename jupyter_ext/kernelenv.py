@@ -16,10 +16,14 @@ from jupyter_core.utils import ensure_async
 
 # Never inherited by kernels: with it, user code could act as a broker admin.
 SECRET_VARIABLES = ("GPUSESSION_ADMIN_TOKEN",)
+# Behind a gateway a kernel reaches gpusession through it alone: no Ray variable is passed on.
+RAY_VARIABLES = ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+GATEWAY_ENV = "GPUSESSION_GATEWAY"  # gpusession.gateway.client's, without importing it here
 
 
 def kernel_environment(base: dict, extra: dict) -> dict:
-    env = {k: v for k, v in base.items() if k not in SECRET_VARIABLES}
+    dropped = SECRET_VARIABLES + (RAY_VARIABLES if extra.get(GATEWAY_ENV) else ())
+    env = {k: v for k, v in base.items() if k not in dropped}
     env.update(extra)
     return env
 

@@ -16,6 +16,7 @@ import ray
 
 from . import rayprivate
 from .unreserved import consistent_unreserved
+from ..errors import GPUSessionError
 from ..events import _in_notebook_kernel
 
 log = logging.getLogger("gpusession")
@@ -122,7 +123,23 @@ def _connect(local_gpus: int | None) -> None:
         log.info("Connecting to the Ray cluster at %s", address)
         ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
         return
+    behind = gateway_refusal(os.environ)
+    if behind:
+        raise GPUSessionError(behind)
     start_embedded(local_gpus=local_gpus)
+
+
+def gateway_refusal(env) -> str | None:
+    """PURE: why a process behind the gateway (a `gpusession hub` user's kernel) must not start a
+    Ray cluster of its own when it finds none; None elsewhere."""
+    from ..gateway.client import GATEWAY_ENV
+
+    path = env.get(GATEWAY_ENV)
+    if not path:
+        return None
+    return (f"This process reaches gpusession through the gateway at {path} ({GATEWAY_ENV}), not through Ray: "
+            "it holds no Ray address and starts no Ray cluster of its own. This call has no route through the "
+            "gateway in this gpusession yet; ask your hub's admin which version brings it.")
 
 
 def _use_auth_mode(mode: str) -> None:

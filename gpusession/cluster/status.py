@@ -50,6 +50,13 @@ def node_line(node: dict) -> str:
 
 def status() -> Status:
     """Cluster capacity, your quota and usage, and your leases with their queue positions."""
+    from ..gateway.client import gateway_path
+
+    if gateway_path():  # a hub kernel: the gateway answers as this account, without Ray
+        from ..gateway import brokerclient
+
+        data = brokerclient.call("status")
+        return Status(user=data["user"], cluster=data["cluster"], quota=data["quota"], leases=data["leases"])
     from ..broker import client  # here, not at the top: the CLI renders a Status without importing Ray
     from ..identity import current_identity
 

@@ -15,4 +15,9 @@ A user's functions, arguments and results cross the gateway as opaque bytes.
     hosted.py   the run session, service's side: the one run path (Lease, controller) for a caller
     shelf.py    the checkpoints hosted runs left, per account, under handles
     chunks.py   a message with more raw frames than one message carries
+    brokercalls.py    PURE: the broker session's methods, request checks, the broker call it makes
+    brokersession.py  the service's side of the "broker" session (status, quotas, the admin page's calls)
+    brokerclient.py   the caller's side of it: no Ray, no credentials (servers, kernels, the CLI)
+    main.py           the gateway process (`python -m gpusession.gateway.main`), a Ray driver of the service
+    process.py        start and stop that process (the hub's cluster service does)
 """

@@ -25,6 +25,7 @@ from .peer import Peer, peer_of
 log = logging.getLogger("gpusession.gateway")
 VERSION = 1
 HELLO_TIMEOUT_S = 10.0
+MAX_CONNECTIONS_PER_UID = 64  # a kernel holds one or two; a loop that opens thousands is refused
 
 
 @dataclass(frozen=True)
@@ -42,10 +43,13 @@ class Caller:
 Handler = Callable[[Connection, Caller, Message], None]
 
 
-def refusal(peer: Peer, session: object, sessions: dict) -> str | None:
-    """PURE: why this hello is refused, or None."""
+def refusal(peer: Peer, session: object, sessions: dict, open_of_uid: int = 0) -> str | None:
+    """PURE: why this hello is refused, or None (`open_of_uid`: this uid's other open connections)."""
     if not peer.name:
         return f"uid {peer.uid} has no account name on this machine; the gateway serves named accounts only."
+    if open_of_uid >= MAX_CONNECTIONS_PER_UID:
+        return (f"{peer.name} has {open_of_uid} connections to the gateway open already (at most "
+                f"{MAX_CONNECTIONS_PER_UID}); close some (restart idle kernels) and try again.")
     if session not in sessions:
         return f"unknown session {str(session)[:40]!r}; the gateway offers {', '.join(sorted(sessions))}."
     return None
@@ -61,6 +65,7 @@ class GatewayServer:
         self._listener: socket.socket | None = None
         self._stopped = threading.Event()
         self._connections: set[Connection] = set()
+        self._open_by_uid: dict[int, int] = {}
         self._lock = threading.Lock()
 
     def start(self) -> "GatewayServer":
@@ -101,9 +106,11 @@ class GatewayServer:
         conn = Connection(sock)
         with self._lock:
             self._connections.add(conn)
+        counted = None
         try:
             caller, hello = self._greet(conn, sock)
             if caller is not None:
+                counted = caller.peer.uid
                 self.sessions[hello.get("session")](conn, caller, hello)
         except (Closed, FrameError, OSError) as exc:
             log.info("gateway connection ended: %s", exc)
@@ -112,6 +119,8 @@ class GatewayServer:
         finally:
             with self._lock:
                 self._connections.discard(conn)
+                if counted is not None:
+                    self._open_by_uid[counted] -= 1
             conn.close()
 
     def _greet(self, conn: Connection, sock: socket.socket) -> tuple[Caller | None, Message]:
@@ -122,10 +131,18 @@ class GatewayServer:
         if hello.kind != "hello" or hello.get("version") != VERSION:
             conn.send("refused", message=f"expected a version {VERSION} hello first; got {hello.kind[:40]!r}")
             return None, hello
-        problem = refusal(peer, hello.get("session"), self.sessions)
+        with self._lock:
+            problem = refusal(peer, hello.get("session"), self.sessions, self._open_by_uid.get(peer.uid, 0))
+            if not problem:
+                self._open_by_uid[peer.uid] = self._open_by_uid.get(peer.uid, 0) + 1
         if problem:
             conn.send("refused", message=problem)
             return None, hello
         caller = Caller(peer, admin=peer.name in self.admins)
-        conn.send("welcome", version=VERSION, user=caller.user, admin=caller.admin)
+        try:
+            conn.send("welcome", version=VERSION, user=caller.user, admin=caller.admin)
+        except OSError:
+            with self._lock:
+                self._open_by_uid[peer.uid] -= 1
+            raise
         return caller, hello

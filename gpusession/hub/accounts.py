@@ -43,15 +43,17 @@ def ensure_service_user(name: str, home: Path) -> pwd.struct_passwd:
 def prepare_directories(layout: HubLayout, account: pwd.struct_passwd) -> None:
     """STATE readable by all (0755, root); cluster/ the account's alone (0700): ledger, secrets,
     checkpoints (the account makes its own tmp/ in it); hub/ root's alone (0700); Ray's temp
-    directory the account's (0711). Made and checked without following a symlink (rootfs.py):
-    a path another account put in the way is refused, naming it, and nothing is changed."""
+    directory the account's (0700); gateway/ the account's (0755), for the gateway's socket.
+    Made and checked without following a symlink (rootfs.py): a path another account put in the
+    way is refused, naming it, and nothing is changed."""
     layout.state.parent.mkdir(parents=True, exist_ok=True)
     rootfs.ensure_directory(layout.state, uid=0, gid=0, mode=0o755)
     rootfs.ensure_directory(layout.hub_dir, uid=0, gid=0, mode=0o700)
     rootfs.ensure_directory(layout.cluster_dir, uid=account.pw_uid, gid=account.pw_gid, mode=0o700)
-    # Users' kernels are Ray drivers on this machine: they reach the raylet's sockets and write
-    # their logs in the session directory below (Ray makes its own directories there for all).
-    rootfs.ensure_directory(layout.ray_tmp, uid=account.pw_uid, gid=account.pw_gid, mode=0o711)
+    # Ray's sockets and session files: the service account's alone (users reach the gateway only)
+    rootfs.ensure_directory(layout.ray_tmp, uid=account.pw_uid, gid=account.pw_gid, mode=0o700)
+    # The gateway's socket: the account makes it there, everyone may traverse to knock
+    rootfs.ensure_directory(layout.gateway_dir, uid=account.pw_uid, gid=account.pw_gid, mode=0o755)
 
 
 def ray_token() -> str:

@@ -4,9 +4,13 @@
                                                    proxy/node_modules/.bin/configurable-http-proxy
     STATE (root, 0755)                             cluster/ (the service account's, 0700): the broker's ledger,
                                                             admin_token and identity_key, the Ray head's log
+                                                   gateway/ (the service account's, 0755): gateway.sock, the
+                                                            one door users have (mode 0666; the caller
+                                                            is named by SO_PEERCRED)
                                                    hub/ (root's, 0700): JupyterHub's config, database, cookie
                                                             secret, the logs
-    /tmp/gsh-<service account>                     Ray's temp and session directories (the account's)
+    /tmp/gsh-<service account>                     Ray's temp and session directories (the account's, 0700:
+                                                   no user reaches Ray's sockets)
 """
 from __future__ import annotations
 
@@ -50,6 +54,14 @@ class HubLayout:
     def ray_tmp(self) -> Path:
         # Short: Ray puts unix sockets under it, whose paths may not exceed 107 bytes.
         return Path("/tmp") / f"gsh-{self.service_user}"
+
+    @property
+    def gateway_dir(self) -> Path:
+        return self.state / "gateway"
+
+    @property
+    def gateway_socket(self) -> Path:
+        return self.gateway_dir / "gateway.sock"
 
     @property
     def db_path(self) -> Path:
@@ -128,10 +140,17 @@ def broker_policy(layout: HubLayout, options: HubOptions) -> dict:
     return {**options.policy, "db_path": str(layout.db_path), "require_signed_identity": True}
 
 
-def user_environment(layout: HubLayout, *, ray_address: str, ray_token: str) -> dict[str, str]:
-    """What every user server (and so every kernel and terminal) gets besides its signed identity."""
-    return {"RAY_ADDRESS": ray_address, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": ray_token,
-            "PATH": f"{layout.bin_dir}:/usr/local/bin:/usr/bin:/bin"}
+def user_environment(layout: HubLayout) -> dict[str, str]:
+    """What every user server (and so every kernel and terminal) gets besides its signed identity:
+    the gateway's socket, and no Ray address or token (users never reach Ray, issue 28)."""
+    from ..gateway.client import GATEWAY_ENV
+
+    return {GATEWAY_ENV: str(layout.gateway_socket), "PATH": f"{layout.bin_dir}:/usr/local/bin:/usr/bin:/bin"}
+
+
+def gateway_settings(layout: HubLayout, options: HubOptions) -> dict:
+    """What the cluster service needs to start the gateway: its socket and the admins it names."""
+    return {"socket": str(layout.gateway_socket), "admins": sorted(options.admins)}
 
 
 def jupyterhub_config(layout: HubLayout, options: HubOptions, *, user_env: dict[str, str]) -> str:
@@ -162,7 +181,8 @@ def jupyterhub_config(layout: HubLayout, options: HubOptions, *, user_env: dict[
              "from gpusession.hub.spawnhook import pre_spawn_hook", ""]
     for name, value in settings.items():
         lines.append(f"c.{name} = {value!r}")
+    # admins=[]: no server is given the admin token; admin rights are checked at the gateway
     lines.append(f"c.Spawner.pre_spawn_hook = pre_spawn_hook(key_path={str(layout.identity_key_path)!r}, "
-                 f"admin_token_path={str(layout.admin_token_path)!r}, admins={admins!r}, "
+                 f"admin_token_path={str(layout.admin_token_path)!r}, admins=[], "
                  f"owner={layout.service_user!r})")
     return "\n".join(lines) + "\n"

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from ..cluster.localhead import terminate
 from . import accounts, rootfs
-from .plan import (INSECURE_WARNING, NOT_SET_UP, HubLayout, HubOptions, broker_policy, jupyterhub_config,
-                   user_environment)
+from .plan import (INSECURE_WARNING, NOT_SET_UP, HubLayout, HubOptions, broker_policy, gateway_settings,
+                   jupyterhub_config, user_environment)
 
 STOP_TIMEOUT_S = 60.0
 
@@ -47,7 +47,7 @@ def run_hub(layout: HubLayout, options: HubOptions, *, ready_timeout_s: float = 
         kind = "logical GPUs (training runs on the CPU)" if ready["logical"] else "GPUs"
         say(f"cluster ready: {ready['gpus']} {kind}, Ray at {ready['address']}, run as {layout.service_user}")
         layout.config_path.write_text(jupyterhub_config(
-            layout, options, user_env=user_environment(layout, ray_address=ready["address"], ray_token=token)))
+            layout, options, user_env=user_environment(layout)))
         if options.insecure_http:
             say(INSECURE_WARNING.format(ip=options.ip))
         hub = start_jupyterhub(layout)
@@ -83,11 +83,10 @@ def start_service(layout: HubLayout, options: HubOptions, account, ray_token: st
            "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": ray_token, "USER": account.pw_name}
     log = open(layout.hub_dir / "service.log", "w")
     command = [str(layout.python), "-m", "gpusession.hub.service", str(options.gpus),
-               json.dumps(broker_policy(layout, options))]
-    # umask 000 for Ray's own files and sockets, which users' drivers must reach; its workers
-    # take 077 back (private_files/sitecustomize.py)
+               json.dumps(broker_policy(layout, options)), json.dumps(gateway_settings(layout, options))]
+    # umask 077: Ray's files and sockets are the service account's alone (users reach the gateway)
     proc = subprocess.Popen(command, env=env, cwd=str(layout.cluster_dir), user=account.pw_uid,
-                            group=account.pw_gid, extra_groups=[], umask=0o000, stdin=subprocess.PIPE,
+                            group=account.pw_gid, extra_groups=[], umask=0o077, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
     log.close()
     line = _first_line(proc, timeout_s)

@@ -1,10 +1,13 @@
-"""`python -m gpusession.hub.service GPUS POLICY_JSON`: the hub's cluster service, one process
-run as the service account (never root, never a user): a local Ray head (so every rank runs as
-this account) and the broker, created here with the hub's policy before any user can reach it.
+"""`python -m gpusession.hub.service GPUS POLICY_JSON GATEWAY_JSON`: the hub's cluster service,
+one process run as the service account (never root, never a user): a local Ray head, the broker
+(created here with the hub's policy before any user can reach it), then the gateway
+(gpusession.gateway.main), the one door users have: GATEWAY_JSON = {"socket": ..., "admins": [...]}.
 
-    stdout, one line once both are up:  {"ready": {"address": ..., "gpus": 4, "logical": true, "db_path": ...}}
-                                   or:  {"failed": "..."}
-It stops the broker's bridge and the head when its stdin closes or it gets SIGTERM / SIGINT.
+    stdout, one line once all are up:  {"ready": {"address": ..., "gpus": 4, "logical": true, "db_path": ...,
+                                                  "gateway": "/var/lib/gpusession-hub/gateway/gateway.sock"}}
+                                  or:  {"failed": "..."}
+It stops the gateway (by pid), the broker's bridge and the head when its stdin closes or it gets
+SIGTERM / SIGINT.
 SIGUSR1 closes every open lease at once (the hub is stopping: users' GPUs are freed while
 JupyterHub still stops their servers) and keeps the head up until then.
 """
@@ -24,27 +27,30 @@ from jupyter_ext.brokerlink import BrokerLink
 
 from ..broker import secrets
 from ..cluster import localhead
+from ..gateway import process as gatewayproc
 
 log = logging.getLogger("gpusession.hub.service")
 PRIVATE_FILES = Path(__file__).parent / "private_files"  # its sitecustomize: workers use umask 077
 
 
-def serve(gpus: int, policy: dict) -> int:
+def serve(gpus: int, policy: dict, gateway_settings: dict) -> int:
     stop, close_now = threading.Event(), threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     signal.signal(signal.SIGUSR1, lambda *_: close_now.set())
     threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
-    head = link = None
+    head = link = gateway = None
     try:
         os.environ["PYTHONPATH"] = str(PRIVATE_FILES)  # Ray's workers create files for this account only
         make_private_tmp(Path(os.environ["GPUSESSION_HOME"]))
         head = _start_head(gpus)
-        open_session_to_drivers()
         link = BrokerLink(env={**os.environ, **head.client_env()}, policy=policy, log=log)
         info = link.start()
+        gateway = gatewayproc.start(env={**os.environ, **head.client_env()}, db_path=policy["db_path"],
+                                    **gateway_settings)
         _say({"ready": {"address": head.address, "gpus": head.gpus, "logical": head.logical,
-                        "db_path": info.get("db_path") or policy.get("db_path"), "pid": head.pid}})
+                        "db_path": info.get("db_path") or policy.get("db_path"), "pid": head.pid,
+                        "gateway": gateway_settings["socket"]}})
         _wait_for_stop(stop, close_now, link, policy["db_path"])
         return 0
     except Exception as exc:  # one line for the hub; the service's log has the traceback
@@ -52,6 +58,8 @@ def serve(gpus: int, policy: dict) -> int:
         _say({"failed": f"{type(exc).__name__}: {exc}" + (localhead.explain(head) if head is not None else "")})
         return 1
     finally:
+        if gateway is not None:  # users lose their door first: no new calls while leases close
+            gatewayproc.stop(gateway)
         if link is not None:
             _close_leases(link, policy["db_path"])
             link.stop()
@@ -95,16 +103,6 @@ def _start_head(gpus: int, attempts: int = 3) -> localhead.LocalHead:
     raise AssertionError("unreachable")
 
 
-def open_session_to_drivers() -> None:
-    """Users' kernels join Ray as drivers on this machine, and a driver writes its event log into
-    the session's logs/events; Ray makes that directory 0755 (its other ones 0777): make it
-    writable by all, sticky so no one removes another's files, as /tmp is."""
-    logs = Path(os.environ["RAY_TMPDIR"]) / "ray" / "session_latest" / "logs"
-    for name in ("events", "export_events"):
-        (logs / name).mkdir(exist_ok=True)
-        os.chmod(logs / name, 0o1777)
-
-
 def _close_leases(link: BrokerLink, db_path: str) -> None:
     """Close every lease still open (the users' servers, and so their kernels, are gone by now):
     the ledger ends them by the broker's clock and Ray frees their GPUs before the head stops."""
@@ -128,4 +126,4 @@ def _say(message: dict) -> None:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
-    raise SystemExit(serve(int(sys.argv[1]), json.loads(sys.argv[2])))
+    raise SystemExit(serve(int(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])))

@@ -45,7 +45,7 @@ def test_a_bad_config_file_is_refused_naming_the_field(tmp_path, content, field)
 
 def test_the_jupyterhub_config_signs_every_spawn_and_runs_servers_as_their_users():
     options = HubOptions("127.0.0.1", 8000, ("alice",), 4, 8081, 8001)
-    env = user_environment(LAYOUT, ray_address="10.0.0.1:6379", ray_token="t")
+    env = user_environment(LAYOUT)
     text = jupyterhub_config(LAYOUT, options, user_env=env)
     c = _Config()
     exec(text.replace("from gpusession.hub.spawnhook import pre_spawn_hook", ""),
@@ -54,10 +54,12 @@ def test_the_jupyterhub_config_signs_every_spawn_and_runs_servers_as_their_users
     assert c.values["JupyterHub.spawner_class"] == "localprocess"
     assert c.values["Authenticator.admin_users"] == ["alice"]
     assert c.values["Spawner.cmd"] == ["/opt/gsh/venv/bin/jupyterhub-singleuser"]
-    assert c.values["Spawner.environment"]["RAY_ADDRESS"] == "10.0.0.1:6379"
+    # users hold the gateway's socket and nothing of Ray's; no server gets the admin token
+    assert c.values["Spawner.environment"]["GPUSESSION_GATEWAY"] == "/var/lib/gsh/gateway/gateway.sock"
+    assert not [name for name in c.values["Spawner.environment"] if name.startswith("RAY_")]
     assert c.values["Spawner.pre_spawn_hook"] == ("hook", {"key_path": "/var/lib/gsh/cluster/identity_key",
                                                            "admin_token_path": "/var/lib/gsh/cluster/admin_token",
-                                                           "admins": ["alice"], "owner": "gpusvc"})
+                                                           "admins": [], "owner": "gpusvc"})
 
 
 def test_the_hub_refuses_to_start_without_root_or_its_environment(monkeypatch, capsys):
