@@ -2,7 +2,9 @@
 baselines (gloo, the same logical GPUs): a long-lived pool of actors that holds its GPUs and its
 process group between calls (benchmarks/_ray_pool.py), and Ray Train's TorchTrainer.fit(), a new
 trainer per call; and the first call of a new Python process vs `torchrun` cold on the same
-function, measured side by side in one run.
+function, measured side by side in one run. The same calls through the gateway (issue 28: a
+hub kernel holds no Ray; the service hosts the run), from a process that reaches the cluster
+only through it (benchmarks/_gateway_side.py), are set beside the direct ones.
 
     .venv/bin/python benchmarks/call_overhead.py [--rounds 3] [--calls 5] [--cold 3]
 
@@ -32,6 +34,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(__file__))
 from _call_phases import PHASES, PhaseClock, phases, timed_body  # noqa: E402
 from _cluster import local_cluster, median, timed  # noqa: E402
+from _gateway_side import GatewaySide  # noqa: E402
 from _results import Row, spread, write  # noqa: E402
 
 CLUSTER_GPUS = 6  # the pool's 2, held all along, and 2 for whichever other side runs
@@ -109,26 +112,30 @@ def ray_train_fit():
     return fit
 
 
-def warm_calls_and_fits(rounds: int, calls_per_round: int) -> dict:
+def warm_calls_and_fits(rounds: int, calls_per_round: int, gateway: GatewaySide) -> dict:
     """Warm-up alike: each side's first call is timed apart and discarded (gpusession's starts the
     broker and node host; the pool's first run; Ray Train's imports and its controller code). Then
-    rounds: `calls_per_round` gpusession calls alternated with as many pool calls, then one fit()."""
+    rounds: `calls_per_round` gpusession calls alternated with as many calls through the gateway
+    and as many pool calls, then one fit()."""
     kept_phases: list = []
     call, (pool_call, pool), fit = gpusession_call(kept_phases), ray_pool_call(), ray_train_fit()
     try:
         first = timed(call, 1)[0]
+        gateway.call()
         pool_call()
         fit()
         kept_phases.clear()
-        calls, pool_calls, fits = [], [], []
+        calls, gateway_calls, pool_calls, fits = [], [], [], []
         for _ in range(rounds):
             for _ in range(calls_per_round):
                 calls += timed(call, 1)
+                gateway_calls.append(gateway.call())
                 pool_calls += timed(pool_call, 1)
             fits += timed(fit, 1)
     finally:
         pool.shutdown()
-    return {"first": first, "calls": calls, "pool": pool_calls, "fits": fits, "phases": kept_phases}
+    return {"first": first, "calls": calls, "gateway": gateway_calls, "pool": pool_calls, "fits": fits,
+            "phases": kept_phases}
 
 
 def phase_medians(kept_phases: list) -> dict[str, float]:
@@ -187,13 +194,14 @@ def torchrun_cold_seconds() -> float:
     return timed(lambda: subprocess.run(command, check=True, capture_output=True, timeout=300), 1)[0]
 
 
-def first_calls_and_torchrun(runs: int) -> tuple[list[float], list[float]]:
+def first_calls_and_torchrun(runs: int, gateway: GatewaySide) -> tuple[list[float], list[float], list[float]]:
     """Alternating, so a burst of load from elsewhere does not fall on one side only."""
-    firsts, torchruns = [], []
+    firsts, torchruns, through_gateway = [], [], []
     for _ in range(runs):
         firsts.append(first_call_seconds())
+        through_gateway.append(gateway.first_call_seconds())
         torchruns.append(torchrun_cold_seconds())
-    return firsts, torchruns
+    return firsts, torchruns, through_gateway
 
 
 def main() -> None:
@@ -206,9 +214,18 @@ def main() -> None:
     args = parser.parse_args()
     load_before = os.getloadavg()
     with local_cluster(gpus=CLUSTER_GPUS):
-        warm = warm_calls_and_fits(args.rounds, args.calls)
-        first_times, torchrun_times = first_calls_and_torchrun(args.cold)
-    gs_times, pool_times, rt_times = warm["calls"], warm["pool"], warm["fits"]
+        import ray
+
+        from gpusession.broker import client
+
+        client.broker()  # made here, so the gateway host finds its ledger and secrets
+        gateway = GatewaySide(ray.get_runtime_context().gcs_address, client.ledger_path_here())
+        try:
+            warm = warm_calls_and_fits(args.rounds, args.calls, gateway)
+            first_times, torchrun_times, gateway_firsts = first_calls_and_torchrun(args.cold, gateway)
+        finally:
+            gateway.stop()
+    gs_times, pool_times, rt_times, gateway_times = warm["calls"], warm["pool"], warm["fits"], warm["gateway"]
     call_phases = phase_medians(warm["phases"])
     phase_text = ", ".join(f"{name} {seconds:.3f}" for name, seconds in call_phases.items())
     print(f"machine load average at the end: {', '.join(f'{x:.1f}' for x in os.getloadavg())} "
@@ -216,9 +233,11 @@ def main() -> None:
     print(f"first call on a fresh cluster (starts the broker and the node host; discarded): {warm['first']:.2f} s")
     print(f"@gs.distributed(gpus=2), warm: {spread(gs_times)} s")
     print(f"  its phases, median s: {phase_text}")
+    print(f"the same call through the gateway, warm (a process without Ray): {spread(gateway_times)} s")
     print(f"{POOL}, 2 actors: {spread(pool_times)} s")
     print(f"TorchTrainer.fit(), 2 workers, after one discarded fit(): {spread(rt_times)} s")
     print(f"first call of a new process, whole subprocess: {spread(first_times)} s")
+    print(f"first call of a new process through the gateway, whole subprocess: {spread(gateway_firsts)} s")
     print(f"torchrun cold, whole subprocess, alternating with those: {spread(torchrun_times)} s")
     configured = ("all: 2 logical GPUs, gloo, one all_reduce, return_all on gpusession (each rank's phase "
                   "times); each side's first call discarded as warm-up; per round "
@@ -240,11 +259,27 @@ def main() -> None:
             "both timed from outside as a whole subprocess, alternated, no warm-up on either side; gpusession "
             "joins the running cluster (its node host already started)", "<= 1.0"),
     ]
+    gateway_setup = ("a gateway host (gpusession.gateway.hosted.serve_run behind a GatewayServer, a Ray driver "
+                     "of the same cluster, as the hub's gateway process is) and a caller with GPUSESSION_GATEWAY "
+                     "set and no Ray address, which imports no Ray; the direct side is this commit's own "
+                     "@gs.distributed in a Ray driver, not the commit before the gateway")
+    rows += [
+        Row("warm call through the gateway: call-to-result of a 2-rank allreduce", "s", gateway_times,
+            "the same call made directly (a Ray driver)", gs_times,
+            f"{configured}; each gateway call alternated with a direct one; {gateway_setup}", "<= 1.15 (issue 28)"),
+        Row("first call of a new process through the gateway, whole subprocess", "s", gateway_firsts,
+            "first call of a new process made directly (joins Ray)", first_times,
+            f"both timed from outside as a whole subprocess, alternated; {gateway_setup}", "<= 1.0 (issue 28)"),
+    ]
     write("call_overhead", rows, loadavg_before=load_before, details={"phases": warm["phases"]},
           folder=Path(args.out) if args.out else None)
     print(f"ratio gpusession/{POOL}, warm call: {median(gs_times) / median(pool_times):.3g} (shown as it is)")
     print(f"ratio gpusession/ray_train (a new trainer per call), warm call: {median(gs_times) / median(rt_times):.4f} "
           "(target <= 0.10)")
+    print(f"ratio through the gateway / direct, warm call: {median(gateway_times) / median(gs_times):.3f} "
+          "(target <= 1.15)")
+    print(f"ratio through the gateway / direct, first call of a new process: "
+          f"{median(gateway_firsts) / median(first_times):.3f} (target <= 1.0)")
     print(f"ratio first call of a new process / torchrun cold: {median(first_times) / median(torchrun_times):.2f} "
           "(target <= 1.0)")
 
