@@ -23,6 +23,7 @@ from ..hub import rootfs
 from .policy import DEFAULT_MIN_UID, Rules
 
 SOCKET_NAME = "launcher.sock"
+KEPT_ENV = ("PATH", "LANG", "LC_ALL")  # all a rank gets from the launcher (drop.py adds the user's names)
 ENV = "GPUSESSION_LAUNCHER"  # where the service's worker actors find the socket
 
 
@@ -30,7 +31,19 @@ def socket_path(directory: Path) -> Path:
     return directory / "socket" / SOCKET_NAME
 
 
+def clean_environment(environ: dict) -> dict | None:
+    """PURE: the environment to start again with, or None when it is clean already. A rank is a
+    fork of this process: its /proc/self/environ shows this process's first environment whatever
+    os.environ says later, so anything else there (a token a careless start passed on) would be
+    every user's to read."""
+    kept = {key: environ[key] for key in KEPT_ENV if key in environ}
+    return None if kept == environ else kept
+
+
 def main(argv: list[str] | None = None) -> int:
+    clean = clean_environment(dict(os.environ))
+    if clean is not None:  # exec again, the same arguments, with nothing but the kept variables
+        os.execve(sys.executable, [sys.executable, "-m", "gpusession.launcher", *(argv or sys.argv[1:])], clean)
     parser = argparse.ArgumentParser(prog="python -m gpusession.launcher")
     parser.add_argument("--dir", required=True, type=Path)
     parser.add_argument("--service-user", required=True)

@@ -30,6 +30,7 @@ from .policy import Account, Rules, peer_allowed, refusal
 
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,11 @@ class Gate:
         _prctl(PR_SET_CHILD_SUBREAPER, 0)
         drop.become(plan.account, keep_fd=keep_fd, tmpdir=plan.tmpdir)
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # a change of uid cleared it: set it again
+        # A change of uid also made it undumpable: its /proc files root's, so its own user could not
+        # read /proc/self/environ nor attach a debugger (py-spy). It holds nothing of root's (the
+        # launcher holds no secret), so it is the user's like any process of theirs; other users
+        # still may not trace or read it (another uid).
+        _prctl(PR_SET_DUMPABLE, 1)
 
 
 def _lookup(name: str) -> Account | None:

@@ -114,9 +114,12 @@ def fn():
     wrote = os.path.join(os.environ["HOME"], "written-by-rank.txt")
     open(wrote, "w").write("x")
     scratch = tempfile.gettempdir()
-    return {"uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(), "groups": os.getgroups(),
+    found = os.stat(scratch)
+    return {"scratch_owner": found.st_uid, "scratch_mode": found.st_mode & 0o777, "uid": os.getuid(), "euid": os.geteuid(), "gid": os.getgid(), "groups": os.getgroups(),
             "env": dict(os.environ), "cwd": os.getcwd(), "umask": os.umask(0o077), "read": open(mine).read(),
-            "wrote": wrote, "scratch": scratch, "fds": os.listdir("/proc/self/fd"),
+            "wrote": wrote, "scratch": scratch,
+            "fds": [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+                    if os.path.exists(f"/proc/self/fd/{fd}")],
             "cmdline_env": open("/proc/self/environ", "rb").read().decode(errors="replace")}
 """
 
@@ -137,10 +140,11 @@ def test_bobs_rank_runs_as_bob_reads_his_0600_file_and_what_it_writes_is_his(nod
     assert (seen["env"]["HOME"], seen["env"]["USER"], seen["env"]["LOGNAME"]) == (bob.pw_dir, node.bob, node.bob)
     assert "poison" not in json.dumps(seen["env"]) and "poison" not in seen["cmdline_env"]
     assert not any("TOKEN" in key or key.startswith("RAY_") for key in seen["env"]), sorted(seen["env"])
+    assert not [fd for fd in seen["fds"] if "launcher" in fd], seen["fds"]  # not its log, listener or others' files
     assert os.stat(seen["wrote"]).st_uid == bob.pw_uid
-    scratch = os.stat(seen["scratch"])
-    assert scratch.st_uid == bob.pw_uid and stat.S_IMODE(scratch.st_mode) == 0o700
+    assert (seen["scratch_owner"], seen["scratch_mode"]) == (bob.pw_uid, 0o700), seen["scratch"]
     assert said["status"] == [0, None], said
+    assert not os.path.exists(seen["scratch"]), "bob's temporary directory outlived his last rank on the node"
 
 
 def test_a_rank_whose_user_may_not_enter_the_callers_folder_starts_in_its_home(node):

@@ -53,3 +53,10 @@ def test_a_rank_sees_only_its_own_gpu_device_files_where_they_are_constrained():
     assert device_denials(present, None) == []  # logical GPUs: nothing to constrain
     assert gpu_indices(("0", "3")) == ("0", "3")
     assert gpu_indices(("GPU-1f2e",)) is None and gpu_indices(()) is None
+
+
+def test_the_launcher_starts_again_with_nothing_but_path_and_language_in_its_environment():
+    from gpusession.launcher.__main__ import clean_environment
+
+    assert clean_environment({"PATH": "/bin", "LANG": "C.UTF-8", "RAY_AUTH_TOKEN": "t"}) == {"PATH": "/bin", "LANG": "C.UTF-8"}
+    assert clean_environment({"PATH": "/bin"}) is None  # clean already: no exec
