@@ -111,7 +111,7 @@ left_behind = int(daemon.stdout.readline())
 daemon.wait()"""
 
 
-def test_bobs_rank_cannot_touch_anns_rank_or_the_services_secrets_and_leaves_nothing_behind(hub, tmp_path):
+def test_bobs_rank_cannot_touch_anns_rank_or_the_services_secrets_and_leaves_nothing_behind(hub):
     """Ann's rank runs while bob's rank attacks it: her /proc environ, a signal, her scratch and
     temporary directory, the broker's secrets, the launcher's socket; and bob's double-forked,
     setsid process is gone once his cell returns. Ann's run ends right."""
@@ -125,8 +125,10 @@ def test_bobs_rank_cannot_touch_anns_rank_or_the_services_secrets_and_leaves_not
     from gpusession.launcher.__main__ import socket_path
 
     _ready(hub.alice, hub.bob)
-    os.chmod(tmp_path, 0o777)  # where ann's rank leaves her pid for the attacker (the test's own folder)
-    note, stop = tmp_path / "ann.json", tmp_path / "stop"
+    shared = hub.layout.state.parent / "shared"  # where ann's rank leaves her pid for the attacker
+    shared.mkdir(mode=0o777, exist_ok=True)  # (removed with the module's hub)
+    os.chmod(shared, 0o1777)
+    note, stop = shared / "ann.json", shared / "stop"
     pool = ThreadPoolExecutor(1)
     ann_run = pool.submit(hub.alice.run, ANN_WAITS.format(note=str(note), stop=str(stop)), 300)
     try:
