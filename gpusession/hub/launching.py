@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import selectors
+import socket
 import subprocess
 from pathlib import Path
 
@@ -28,11 +29,17 @@ def start_launcher(layout: HubLayout, service_user: str, min_uid: int, timeout_s
     log_path = layout.hub_dir / "launcher.log"
     log = open(log_path, "w")
     env = {"PATH": f"{layout.bin_dir}:/usr/bin:/bin", "LANG": "C.UTF-8"}
+    # Its owner socket: if the hub dies without stopping it (SIGKILL), the launcher sees it close
+    # and ends, with every rank it started
+    ours, theirs = socket.socketpair()
     proc = subprocess.Popen([str(layout.python), "-m", "gpusession.launcher", "--dir", str(launcher_dir(layout)),
-                             "--service-user", service_user, "--min-uid", str(min_uid)],
+                             "--service-user", service_user, "--min-uid", str(min_uid),
+                             "--owner-fd", str(theirs.fileno())],
                             env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log,
-                            text=True, start_new_session=True, close_fds=True)
+                            text=True, start_new_session=True, close_fds=True, pass_fds=[theirs.fileno()])
+    theirs.close()
     log.close()
+    _owners[proc.pid] = ours
     with selectors.DefaultSelector() as sel:
         sel.register(proc.stdout, selectors.EVENT_READ)
         line = proc.stdout.readline() if sel.select(timeout=timeout_s) else ""
@@ -44,9 +51,17 @@ def start_launcher(layout: HubLayout, service_user: str, min_uid: int, timeout_s
     return proc, answer["ready"]["socket"]
 
 
+_owners: dict[int, socket.socket] = {}  # each launcher's owner socket, held while it runs
+
+
 def stop_launcher(proc: subprocess.Popen | None) -> None:
     """SIGTERM (it kills every rank it started, then exits), then SIGKILL by its pid."""
-    if proc is None or proc.poll() is not None:
+    if proc is None:
+        return
+    owner = _owners.pop(proc.pid, None)
+    if owner is not None:
+        owner.close()
+    if proc.poll() is not None:
         return
     proc.terminate()
     try:

@@ -60,3 +60,27 @@ def test_the_launcher_starts_again_with_nothing_but_path_and_language_in_its_env
 
     assert clean_environment({"PATH": "/bin", "LANG": "C.UTF-8", "RAY_AUTH_TOKEN": "t"}) == {"PATH": "/bin", "LANG": "C.UTF-8"}
     assert clean_environment({"PATH": "/bin"}) is None  # clean already: no exec
+
+
+def test_a_refused_launch_reaches_the_caller_as_launch_refused_naming_user_and_node(monkeypatch):
+    """What ray.get raises in the caller when rank 0's actor could not start the store as the
+    caller's account: the launcher's own reason, as a GPUSessionError, not Ray's wrapper."""
+    import pytest
+    import ray
+
+    from gpusession.errors import GPUSessionError, LaunchRefused
+    from gpusession.run import controller
+
+    reason = "The launcher refused to start the rank: the user 'zed' does not exist on node gpu-3 (...)."
+
+    class Actor:
+        class open_rendezvous:
+            @staticmethod
+            def remote(*args):
+                return args
+
+    monkeypatch.setattr(controller.ray, "get", lambda _ref: (_ for _ in ()).throw(
+        ray.exceptions.RayTaskError("open_rendezvous", "", LaunchRefused(reason)).as_instanceof_cause()))
+    with pytest.raises(GPUSessionError) as raised:
+        controller._open_rendezvous(Actor, 2, 60.0, "zed")
+    assert type(raised.value) is LaunchRefused and str(raised.value) == reason
