@@ -276,7 +276,7 @@ def test_two_users_log_in_through_the_hub_page_and_run_gpu_2_cells_at_once_in_ju
     for name, page in pages.items():
         output = lab_cell(page, 1).locator(".jp-OutputArea-output", has_text="sum ")
         output.wait_for(timeout=300_000)
-        assert f"sum 3.0 as {hub.layout.service_user}" in output.inner_text(), f"{name}: {output.inner_text()}"
+        assert f"sum 3.0 as {name}" in output.inner_text(), f"{name}: {output.inner_text()}"  # ranks run as their user
     with sqlite3.connect(hub.layout.db_path) as db:  # the ledger: when each run held its 2 GPUs
         runs = [db.execute("SELECT granted_at, released_at FROM leases WHERE user = ? AND gpus = 2 "
                            "ORDER BY granted_at DESC LIMIT 1", (user.name,)).fetchone() for user in (hub.alice, hub.bob)]
