@@ -49,6 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--service-user", required=True)
     parser.add_argument("--min-uid", type=int, default=DEFAULT_MIN_UID)
     parser.add_argument("--owner-fd", type=int, default=None)
+    parser.add_argument("--no-cgroups", action="store_true",
+                        help="use no cgroup even where one is writable: the subreaper fallback (tests, containers)")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         _say({"failed": "the launcher runs as root (it starts each rank as its user)"})
@@ -63,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         rootfs.ensure_directory(args.dir / "socket", uid=0, gid=service.pw_gid, mode=0o710)
         from .gate import Gate
 
-        gate = Gate(args.dir, Rules(service_uid=service.pw_uid, min_uid=args.min_uid))
+        gate = Gate(args.dir, Rules(service_uid=service.pw_uid, min_uid=args.min_uid),
+                    use_cgroups=not args.no_cgroups)
     except (OSError, rootfs.UnsafePath) as exc:
         _say({"failed": str(exc)})
         return 1

@@ -64,9 +64,10 @@ def _writable(path: str) -> bool:
 class Tracker:
     """The launcher's cgroups: a directory of its own in each usable hierarchy."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str | None) -> None:
+        """name: the launcher's own directory in each hierarchy; None: use no cgroup at all."""
         self.kill_root = self.freezer_root = self.devices_root = None
-        for mount, kind, options in _mounts():
+        for mount, kind, options in _mounts() if name else ():
             if kind == "cgroup2" and self.kill_root is None and _writable(mount):
                 made = self._make(mount, name)  # cgroup.kill exists below the root only
                 if made and os.path.exists(os.path.join(made, "cgroup.kill")):

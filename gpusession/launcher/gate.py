@@ -39,15 +39,16 @@ class Plan:
     tmpdir: str
     cgroup: str  # its name under the launcher's cgroups
     procs_files: tuple[str, ...]
+    role: str = "rank"  # or "store": an attempt's rendezvous store, which runs no user code
 
 
 class Gate:
-    def __init__(self, directory: Path, rules: Rules) -> None:
+    def __init__(self, directory: Path, rules: Rules, *, use_cgroups: bool = True) -> None:
         self.rules = rules
         self.node = socket.gethostname()
         self.scratch = directory / "scratch"
         rootfs.ensure_directory(self.scratch, uid=0, gid=0, mode=0o711)  # users pass through to their own
-        self.tracker = cgroups.Tracker(f"gpusession-launcher-{os.getpid()}")
+        self.tracker = cgroups.Tracker(f"gpusession-launcher-{os.getpid()}" if use_cgroups else None)
         self._names = itertools.count(1)
         self._plans: dict[int, Plan] = {}  # each live child: what it was started as
         _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of ranks come to us (reaped by the zygote loop)
@@ -72,7 +73,8 @@ class Gate:
             procs = self.tracker.make(cgroup, cgroups.gpu_indices(request.get("gpus"))) if self.tracker.usable() else []
         except (OSError, rootfs.UnsafePath) as exc:
             return None, f"the launcher on node {self.node} could not prepare a rank of {name!r}: {exc}"
-        return Plan(found, str(tmpdir), cgroup, tuple(procs)), None
+        role = "store" if request.get("role") == "store" else "rank"
+        return Plan(found, str(tmpdir), cgroup, tuple(procs), role), None
 
     def started(self, pid: int, plan: Plan) -> None:
         self._plans[pid] = plan
@@ -84,9 +86,10 @@ class Gate:
             return
         self.tracker.end(plan.cgroup)  # (without a usable one: its devices cgroup, if any)
         uid = plan.account.pw_uid
+        if not self.tracker.usable() and not any(p.account.pw_uid == uid and p.role == "rank"
+                                                 for p in self._plans.values()):
+            _kill_orphans(uid, set(self._plans))  # (a store runs no user code: it leaves none)
         if not any(p.account.pw_uid == uid for p in self._plans.values()):
-            if not self.tracker.usable():
-                _kill_orphans(uid, set(self._plans))
             shutil.rmtree(plan.tmpdir, ignore_errors=True)  # fd-based: no symlink is followed
 
     def kill(self, pid: int) -> None:

@@ -83,7 +83,7 @@ class Worker:
         start that account here) fails the call before any rank starts."""
         self._close_store()  # the last attempt's: its ranks are gone by now
         self.zygote.wait_ready(ZYGOTE_START_TIMEOUT_S)
-        pid, conn = self._fork(account)
+        pid, conn = self._fork(account, role="store")
         zygote = self.zygote
         self._store = (zygote, pid, conn)
         try:
@@ -208,10 +208,10 @@ class Worker:
                     bulk.unlink(bulk.result_path(spec))  # unused (a small result), or left by a killed rank
             yield m.RankExited(spec.rank, socket.gethostname(), status[0], status[1], clean, time.time())
 
-    def _fork(self, account: str = "", gpus: tuple[str, ...] | None = None):
+    def _fork(self, account: str = "", gpus: tuple[str, ...] | None = None, *, role: str = "rank"):
         """A fresh rank process (under the hub: started by the launcher as `account`); a warm
         parent killed while idle (the OOM killer picks big processes) is started again first."""
-        as_user = {"account": account, "gpus": gpus} if self._launcher else {}
+        as_user = {"account": account, "gpus": gpus, "role": role} if self._launcher else {}
         for _ in range(2):
             if not self.zygote.alive():
                 self.zygote = self._new_zygote(restart=True)

@@ -18,7 +18,8 @@ user can enter). On every connection:
                    parent can kill by pid safely: once a child is reaped, its pid may be given to
                    any new process (pid_max is often 32768), and a late kill would hit that one;
                    b"U" with one file descriptor attached, then a length (4 bytes, big-endian) and
-                   that many bytes of JSON {"account": name, "gpus": [...] or null}: fork a child
+                   that many bytes of JSON {"account": name, "gpus": [...] or null, "role": "rank"
+                   or "store"}: fork a child
                    that runs as that account (only a launcher, run as root, serves this; see
                    gpusession/launcher/);
   zygote -> actor: JSON lines: {"hello": pid}, {"forked": pid}, {"refused": why},
@@ -321,7 +322,7 @@ class Zygote:
         return not self._closed and (self.process is None or self.process.poll() is None)
 
     def fork(self, timeout_s: float = 10.0, *, account: str | None = None,
-             gpus: tuple[str, ...] | None = None) -> tuple[int, Connection]:
+             gpus: tuple[str, ...] | None = None, role: str = "rank") -> tuple[int, Connection]:
         """A fresh child; with `account` (a launcher only: gpusession/launcher/) it runs as that
         Unix account, seeing only `gpus`' device files where that is enforced. LaunchRefused
         says why the launcher would not."""
@@ -333,7 +334,8 @@ class Zygote:
                 if account is None:
                     socket.send_fds(self._control, [FORK], [theirs.fileno()])
                 else:
-                    body = json.dumps({"account": account, "gpus": list(gpus) if gpus is not None else None}).encode()
+                    body = json.dumps({"account": account, "gpus": list(gpus) if gpus is not None else None,
+                                       "role": role}).encode()
                     socket.send_fds(self._control, [FORK_AS], [theirs.fileno()])
                     self._control.sendall(len(body).to_bytes(LENGTH_BYTES, "big") + body)
             except OSError:

@@ -28,7 +28,7 @@ def main(path: str, account: str, code: str) -> int:
     launcher = Zygote.connect(path, 30.0)
     launcher.wait_ready(300.0)
     try:
-        store_pid, store = launcher.fork(account=account)
+        store_pid, store = launcher.fork(account=account, role="store")
     except LaunchRefused as exc:
         say({"refused": str(exc)})
         return 0

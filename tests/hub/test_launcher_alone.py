@@ -48,14 +48,16 @@ def _remove(names: list[str]) -> None:
 
 
 class Node:
-    def __init__(self, base: Path, launcher: subprocess.Popen, service: str, ann: str, bob: str) -> None:
-        self.base, self.launcher, self.service, self.ann, self.bob = base, launcher, service, ann, bob
+    def __init__(self, base: Path, service: str, ann: str, bob: str) -> None:
+        self.base, self.service, self.ann, self.bob = base, service, ann, bob
         self.socket = socket_path(base / "launcher")
+        self.bare_socket = socket_path(base / "bare")  # a launcher told to use no cgroup (the fallback)
 
-    def client(self, account: str, code: str, *, cwd: str = "/") -> subprocess.Popen:
+    def client(self, account: str, code: str, *, cwd: str = "/", bare: bool = False) -> subprocess.Popen:
         """A worker actor's requests, made as the service account."""
         entry = pwd.getpwnam(self.service)
-        return subprocess.Popen([PYTHON, str(CLIENT), str(self.socket), account, code], cwd="/",
+        where = self.bare_socket if bare else self.socket
+        return subprocess.Popen([PYTHON, str(CLIENT), str(where), account, code], cwd="/",
                                 user=entry.pw_uid, group=entry.pw_gid, extra_groups=[], text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 env={"PATH": "/usr/bin:/bin", "CALLER_CWD": cwd, "HOME": "/"})
@@ -80,21 +82,24 @@ def node():
     names = [f"{prefix}s", f"{prefix}a", f"{prefix}b"]
     base = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir="/tmp"))
     os.chmod(base, 0o755)
-    launcher = None
+    launchers = []
     try:
         _add(names[0], system=True)
         _add(names[1], system=False)
         _add(names[2], system=False)
         env = {"PATH": f"{Path(PYTHON).parent}:/usr/bin:/bin", "LANG": "C.UTF-8",
                "GPUSESSION_ADMIN_TOKEN": "poison-never-in-a-rank"}  # what a careless start might pass on
-        launcher = subprocess.Popen([PYTHON, "-m", "gpusession.launcher", "--dir", str(base / "launcher"),
-                                     "--service-user", names[0]], cwd="/", env=env, text=True,
-                                    stdout=subprocess.PIPE, stderr=open(base / "launcher.log", "w"))
-        ready = json.loads(launcher.stdout.readline() or '{"failed": "no answer"}')
-        assert "ready" in ready, f"{ready}: {(base / 'launcher.log').read_text()[-2000:]}"
-        yield Node(base, launcher, *names)
+        for name, extra in (("launcher", []), ("bare", ["--no-cgroups"])):
+            launchers.append(subprocess.Popen(
+                [PYTHON, "-m", "gpusession.launcher", "--dir", str(base / name), "--service-user", names[0], *extra],
+                cwd="/", env=env, text=True, stdout=subprocess.PIPE, stderr=open(base / f"{name}.log", "w")))
+        for launcher, want in zip(launchers, ("cgroup2", "none")):
+            ready = json.loads(launcher.stdout.readline() or '{"failed": "no answer"}')
+            assert "ready" in ready, f"{ready}: {(base / 'launcher.log').read_text()[-2000:]}"
+            assert ready["ready"]["cgroups"] in ((want, "cgroup v1 freezer") if want != "none" else ("none",)), ready
+        yield Node(base, *names)
     finally:
-        if launcher is not None:
+        for launcher in launchers:
             launcher.terminate()
             try:
                 launcher.wait(30)
@@ -175,8 +180,9 @@ def fn():
 """
 
 
-def test_a_double_forked_setsid_process_of_bobs_is_gone_when_his_rank_ends(node):
-    said = node.run(node.bob, DAEMON)
+@pytest.mark.parametrize("bare", [False, True], ids=["cgroup", "subreaper-fallback"])
+def test_a_double_forked_setsid_process_of_bobs_is_gone_when_his_rank_ends(node, bare):
+    said = node.run(node.bob, DAEMON, bare=bare)
     left = said["value"]
     gone = not psutil.pid_exists(left) or psutil.Process(left).status() == psutil.STATUS_ZOMBIE
     assert gone, f"bob's daemon {left} outlived his rank: {psutil.Process(left).as_dict(['uids', 'ppid', 'status'])}"
