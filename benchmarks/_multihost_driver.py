@@ -5,6 +5,7 @@
     python _multihost_driver.py node-loss-raytrain MARKER_FILE [WORKERS]
     python _multihost_driver.py move MARKER_FILE
     python _multihost_driver.py whole GPUS TIMEOUT_S
+    python _multihost_driver.py data-gpusession MB | data-ray MB
 
 Prints one line `RESULT {json}` with absolute times (time.time(): every simulated host shares
 the machine's clock, so the benchmark can subtract the moment it killed a host).
@@ -293,6 +294,52 @@ def whole(gpus: int, timeout_s: float) -> dict:
         time.sleep(0.5)
 
 
+def _argument(mb: int):
+    import numpy as np
+
+    return np.ones(max(1, mb * 2**20 // 8))  # float64: mb MiB (one element for 0, the baseline call)
+
+
+def _seen(data) -> tuple[str, float]:
+    import socket
+
+    return socket.gethostname(), float(data[::4096].sum())  # every page of it read? a strided sum is enough
+
+
+def data_gpusession(mb: int) -> dict:
+    """One 4-rank call spread over the 2 hosts whose argument is an `mb` MiB array (2 ranks per host)."""
+    from gpusession.broker import client
+
+    client.broker()
+    data = _argument(mb)
+    call = gs.distributed(gpus=4, placement="spread", return_all=True)(_seen)
+    started = time.perf_counter()
+    seen = call(data)
+    return {"seconds": time.perf_counter() - started, "seen": seen, "nodes": call.last_run.nodes,
+            "shipped_bytes": call.last_run.shipped_bytes}
+
+
+@ray.remote(num_gpus=1, num_cpus=0)  # no CPU, as the other sides ask (a host has 1 CPU here)
+class _Reader:
+    def read(self, data) -> tuple[str, float]:
+        return _seen(data)
+
+
+def data_ray(mb: int) -> dict:
+    """Ray's own way: `ray.put` once, 4 actors holding a GPU each (SPREAD: 2 per host) read it."""
+    ray.init(logging_level="ERROR")
+    data = _argument(mb)
+    readers = [_Reader.options(scheduling_strategy="SPREAD").remote() for _ in range(4)]
+    ray.get([r.__ray_ready__.remote() for r in readers])
+    started = time.perf_counter()
+    ref = ray.put(data)
+    seen = ray.get([r.read.remote(ref) for r in readers])
+    seconds = time.perf_counter() - started
+    for reader in readers:
+        ray.kill(reader)
+    return {"seconds": seconds, "seen": seen}
+
+
 def main() -> None:
     events.set_observer_factory(lambda world_size: events.Observer())
     mode = sys.argv[1]
@@ -305,6 +352,10 @@ def main() -> None:
                                   int(sys.argv[4]) if len(sys.argv) > 4 else 0)
     elif mode == "whole":
         out = whole(int(sys.argv[2]), float(sys.argv[3]))
+    elif mode == "data-gpusession":
+        out = data_gpusession(int(sys.argv[2]))
+    elif mode == "data-ray":
+        out = data_ray(int(sys.argv[2]))
     elif mode == "move":
         out = move(sys.argv[2])
     else:

@@ -6,6 +6,7 @@ Needs root.
     sudo .venv/bin/python benchmarks/multihost.py --calls [--repeats 5] [--fits 2]
     sudo .venv/bin/python benchmarks/multihost.py --node-loss kill|cut [--tries 1]
     sudo .venv/bin/python benchmarks/multihost.py --move [--tries 1]
+    sudo .venv/bin/python benchmarks/multihost.py --data [--mb 400] [--tries 2]
     sudo .venv/bin/python benchmarks/multihost.py ... --ray-health-check-s 1   # Ray's health check tuned
 
 Samples: --tries (default 3) of each loss, gpusession's and Ray Train's alternated. Writes
@@ -38,6 +39,14 @@ move: a 2-rank run (one rank per host, checkpoint every step) whose host without
 killed: time from the kill to the next step, made on the host that remains (gpusession moves
 the lost rank to its free GPU at once; Ray Train, FailureConfig(max_failures=1), restarts there
 once Ray declares the host dead).
+
+data: the bytes that reach each host when a call's argument is a big array (issue 33: a host
+gets the bytes once, whatever its number of ranks): a 4-rank call spread over the 2 hosts (2
+ranks on each) with an --mb MiB numpy argument, against Ray's own way (`ray.put` once, 4 actors
+of one GPU each, SPREAD, read it). A host's bytes are what its link carried toward it (the
+tx_bytes of its veth on the bridge side), for that call's driver run less the same driver run
+with a one-element argument (so connecting, starting workers and the broker's talk cancel out).
+Samples alternate: gpusession, Ray, gpusession, Ray...
 """
 from __future__ import annotations
 
@@ -93,6 +102,43 @@ def calls(cluster: SimCluster, repeats: int, fits: int, setup: str) -> list[Row]
         rows.append(Row("4-rank spread call, repeat calls", "s", gs["repeat_s"],
                         "Ray Train repeat fit(): a new trainer per call", rt["repeat_s"], configured, "<= 1 s (SPEC)"))
     return rows
+
+
+def link_bytes_in(host) -> int:
+    """What the host's link has carried toward it so far (its veth's bridge end sends to it)."""
+    return int(Path(f"/sys/class/net/{host.veth}/statistics/tx_bytes").read_text())
+
+
+def bytes_per_host(cluster: SimCluster, mode: str, mb: int) -> tuple[dict[str, float], dict]:
+    """(MB into each worker host for one driver run of `mode` with an mb MiB argument, its result)"""
+    before = {h.name: link_bytes_in(h) for h in cluster.workers}
+    result = driver_result(cluster, mode, str(mb), timeout=600)
+    return {h.name: (link_bytes_in(h) - before[h.name]) / 1e6 for h in cluster.workers}, result
+
+
+def data(cluster: SimCluster, mb: int, tries: int, setup: str) -> list[Row]:
+    ours: list[float] = []
+    theirs: list[float] = []
+    for attempt in range(1, tries + 1):
+        for mode, samples in (("data-gpusession", ours), ("data-ray", theirs)):
+            baseline, _ = bytes_per_host(cluster, mode, 0)
+            loaded, result = bytes_per_host(cluster, mode, mb)
+            hosts = sorted({host for host, _ in result["seen"]})
+            if len(hosts) != 2 or len({value for _, value in result["seen"]}) != 1:
+                raise SystemExit(f"{mode}: the 4 readers did not all see the argument on both hosts: {result['seen']}")
+            per_host = {name: loaded[name] - baseline[name] for name in loaded}
+            samples.extend(per_host.values())
+            print(f"{mode} try {attempt}: {mb} MiB argument, MB into each host "
+                  f"{ {k: round(v, 1) for k, v in per_host.items()} } (call {result['seconds']:.2f} s, "
+                  f"readers on {hosts})", flush=True)
+    size_mb = mb * 2**20 / 1e6
+    configured = (f"{setup}; a {size_mb:.0f} MB float64 numpy argument read by 4 ranks, 2 on each host; "
+                  "gpusession: @gs.distributed(gpus=4, placement='spread'); Ray: ray.put once, 4 actors "
+                  "(num_gpus=1, SPREAD) each ray.get it; bytes = the host's veth toward it, less a run "
+                  "with a one-element argument")
+    return [Row(f"{size_mb:.0f} MB argument, 2 ranks on each of 2 hosts: MB that reach each host", "MB", ours,
+                "ray.put once + 4 long-lived actors reading it", theirs, configured,
+                f"about one copy per host ({size_mb:.0f} MB; issue 33)")]
 
 
 def node_loss(cluster: SimCluster, how: str, tries: int, setup: str) -> list[Row]:
@@ -349,6 +395,8 @@ def main() -> None:
     parser.add_argument("--fits", type=int, default=4, help="TorchTrainer.fit() calls to time (first + repeats)")
     parser.add_argument("--node-loss", choices=("kill", "cut"), help="only a host lost under a 4-rank run")
     parser.add_argument("--move", action="store_true", help="only a 2-rank run moving off a killed host")
+    parser.add_argument("--data", action="store_true", help="only the bytes a big argument brings to each host")
+    parser.add_argument("--mb", type=int, default=400, help="--data: the argument's size in MiB")
     parser.add_argument("--tries", type=int, default=3, help="tries of each loss (the host comes back between)")
     parser.add_argument("--ray-health-check-s", type=float, help="lower Ray's health-check period and timeout")
     parser.add_argument("--out", default=None, help="write the results file into this folder instead of "
@@ -357,13 +405,15 @@ def main() -> None:
     reason = can_run()
     if reason:
         raise SystemExit(f"cannot simulate hosts: {reason}")
-    everything = not (args.calls or args.node_loss or args.move)
+    everything = not (args.calls or args.node_loss or args.move or args.data)
     started = time.monotonic()
     env = {"GPUSESSION_PG_TIMEOUT_S": "120", **health_check_env(args.ray_health_check_s)}
     setup = ("simulated cluster: head + 2 hosts x 2 logical GPUs in network namespaces; gpusession "
              "GPUSESSION_HOST_SILENCE_S default 5 s; " + health_check_text(args.ray_health_check_s))
     rows: list[Row] = []
-    with SimCluster(hosts=2, gpus_per_host=2, extra_env=env) as cluster:
+    # --data: room in each node's object store for the argument (2x: the caller's copy and a host's)
+    store = max(100_000_000, int(2.2 * args.mb * 2**20)) if everything or args.data else 100_000_000
+    with SimCluster(hosts=2, gpus_per_host=2, extra_env=env, object_store_bytes=store) as cluster:
         print(f"simulated cluster up in {time.monotonic() - started:.0f} s: head {cluster.head.ip}, "
               + ", ".join(f"{h.name} {h.ip}" for h in cluster.workers), flush=True)
         if everything or args.calls:
@@ -372,6 +422,8 @@ def main() -> None:
             rows += node_loss(cluster, how, args.tries, setup)
         if everything or args.move:
             rows += move(cluster, args.tries, setup)
+        if everything or args.data:
+            rows += data(cluster, args.mb, args.tries, setup)
         false = DEATHS[id(cluster)].false if id(cluster) in DEATHS else []
     if false:  # said in the row: a try after a false death did not start on the whole cluster
         rows = [replace(row, configured=f"{row.configured}; Ray declared a healthy node dead in {len(false)} "

@@ -47,6 +47,10 @@ class RunInfo:
         if self.checkpoint_ref is None:
             return None
         import cloudpickle
+
+        fetch = getattr(self.checkpoint_ref, "fetch", None)
+        if fetch is not None:  # a checkpoint the gpusession gateway holds (gateway/remote.py)
+            return cloudpickle.loads(fetch())
         import ray
 
         return cloudpickle.loads(ray.get(self.checkpoint_ref).data)

@@ -1,7 +1,7 @@
 """Who is asking: the user name a kernel runs as, and the server-signed proof of it.
 
 Ray OSS has no per-user access control, so this is a convention that quotas rely on, not a
-security boundary against code that talks to Ray directly (see README "Trust boundary").
+security boundary against code that talks to Ray directly (see docs/admin/security.md).
 A Jupyter server that starts kernels puts GPUSESSION_USER and GPUSESSION_IDENTITY (an HMAC of
 the user name under a key only the server and the broker hold) into each kernel's environment;
 with `require_signed_identity` the broker refuses requests whose signature does not verify.

@@ -7,7 +7,7 @@ A lease belongs to its user and to the Ray job that asked for it: `wait`, `watch
 `release` are refused to anyone else but an admin, so another notebook (or another user) cannot
 end, claim or spy on someone's run through the broker. `revoke` is the user's own (the CLI and
 the admin page run as the user, in other jobs). Within one Ray cluster this is a convention the
-broker enforces, not a wall: see README "Trust boundary".
+broker enforces, not a wall: see docs/admin/security.md.
 """
 from __future__ import annotations
 

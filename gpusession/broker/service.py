@@ -9,7 +9,7 @@ between reading and writing them, so each is atomic without locks.
 Every reply waits for its change to be committed, so no restart can take back what a caller was
 told, and a release is billed to the moment it was made, never to when a restarted broker
 noticed. (Not waiting on `release` and `placed` was tried: it made no measurable difference to
-throughput here, see README "Speed", and would bill a release lost in a crash until the restart.)
+throughput here, see docs/speed.md, and would bill a release lost in a crash until the restart.)
 
 Every value a caller sends is checked at the door (request.py) and every method that names a
 lease checks its caller (authz.py). Unexpected failures reach callers as BrokerFailed, with no

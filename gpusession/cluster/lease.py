@@ -44,9 +44,12 @@ class Lease:
     """GPUs held from the broker. Use `gs.lease(...)` to get one."""
 
     def __init__(self, options: RunOptions, *, observer: Observer | None = None,
-                 info: RunInfo | None = None, identity: Identity | None = None) -> None:
+                 info: RunInfo | None = None, identity: Identity | None = None,
+                 asking: dict | None = None) -> None:
         self.options = options
         self.identity = identity  # None: this process's user (tools acting for others pass one)
+        # {"notebook", "cell_id", "background"} as a kernel elsewhere said them (the gateway); None: this process's
+        self.asking = asking
         self.observer = observer or Observer()
         self.info = info or RunInfo()
         self.lease_id: int | None = None
@@ -179,9 +182,16 @@ class Lease:
             "gpus_per_worker": lease.gpus_per_worker, "min_workers": lease.min_workers,
             "priority": lease.priority.label, "placement": lease.placement.value,
             "max_hold_s": lease.max_hold_s, "queue_timeout_s": lease.queue_timeout_s,
-            "sweep_id": lease.sweep_id, "notebook": notebook_label(asking_notebook()),
-            "cell_id": cell_label(asking_cell_id()), "background": asking_in_background(),
+            "sweep_id": lease.sweep_id, **self._asking(),
         }).to_dict()
+
+    def _asking(self) -> dict:
+        if self.asking is not None:
+            return {"notebook": notebook_label(self.asking.get("notebook")),
+                    "cell_id": cell_label(self.asking.get("cell_id")),
+                    "background": bool(self.asking.get("background"))}
+        return {"notebook": notebook_label(asking_notebook()), "cell_id": cell_label(asking_cell_id()),
+                "background": asking_in_background()}
 
     def _wait_in_queue(self, broker, view: dict, requested: float) -> dict:
         timeout = self.options.lease.queue_timeout_s
@@ -258,6 +268,14 @@ class Lease:
         self.logical_gpus = all(slot.node_id in logical_nodes for slot in self.slots)
         self.info.logical_gpus = self.logical_gpus
         self.info.nodes = sorted({slot.address for slot in self.slots})
+
+    def drop_group(self) -> None:
+        """Remove the placement group now, as Ray does when the process that made it dies: its
+        workers stop by themselves and the broker closes the lease's row. For a run hosted for a
+        kernel that died while the run could not notice (gateway/hosted.py); its own release follows."""
+        group = self._pg
+        if group is not None:
+            remove_placement_group(group)
 
     def avoid_nodes(self, nodes) -> None:
         """The hosts the broker knows lost as it grants GPUs (or offers more): the next group of

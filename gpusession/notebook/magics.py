@@ -21,7 +21,6 @@ from ..run.distributed import DistributedFunction, parse_options
 from ..comm_options import grad_compression_flag_value
 from ..errors import GPUSessionError
 from ..broker.messages import gpus_text
-from ..cluster.held import held_leases, release_all
 from ..options import parse_duration
 from ..shipping import local_modules
 
@@ -172,6 +171,7 @@ def warm_up() -> None:
 
 # ----- %gpu ------------------------------------------------------------------------------------------
 def show_status() -> str:
+    from ..cluster.held import held_leases
     from ..cluster.status import status
 
     held = held_leases()
@@ -180,6 +180,8 @@ def show_status() -> str:
 
 
 def release_kernel_leases() -> str:
+    from ..cluster.held import held_leases, release_all  # imports Ray: only where leases can be held
+
     gpus = sum(lease.gpus for lease in held_leases())
     count = release_all("released")
     if not count:

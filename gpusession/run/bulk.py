@@ -54,6 +54,13 @@ def ship(fn: Any, args: tuple, kwargs: dict) -> Shipment:
 def pack(obj: Any) -> Shipment:
     """Pickle obj, its big buffers out of band, and put those in the object store once."""
     started = time.perf_counter()
+    header, buffers = pickle_out_of_band(obj)
+    return shipment_of(header, [buffer.raw() for buffer in buffers], started=started)
+
+
+def pickle_out_of_band(obj: Any) -> tuple[bytes, list]:
+    """obj pickled with protocol 5: the pickle, and its big buffers (pickle.PickleBuffer, in
+    order) left out of it, not copied. Imports no Ray: a kernel behind the gateway pickles here."""
     buffers: list = []
 
     def out_of_band(buffer) -> bool:
@@ -62,13 +69,20 @@ def pack(obj: Any) -> Shipment:
         buffers.append(buffer)
         return False
 
-    header = dumps_with_buffers(obj, out_of_band, tensor_reducers())
+    return dumps_with_buffers(obj, out_of_band, tensor_reducers()), buffers
+
+
+def shipment_of(header: bytes, buffers: list, *, started: float | None = None) -> Shipment:
+    """A Shipment of a call already pickled (here, or by a kernel behind the gateway, whose bytes
+    the service never unpickles): its big buffers (bytes-like, in order) go into the object store
+    once."""
+    started = time.perf_counter() if started is None else started
     if not buffers:
         return Shipment(header, seconds=time.perf_counter() - started)
     import numpy
     import ray
 
-    arrays = [numpy.frombuffer(buffer.raw(), dtype=numpy.uint8) for buffer in buffers]
+    arrays = [numpy.frombuffer(buffer, dtype=numpy.uint8) for buffer in buffers]
     try:
         ref = ray.put(arrays)  # one copy, into shared memory
     except (ray.exceptions.ObjectStoreFullError, ray.exceptions.OutOfDiskError) as exc:
@@ -87,11 +101,14 @@ def node_directory(cluster: str, lease_id: int) -> str:
 
 def node_copy(shipment: Shipment, directory: str) -> str:
     """In a worker actor: the path of this node's copy of the call's buffers, written by the
-    first actor of the node that needs it (the others wait on its lock and use it)."""
+    first actor of the node that needs it (the others wait on its lock and use it). Named by the
+    Ray node too: hosts simulated on one machine (network namespaces) share /dev/shm, and each
+    must fetch its own copy through its own object store, as a real host does."""
     import ray
 
     os.makedirs(directory, mode=0o700, exist_ok=True)
-    path = os.path.join(directory, shipment.refs[0].hex())
+    node = ray.get_runtime_context().get_node_id()[:12]
+    path = os.path.join(directory, f"{node}-{shipment.refs[0].hex()}")
     with open(path + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not os.path.exists(path):
@@ -188,14 +205,26 @@ def loads_value(value: Any) -> Any:
     """In the caller: a rank's returned value (messages.Pickled or BulkValue). A BulkValue's
     buffers come from the object store read-only: each is copied once, so what the caller gets
     is its own and writable."""
-    import cloudpickle
-
     if value is None:
         return None
+    header, buffers = value_frames(value)
+    return loads_frames(header, [bytearray(buffer) for buffer in buffers])
+
+
+def value_frames(value: Any) -> tuple[bytes, tuple]:
+    """A rank's returned value (messages.Pickled or BulkValue) as its pickle and its big buffers,
+    still pickled: the gateway sends these to the caller's kernel as they are."""
     header = getattr(value, "header", None)
     if header is None:
-        return cloudpickle.loads(value.data)
-    return cloudpickle.loads(header, buffers=[bytearray(buffer) for buffer in value.buffers])
+        return value.data, ()
+    return header, tuple(value.buffers)
+
+
+def loads_frames(header: bytes, buffers: list) -> Any:
+    """The value of a pickle and its out-of-band buffers (writable ones: the value owns them)."""
+    import cloudpickle
+
+    return cloudpickle.loads(header, buffers=buffers) if buffers else cloudpickle.loads(header)
 
 
 def unlink(path: str) -> None:

@@ -13,6 +13,7 @@ import os
 import socket
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import ray
@@ -46,9 +47,10 @@ def resolve_backend(requested: str | None, *, logical: bool, gpus_per_worker: fl
 
 
 def rank_specs(lease, workers, *, backend: str, return_all: bool, attempt: int = 0,
-               comm: CommOptions = CommOptions()) -> list[RankSpec]:
+               comm: CommOptions = CommOptions(), caller: "CallerPlace | None" = None) -> list[RankSpec]:
     """One spec per worker, ranks grouped by node (contiguous local ranks, like torchrun); rank 0
-    is on the first node. Returns [(spec, worker)] in rank order."""
+    is on the first node. Returns [(spec, worker)] in rank order. `caller`: whose run it is and
+    from where, when the run is hosted for a kernel elsewhere (the gateway); None: this process's."""
     node_order: list[str] = []
     for slot in lease.slots:
         if slot.node_id not in node_order:
@@ -56,6 +58,8 @@ def rank_specs(lease, workers, *, backend: str, return_all: bool, attempt: int =
     ordered = sorted(zip(lease.slots, workers), key=lambda pair: (node_order.index(pair[0].node_id), pair[0].index))
     pg_timeout = float(os.environ.get(PG_TIMEOUT_ENV, DEFAULT_PG_TIMEOUT_S))
     caller_host, caller_cwd, caller_account = socket.gethostname(), os.getcwd(), this_account()
+    if caller is not None:
+        caller_cwd, caller_account = caller.cwd, caller.account
     master_addr, master_port = _open_rendezvous(ordered[0][1].actor, len(ordered), pg_timeout, caller_account)
     run_id = uuid.uuid4().hex
     cluster = ray.get_runtime_context().get_session_name()
@@ -90,6 +94,15 @@ def _open_rendezvous(actor, world_size: int, pg_timeout: float, account: str) ->
         raise
 
 
+@dataclass(frozen=True)
+class CallerPlace:
+    """Whose run this is and the directory its kernel runs in, when the run is hosted by the
+    gateway for a kernel of another account (the ranks run as that account, in that directory)."""
+
+    account: str  # the caller's account name as the service verified it (SO_PEERCRED)
+    cwd: str  # the kernel's working directory, as it said
+
+
 def _unique(items) -> tuple[str, ...]:
     seen: list[str] = []
     for item in items:
@@ -100,8 +113,11 @@ def _unique(items) -> tuple[str, ...]:
 
 class RunController:
     def __init__(self, lease, fn: Callable, args: tuple, kwargs: dict, *, info: RunInfo,
-                 observer: Observer, checkpoint_ref=None, checkpoint_step=None, shipment=None) -> None:
+                 observer: Observer, checkpoint_ref=None, checkpoint_step=None, shipment=None,
+                 raw_results: bool = False, caller: CallerPlace | None = None) -> None:
         self.lease, self.info, self.observer = lease, info, observer
+        self.raw_results = raw_results  # return values still pickled (the gateway relays them unread)
+        self.caller = caller
         self.options = lease.options
         self.policy = FailurePolicy(self.options.max_failures, self.options.retry_exceptions)
         self.silence_s = silence_timeout()
@@ -142,8 +158,8 @@ class RunController:
                 case Finished(results):
                     self._move(RunState.FINISHED, "the function returned")
                     if self.options.return_all:
-                        return [_loads(results.get(r)) for r in range(len(results))]
-                    return _loads(results.get(0))
+                        return [self._value(results.get(r)) for r in range(len(results))]
+                    return self._value(results.get(0))
                 case Failed():
                     self._stop_survivors(end)
                     self._recover_or_raise(end, attempt)
@@ -159,7 +175,7 @@ class RunController:
     def _attempt(self, backend: str, attempt: int, deadline: float | None):
         workers = self.lease.acquire_workers()
         ranks = rank_specs(self.lease, workers, backend=backend, return_all=self.options.return_all,
-                           attempt=attempt, comm=self.options.comm)
+                           attempt=attempt, comm=self.options.comm, caller=self.caller)
         self._run_id = ranks[0][0].run_id
         checkpoint = [self.info.checkpoint_ref] if self.info.checkpoint_ref is not None else []
         launches = [(spec, (self.shipment, spec, checkpoint), worker) for spec, worker in ranks]
@@ -170,6 +186,9 @@ class RunController:
         if self.state != RunState.RUNNING:
             self._move(RunState.RUNNING, f"attempt {attempt}")
         return follower.follow()
+
+    def _value(self, value) -> Any:
+        return value if self.raw_results else _loads(value)
 
     def _stop_survivors(self, failed: Failed) -> None:
         """Stop every rank that can still be reached, now; a lost host's workers are dropped from
@@ -277,6 +296,10 @@ def _reset_run_fields(info: RunInfo, checkpoint_ref, checkpoint_step=None) -> No
 
 
 def run_function(lease, fn: Callable, args: tuple, kwargs: dict, *, info: RunInfo,
-                 observer: Observer, checkpoint_ref=None, checkpoint_step=None, shipment=None) -> Any:
+                 observer: Observer, checkpoint_ref=None, checkpoint_step=None, shipment=None,
+                 raw_results: bool = False, caller: CallerPlace | None = None) -> Any:
+    """Run the call on the lease. `raw_results`: return each value as the ranks pickled it
+    (messages.Pickled or BulkValue) instead of unpickling it; `caller`: see rank_specs."""
     return RunController(lease, fn, args, kwargs, info=info, observer=observer, checkpoint_ref=checkpoint_ref,
-                         checkpoint_step=checkpoint_step, shipment=shipment).run()
+                         checkpoint_step=checkpoint_step, shipment=shipment, raw_results=raw_results,
+                         caller=caller).run()

@@ -11,10 +11,8 @@ from ..events import Fanout, RunInfo
 from ..renderer import default_observer
 from ..stepreport import StepToBroker
 from .background import Run
-from .bulk import ship
-from .controller import run_function
-from ..cluster.lease import Lease
 from .endings import end_reason
+from ..gateway.client import gateway_path
 from ..options import RunOptions, validate_run_options
 
 OPTION_NAMES = tuple(inspect.signature(validate_run_options).parameters)
@@ -93,9 +91,16 @@ class DistributedFunction:
              observer: Any = None, info: RunInfo | None = None) -> Any:
         info = info if info is not None else RunInfo()
         self._note(info, (args, kwargs))
+        observer = observer or self.observer or default_observer(self.options.lease.workers)
+        if gateway_path():  # a hub kernel: the run is hosted by the service's gateway (no Ray here)
+            return self._run_through_gateway(args, kwargs, observer=observer, info=info,
+                                             checkpoint_ref=checkpoint_ref, checkpoint_step=checkpoint_step)
+        from ..cluster.lease import Lease
+        from .bulk import ship
+        from .controller import run_function
+
         # beside the cell's renderer: the live step for JupyterLab's sidebar (gpusession.stepreport)
-        observer = Fanout(observer or self.observer or default_observer(self.options.lease.workers),
-                          StepToBroker())
+        observer = Fanout(observer, StepToBroker())
         error: BaseException | None = None
         try:
             # pickled and put in the object store before any GPU is asked for: a call that cannot
@@ -106,6 +111,23 @@ class DistributedFunction:
                 return run_function(lease, self.fn, args, kwargs, info=info, observer=observer,
                                     checkpoint_ref=checkpoint_ref, checkpoint_step=checkpoint_step,
                                     shipment=shipped[0])
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            info.end_reason = end_reason(error)
+            observer.finished(info, error)
+
+    def _run_through_gateway(self, args: tuple, kwargs: dict, *, observer, info: RunInfo,
+                             checkpoint_ref, checkpoint_step) -> Any:
+        """The same call, run by the one run path in the gateway (gateway/remote.py); the gateway
+        tells the broker the live step, so no StepToBroker here."""
+        from ..gateway.remote import run_remote
+
+        error: BaseException | None = None
+        try:
+            return run_remote(self.fn, args, kwargs, self.options, info=info, observer=observer,
+                              checkpoint_ref=checkpoint_ref, checkpoint_step=checkpoint_step, name=self.__name__)
         except BaseException as exc:
             error = exc
             raise

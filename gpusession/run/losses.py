@@ -150,6 +150,7 @@ def _monitor(rank_workers: dict, silence_s: float) -> BeatMonitor | None:
     if monitor.unwatched:
         logging.getLogger("gpusession").warning(
             "No heartbeat from the workers of ranks %s (%s): a lost host is noticed only when Ray declares it "
-            "dead. Let the caller reach the worker nodes on every TCP port (README, Multi-host clusters).",
+            "dead. Let the caller reach the worker nodes on every TCP port (docs/admin/clusters.md, 'What must be "
+            "reachable between the hosts').",
             sorted(monitor.unwatched), "; ".join(sorted(set(monitor.unwatched.values()))))
     return monitor

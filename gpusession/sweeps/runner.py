@@ -66,9 +66,12 @@ class SweepRunner:
 
     # ----- the caller's thread --------------------------------------------------------------------
     def run(self) -> None:
-        from ..cluster import raycluster
+        from ..gateway.client import gateway_path
 
-        raycluster.ensure_connected()  # once, here, not raced by the trial threads
+        if not gateway_path():  # through the gateway, trials run in the service: no Ray here
+            from ..cluster import raycluster
+
+            raycluster.ensure_connected()  # once, here, not raced by the trial threads
         threads = [threading.Thread(target=self._slot, name=f"gpusession-sweep-{i}", daemon=True)
                    for i in range(min(self.plan.parallel, self.to_start))]
         for thread in threads:
@@ -89,9 +92,12 @@ class SweepRunner:
 
     # ----- trial threads ----------------------------------------------------------------------------
     def _slot(self) -> None:
+        from ..gateway.client import gateway_path
+
         workers, runtime_env = self.plan.run_options.lease.workers, self.plan.run_options.runtime_env
+        warming = not gateway_path()  # the gateway's node hosts keep workers warm; a hub kernel has no Ray
         try:
-            nodes = gpu_nodes()
+            nodes = gpu_nodes() if warming else []
             if len(nodes) == 1:  # the first trial's node is known: warm it before leasing
                 wait_for_warm_workers(nodes, workers, runtime_env)
             while True:
@@ -99,7 +105,7 @@ class SweepRunner:
                 if job is None:
                     return
                 used = self._run_trial(*job)
-                if self.to_start > 0 and not self.stop.reason:  # the next trial, likely on the same GPUs
+                if warming and self.to_start > 0 and not self.stop.reason:  # the next trial, likely on the same GPUs
                     wait_for_warm_workers(gpu_nodes(used), workers, runtime_env)
         except BaseException as exc:  # a broken storage, say: stop the sweep, and say why
             self.fatal = self.fatal or exc

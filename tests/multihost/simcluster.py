@@ -74,6 +74,7 @@ class SimCluster:
     hosts: int = 2
     gpus_per_host: int = 2
     cpus_per_host: int = 1
+    object_store_bytes: int = 100_000_000  # each node's; small, as the tests' calls move little data
     resolve: str = "own"
     ready_timeout_s: float = 120.0
     extra_env: dict = field(default_factory=dict)  # for every Ray node (and drivers)
@@ -291,7 +292,7 @@ class SimCluster:
     def _launch_node(self, host: SimHost) -> None:
         ray = [sys.executable, "-m", "ray.scripts.scripts", "start", "--block", "--disable-usage-stats",
                f"--node-ip-address={host.ip}", f"--num-cpus={host.cpus}", f"--num-gpus={host.gpus}",
-               "--object-store-memory=100000000",
+               f"--object-store-memory={self.object_store_bytes}",
                # Fixed ports (each host has its own network namespace, so they never collide):
                # with port 0 the raylet waits for its agents to write their ports to files, and
                # gives up after ~15 s, which a loaded 2-core machine can exceed.

@@ -1,0 +1,18 @@
+"""The gateway: the one door through which kernels and Jupyter servers reach gpusession when a
+service runs it for several users (`gpusession hub`).
+
+A user's server and kernels hold no Ray address or token: they connect to the gateway's Unix
+socket, the kernel itself names the caller (SO_PEERCRED), and the service acts for that user.
+A user's functions, arguments and results cross the gateway as opaque bytes.
+
+    frames.py   how messages travel: a JSON header frame, then raw byte frames (never a pickle)
+    peer.py     who is on the other end of a connection (uid from the kernel, name from passwd)
+    server.py   the service's side: accept, learn the peer, hand the connection to its handler
+    acting.py   how the service acts for a caller at the broker (signed name, admin token)
+    client.py   the caller's side: connect, say hello, send and receive messages
+    runwire.py  PURE: the run session's JSON (options re-validated, RunInfo, events, errors by name)
+    remote.py   the run session, kernel's side: pickle, send, render events, unpickle the result
+    hosted.py   the run session, service's side: the one run path (Lease, controller) for a caller
+    shelf.py    the checkpoints hosted runs left, per account, under handles
+    chunks.py   a message with more raw frames than one message carries
+"""

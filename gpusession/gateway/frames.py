@@ -1,0 +1,96 @@
+"""How gateway messages travel over a stream socket: never a pickle in either direction.
+
+A frame is a 4-byte big-endian length and that many bytes. A message is one frame of JSON (an
+object with a string "kind"), followed by `payload` raw frames when its JSON says
+`"payload": N` (a pickled call, a pickled result: bytes the service relays and never looks
+inside). Anything else is FrameError, and the side that reads it closes the connection.
+"""
+from __future__ import annotations
+
+import json
+import socket
+import struct
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_HEADER_BYTES = 16 * 1024 * 1024  # a traceback, a chatty rank's output chunk, a status view
+MAX_PAYLOAD_FRAMES = 64
+MAX_PAYLOAD_BYTES = 1 << 40  # bounded in practice by the object store that takes the bytes
+_LENGTH = struct.Struct(">Q")
+
+
+class FrameError(ValueError):
+    """The other side sent something that is not a gateway message; the connection is closed."""
+
+
+class Closed(EOFError):
+    """The other side closed the connection (between messages or in the middle of one)."""
+
+
+@dataclass
+class Message:
+    kind: str
+    fields: dict[str, Any] = field(default_factory=dict)
+    payload: list[bytes] = field(default_factory=list)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.fields.get(name, default)
+
+
+class Connection:
+    """One socket, messages in both directions; sends are serialised, reads belong to one thread."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._send_lock = threading.Lock()
+
+    def send(self, kind: str, payload: list[bytes | bytearray | memoryview] | tuple = (), **fields: Any) -> None:
+        if "kind" in fields or "payload" in fields:
+            raise ValueError("'kind' and 'payload' are the frame's own fields")
+        header = json.dumps({"kind": kind, **fields, "payload": len(payload)}).encode()
+        if len(header) > MAX_HEADER_BYTES:
+            raise FrameError(f"a {kind} message of {len(header)} bytes is over the {MAX_HEADER_BYTES}-byte limit")
+        with self._send_lock:
+            self.sock.sendall(_LENGTH.pack(len(header)) + header)
+            for chunk in payload:
+                view = memoryview(chunk).cast("B")
+                self.sock.sendall(_LENGTH.pack(view.nbytes))
+                self.sock.sendall(view)
+
+    def receive(self) -> Message:
+        header = self._frame(MAX_HEADER_BYTES, what="header")
+        try:
+            fields = json.loads(header)
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise FrameError(f"a frame that is not JSON ({exc})") from None
+        if not isinstance(fields, dict) or not isinstance(fields.get("kind"), str):
+            raise FrameError("a message without a kind")
+        kind, count = fields.pop("kind"), fields.pop("payload", 0)
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_PAYLOAD_FRAMES:
+            raise FrameError(f"a {kind[:80]!r} message with a payload count of {count!r}")
+        return Message(kind, fields, [self._frame(MAX_PAYLOAD_BYTES, what="payload") for _ in range(count)])
+
+    def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+    def _frame(self, limit: int, *, what: str) -> bytes:
+        size = _LENGTH.unpack(self._exactly(_LENGTH.size, between_messages=what == "header"))[0]
+        if size > limit:
+            raise FrameError(f"a {what} frame of {size} bytes is over the {limit}-byte limit")
+        return self._exactly(size, between_messages=False)
+
+    def _exactly(self, size: int, *, between_messages: bool) -> bytes:
+        buffer = bytearray(size)
+        view, got = memoryview(buffer), 0
+        while got < size:
+            read = self.sock.recv_into(view[got:], min(size - got, 1 << 24))
+            if read == 0:
+                raise Closed("the other side closed the connection" + ("" if between_messages and got == 0
+                                                                        else " in the middle of a message"))
+            got += read
+        return bytes(buffer) if size < (1 << 20) else buffer  # big payloads stay one buffer, no copy

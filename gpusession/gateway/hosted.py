@@ -1,0 +1,294 @@
+"""The run session, on the service's side: a kernel's call run by the one run path (Lease,
+controller, recovery, streaming) inside the gateway process, for the account the kernel runs as.
+
+The messages (JSON header + raw frames, frames.py; after the hello of session "run"):
+
+    kernel -> gateway, first message, one of
+      run         {name, cwd, options, buffers, checkpoint, checkpoint_step, asking, frames}
+                  payload: [pickle of (fn, args, kwargs), *its out-of-band buffers]
+      more        payload: the next frames of the message before it (chunks.py: a message
+                  carries at most 64 frames; `frames` says how many it has in all)
+      checkpoint  {handle}          the bytes of a checkpoint this account's run left (shelf.py)
+    kernel -> gateway, while a run goes on
+      stop        {reason: "interrupted" | "cancelled", message}: end it as the local path would
+    gateway -> kernel
+      event       {event, ...}      one Observer event: requesting {gpus, workers}, queued {view,
+                                    elapsed_s}, granted/running/released {info}, output {rank,
+                                    stream, text}, report {metrics, info}, transition {info, line}
+      done        {info, error, values, frames} payload (then `more`): each value's pickle and
+                                    buffers, in order;
+                                    values: {"all": bool, "items": [null | buffer count]}
+      checkpoint_bytes {}           payload: [the checkpoint's pickle]
+      failed      {error}           a request refused before any run (bad message, unknown handle)
+
+The gateway never unpickles what a kernel sent: the call's bytes go into Ray's object store as
+they came (bulk.shipment_of) and a rank unpickles them; a result leaves as the rank pickled it.
+The connection closing (the kernel died), a malformed message or a stop makes the run's poll
+raise: the run ends as interrupted and its GPUs are released (poll runs every 0.2 s while the
+run runs, every second while it queues); a run that cannot poll then (placing its group, starting
+workers) loses its placement group after GONE_GRACE_S, as Ray removes a dead local kernel's.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import GPUSessionError
+from ..events import Fanout, Observer, RunInfo
+from .acting import ServiceKeys, identity_of
+from .chunks import gather, send_chunked
+from .frames import Connection, Message
+from .runwire import BadRunMessage, error_to_json, info_to_json, options_from_json, plain, stop_error
+from .server import Caller
+from .shelf import SHELF, Shelf
+
+log = logging.getLogger("gpusession.gateway")
+MAX_NAME = 200
+GONE_GRACE_S = 2.0  # a run polls every 0.2 s while it runs: one that has not ended by then cannot poll
+
+
+# ----- a run request --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunRequest:
+    name: str
+    cwd: str
+    options: Any  # RunOptions, validated here
+    header: bytes
+    buffers: list
+    checkpoint: str | None
+    checkpoint_step: Any
+    asking: dict
+
+
+def run_request(message: Message) -> RunRequest:
+    """PURE: a `run` message checked field by field (BadRunMessage names the one that is wrong)."""
+    name, cwd = message.get("name"), message.get("cwd")
+    if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME:
+        raise BadRunMessage(f"name must be the function's name (1 to {MAX_NAME} characters)")
+    if not isinstance(cwd, str) or not os.path.isabs(cwd) or "\0" in cwd:
+        raise BadRunMessage("cwd must be the kernel's working directory, an absolute path")
+    count = message.get("buffers")
+    if isinstance(count, bool) or not isinstance(count, int) or count != len(message.payload) - 1:
+        raise BadRunMessage("buffers must be the number of payload frames after the call's pickle")
+    checkpoint = message.get("checkpoint")
+    if checkpoint is not None and not isinstance(checkpoint, str):
+        raise BadRunMessage("checkpoint must be a handle the gateway gave, or null")
+    step = message.get("checkpoint_step")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, (int, float))):
+        raise BadRunMessage("checkpoint_step must be a number or null")
+    asking = message.get("asking", {})
+    if not isinstance(asking, dict):
+        raise BadRunMessage("asking must be an object {notebook, cell_id, background}")
+    options = options_from_json(message.get("options"))
+    if options.runtime_env:
+        raise BadRunMessage(
+            "runtime_env is not available through the gateway: it would configure the service's own worker "
+            "processes (their environment, their code). Ask an admin to install what the function needs")
+    return RunRequest(name, cwd, options, message.payload[0],
+                      list(message.payload[1:]), checkpoint, step,
+                      {k: asking.get(k) for k in ("notebook", "cell_id", "background")})
+
+
+# ----- the kernel's stop, its death --------------------------------------------------------------------
+class StopWatch:
+    """Reads what the kernel sends while its run goes on: a stop, or the end of the connection
+    (or anything malformed), turns into the error the run's next poll raises."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.error: BaseException | None = None
+        self.gone = False
+        self.ended = threading.Event()  # the kernel is gone, or asked to stop
+        self._thread = threading.Thread(target=self._read, name="gpusession-gateway-run-stop", daemon=True)
+
+    def start(self) -> "StopWatch":
+        self._thread.start()
+        return self
+
+    def _read(self) -> None:
+        while True:
+            try:
+                message = self.conn.receive()
+            except Exception as exc:  # Closed, FrameError, OSError: the kernel is gone or broken
+                self.gone = True
+                if self.error is None:
+                    self.error = KeyboardInterrupt(f"the caller's connection ended ({type(exc).__name__})")
+                self.ended.set()
+                return
+            if message.kind != "stop":
+                self.gone = True  # anything but a stop is malformed here: end the run, drop the kernel
+                self.error = self.error or KeyboardInterrupt(f"the caller sent {message.kind[:40]!r} mid-run")
+                self.ended.set()
+                self.conn.close()
+                return
+            if self.error is None:
+                self.error = stop_error(message.get("reason"), message.get("message"))
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+
+class Forwarder(Observer):
+    """Every event of the run, sent to the kernel as it happens (no round trip: a send each);
+    poll() raises the kernel's stop. A send that fails means the kernel is gone: the run stops."""
+
+    def __init__(self, conn: Connection, watch: StopWatch, user: str, shelf: Shelf) -> None:
+        self.conn, self.watch, self.user, self.shelf = conn, watch, user, shelf
+        self._ref: Any = None
+        self.handle: str | None = None
+
+    def info(self, info: RunInfo) -> dict:
+        ref = info.checkpoint_ref
+        if ref is not self._ref:
+            self._ref = ref
+            self.handle = (self.shelf.keep(self.user, ref, replacing=self.handle) if ref is not None else None)
+        return info_to_json(info, checkpoint=self.handle)
+
+    def _send(self, event: str, **fields: Any) -> None:
+        if self.watch.gone:
+            return
+        try:
+            self.conn.send("event", event=event, **fields)
+        except OSError as exc:
+            self.watch.gone = True
+            self.watch.error = self.watch.error or KeyboardInterrupt(f"the caller's connection ended ({exc})")
+            self.watch.ended.set()
+
+    def requesting(self, gpus, workers):
+        self._send("requesting", gpus=gpus, workers=workers)
+
+    def queued(self, view, elapsed_s):
+        self._send("queued", view=plain(view), elapsed_s=elapsed_s)
+
+    def granted(self, info):
+        self._send("granted", info=self.info(info))
+
+    def output(self, rank, stream, text):
+        self._send("output", rank=rank, stream=stream, text=text)
+
+    def report(self, metrics, info):
+        self._send("report", metrics=metrics, info=self.info(info))  # wire.plain_metric: JSON-safe
+
+    def running(self, info):
+        self._send("running", info=self.info(info))
+
+    def transition(self, info, line):
+        self._send("transition", info=self.info(info), line=line)
+
+    def released(self, info):
+        self._send("released", info=self.info(info))
+
+    def poll(self):
+        self.watch.check()
+
+
+def free_when_gone(watch: StopWatch, lease, finished: threading.Event, *, grace_s: float = GONE_GRACE_S) -> bool:
+    """In a thread of its own: once the kernel is gone, give the run grace_s to end by its poll;
+    a run that cannot poll then (placing its group, starting workers) loses its placement group,
+    as a local run does when its kernel dies (Ray removes the dead job's groups). True: dropped."""
+    watch.ended.wait()
+    if not watch.gone or finished.wait(grace_s):
+        return False
+    log.warning("lease %s: its kernel left and the run did not end within %.0f s; its group is removed",
+                getattr(lease, "lease_id", None), grace_s)
+    lease.drop_group()
+    return True
+
+
+# ----- the session ------------------------------------------------------------------------------------
+def serve_run(conn: Connection, caller: Caller, hello: Message, keys: ServiceKeys, *,
+              shelf: Shelf = SHELF) -> None:
+    """The handler of the gateway's "run" session (see the module's docstring)."""
+    first = conn.receive()
+    if first.kind == "run":
+        first = gather(conn, first)
+    if first.kind == "checkpoint":
+        return _send_checkpoint(conn, caller, first, shelf)
+    if first.kind != "run":
+        conn.send("failed", error={"type": "InvalidRequest",
+                                   "message": f"a run session begins with run or checkpoint, not {first.kind[:40]!r}"})
+        return
+    try:
+        request = run_request(first)
+    except BadRunMessage as exc:
+        conn.send("failed", error={"type": "InvalidRequest", "message": f"The gateway refused the call: {exc}."})
+        return
+    del first  # the call's bytes live on in request (and in the object store once shipped)
+    _run(conn, caller, request, keys, shelf)
+
+
+def _run(conn: Connection, caller: Caller, request: RunRequest, keys: ServiceKeys, shelf: Shelf) -> None:
+    from ..cluster.lease import Lease
+    from ..kernelcell import mark_background
+    from ..run.bulk import shipment_of, value_frames
+    from ..run.controller import CallerPlace, run_function
+    from ..run.endings import end_reason
+    from ..stepreport import StepToBroker
+
+    identity = identity_of(caller, keys)
+    watch = StopWatch(conn).start()
+    forward = Forwarder(conn, watch, caller.user, shelf)
+    observer = Fanout(forward, StepToBroker(identity))
+    info = RunInfo()
+    checkpoint_ref = shelf.get(caller.user, request.checkpoint) if request.checkpoint else None
+    values, error = None, None
+    finished = threading.Event()
+    if request.asking.get("background"):
+        mark_background()
+    try:
+        if request.checkpoint and checkpoint_ref is None:
+            raise GPUSessionError(
+                f"{request.name}.resume(): the gateway no longer holds that checkpoint (it keeps the last "
+                f"{shelf.per_user} runs' checkpoints of each account while it runs). Run from the start.")
+        shipped = []
+        lease = Lease(request.options, observer=observer, info=info, identity=identity, asking=request.asking)
+        threading.Thread(target=free_when_gone, args=(watch, lease, finished), daemon=True,
+                         name="gpusession-gateway-run-gone").start()
+        with lease.acquire(before_request=lambda: shipped.append(shipment_of(request.header, request.buffers))):
+            request.buffers.clear()  # the object store holds them now
+            values = run_function(lease, None, (), {}, info=info, observer=observer,
+                                  checkpoint_ref=checkpoint_ref, checkpoint_step=request.checkpoint_step,
+                                  shipment=shipped[0], raw_results=True,
+                                  caller=CallerPlace(caller.user, request.cwd))
+    except BaseException as exc:  # noqa: BLE001 - told to the kernel as text, never re-raised here
+        error = exc
+    finally:
+        finished.set()
+        watch.ended.set()  # the watchdog's thread ends with the run
+    info.end_reason = end_reason(error)
+    if error is not None and not isinstance(error, (GPUSessionError, KeyboardInterrupt)):
+        log.warning("run %s of %s failed in the gateway", request.name, caller.user, exc_info=error)
+    if watch.gone:
+        log.info("run %s of %s ended (%s) after its kernel left", request.name, caller.user, info.end_reason)
+        return
+    frames, items = [], None
+    if error is None:
+        listed = values if request.options.return_all else [values]
+        items = []
+        for value in listed:
+            if value is None:
+                items.append(None)
+                continue
+            header, buffers = value_frames(value)
+            frames.append(header)
+            frames.extend(buffers)
+            items.append(len(buffers))
+    send_chunked(conn, "done", frames, info=forward.info(info), error=error_to_json(error) if error is not None else None,
+              values=None if items is None else {"all": request.options.return_all, "items": items})
+
+
+def _send_checkpoint(conn: Connection, caller: Caller, message: Message, shelf: Shelf) -> None:
+    ref = shelf.get(caller.user, message.get("handle"))
+    if ref is None:
+        conn.send("failed", error={"type": "GPUSessionError", "message": (
+            "The gateway no longer holds that checkpoint (it keeps the last "
+            f"{shelf.per_user} runs' checkpoints of each account while it runs).")})
+        return
+    import ray
+
+    data = ray.get(ref).data  # CheckpointData: its pickle as a numpy array over the object store
+    conn.send("checkpoint_bytes", [memoryview(data)])
