@@ -1,6 +1,7 @@
 """`python -m gpusession.hub.service GPUS POLICY_JSON`: the hub's cluster service, one process
-run as the service account (never root, never a user): a local Ray head (so every rank runs as
-this account) and the broker, created here with the hub's policy before any user can reach it.
+run as the service account (never root, never a user): a local Ray head (its worker actors ask
+root's launcher, GPUSESSION_LAUNCHER, for each rank, which runs as its user) and the broker,
+created here with the hub's policy before any user can reach it.
 
     stdout, one line once both are up:  {"ready": {"address": ..., "gpus": 4, "logical": true, "db_path": ...}}
                                    or:  {"failed": "..."}
