@@ -60,7 +60,12 @@ def stop_launcher(proc: subprocess.Popen | None) -> None:
         return
     owner = _owners.pop(proc.pid, None)
     if owner is not None:
-        owner.close()
+        owner.close()  # it stops by itself: kills its ranks, removes its cgroups and socket
+        try:
+            proc.wait(timeout=STOP_TIMEOUT_S)
+            return
+        except subprocess.TimeoutExpired:
+            pass
     if proc.poll() is not None:
         return
     proc.terminate()

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         owner = socket.socket(fileno=args.owner_fd)
     else:  # started on its own (a node's start command): it ends at SIGTERM only
         owner, _keep = socket.socketpair()
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(0)))
+    signal.signal(signal.SIGTERM, _stop)
     from ..run.zygote import _serve
 
     _say({"ready": {"socket": str(path), "pid": os.getpid(), "cgroups": gate.tracker.kind}})
@@ -97,6 +97,12 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             pass
     return 0
+
+
+def _stop(*_) -> None:
+    """SIGTERM: stop serving; a second one must not cut short the cleanup (ranks, cgroups)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise SystemExit(0)
 
 
 def _say(message: dict) -> None:

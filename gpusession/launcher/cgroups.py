@@ -68,6 +68,8 @@ class Tracker:
         """name: the launcher's own directory in each hierarchy; None: use no cgroup at all."""
         self.kill_root = self.freezer_root = self.devices_root = None
         for mount, kind, options in _mounts() if name else ():
+            if kind in ("cgroup", "cgroup2") and _writable(mount):
+                _remove_dead_launchers(mount, name)
             if kind == "cgroup2" and self.kill_root is None and _writable(mount):
                 made = self._make(mount, name)  # cgroup.kill exists below the root only
                 if made and os.path.exists(os.path.join(made, "cgroup.kill")):
@@ -135,6 +137,19 @@ class Tracker:
                 _wait_empty(entry)
                 _rmdir(entry)
             _rmdir(root)
+
+
+def _remove_dead_launchers(mount: str, name: str) -> None:
+    """What a launcher killed outright (SIGKILL) left: its directories, once empty, go when the
+    next one starts (a directory with processes still in it cannot be removed, and stays)."""
+    prefix = name.rsplit("-", 1)[0] + "-"
+    for entry in _subdirs(mount):
+        base = os.path.basename(entry)
+        pid = base.removeprefix(prefix)
+        if base.startswith(prefix) and pid.isdigit() and base != name and not os.path.exists(f"/proc/{pid}"):
+            for rank in _subdirs(entry):
+                _rmdir(rank)
+            _rmdir(entry)
 
 
 def join(procs_files: list[str]) -> None:
