@@ -34,6 +34,11 @@ class RunCancelled(GPUSessionError):
     """A background run was stopped with run.cancel(); its workers were stopped and its GPUs released."""
 
 
+class LaunchRefused(GPUSessionError):
+    """The node's launcher would not start a rank as the caller's account (root, the service
+    account, a system account, or one the node does not know); the message names user and node."""
+
+
 class NotAuthorized(GPUSessionError):
     """The caller may not do this: an admin token or the lease's owner is required."""
 

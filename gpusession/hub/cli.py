@@ -47,6 +47,8 @@ def register(subparsers) -> None:
                      help=f"the ledger, secrets, JupyterHub's database and logs (default {DEFAULT_STATE})")
     hub.add_argument("--service-user", default=DEFAULT_SERVICE_USER,
                      help=f"the account that runs Ray and the broker, made if missing (default {DEFAULT_SERVICE_USER})")
+    hub.add_argument("--min-uid", type=_min_uid, default=1000, metavar="UID",
+                     help="the lowest uid whose ranks the launcher starts; system accounts lie below (default 1000)")
     hub.set_defaults(handler=_hub)
 
 
@@ -63,7 +65,16 @@ def options_from(args: argparse.Namespace) -> tuple[HubLayout, HubOptions]:
             raise ValueError(f"{flag} {path}: no such file. Give the path of a PEM file.")
     layout = HubLayout(args.prefix, args.state_dir, args.service_user)
     return layout, HubOptions(args.ip, args.port, admins, args.gpus, _free_port(), _free_port(), policy,
-                              ssl_cert=args.ssl_cert, ssl_key=args.ssl_key, insecure_http=args.insecure_http)
+                              ssl_cert=args.ssl_cert, ssl_key=args.ssl_key, insecure_http=args.insecure_http,
+                              min_uid=args.min_uid)
+
+
+def _min_uid(text: str) -> int:
+    value = _whole(text, "a uid")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"--min-uid {text}: the launcher never starts a rank as root (uid 0); "
+                                         "give 1 or more (default 1000).")
+    return value
 
 
 def _port(text: str) -> int:

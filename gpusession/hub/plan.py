@@ -96,6 +96,7 @@ class HubOptions:
     ssl_cert: Path | None = None  # with ssl_key: the Hub serves HTTPS
     ssl_key: Path | None = None
     insecure_http: bool = False  # plain HTTP on a non-loopback address, asked for by name
+    min_uid: int = 1000  # the launcher starts no rank as an account below this uid (system accounts)
 
     @property
     def url(self) -> str:

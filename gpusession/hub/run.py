@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..cluster.localhead import terminate
 from . import accounts, rootfs
+from .launching import LauncherFailed, start_launcher, stop_launcher
 from .plan import (INSECURE_WARNING, NOT_SET_UP, HubLayout, HubOptions, broker_policy, gateway_settings,
                    jupyterhub_config, user_environment)
 
@@ -37,13 +38,16 @@ def run_hub(layout: HubLayout, options: HubOptions, *, ready_timeout_s: float = 
         say(problem)
         return 2
     signal.signal(signal.SIGTERM, _raise_stopped)
-    service = hub = None
+    service = hub = launcher = None
     try:
         account = accounts.ensure_service_user(layout.service_user, layout.cluster_dir)
         accounts.prepare_directories(layout, account)
         token = accounts.ray_token()
+        # root's launcher first: the service's worker actors ask it for every rank, run as its user
+        launcher, launcher_socket = start_launcher(layout, account.pw_name, options.min_uid, ready_timeout_s)
+        say(f"the launcher runs (pid {launcher.pid}): ranks run as their users (uid {options.min_uid} and up)")
         say(f"starting the cluster as {layout.service_user} (its log: {layout.hub_dir / 'service.log'})...")
-        service, ready = start_service(layout, options, account, token, ready_timeout_s)
+        service, ready = start_service(layout, options, account, token, ready_timeout_s, launcher=launcher_socket)
         kind = "logical GPUs (training runs on the CPU)" if ready["logical"] else "GPUs"
         say(f"cluster ready: {ready['gpus']} {kind}, Ray at {ready['address']}, run as {layout.service_user}")
         layout.config_path.write_text(jupyterhub_config(
@@ -63,12 +67,15 @@ def run_hub(layout: HubLayout, options: HubOptions, *, ready_timeout_s: float = 
     except (KeyboardInterrupt, HubStopped):
         say("stopping the users' servers, then the cluster...")
         return 0
-    except (accounts.HubSetupError, rootfs.UnsafePath, ServiceFailed) as exc:
+    except (accounts.HubSetupError, rootfs.UnsafePath, ServiceFailed, LauncherFailed) as exc:
         say(str(exc))
         return 1
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
-        stop(hub, service)
+        try:
+            stop(hub, service)
+        finally:
+            stop_launcher(launcher)  # by its pid, after the service: no rank is asked for any more
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
@@ -77,10 +84,12 @@ class ServiceFailed(RuntimeError):
 
 
 def start_service(layout: HubLayout, options: HubOptions, account, ray_token: str,
-                  timeout_s: float) -> tuple[subprocess.Popen, dict]:
+                  timeout_s: float, *, launcher: str | None = None) -> tuple[subprocess.Popen, dict]:
     env = {"PATH": f"{layout.bin_dir}:/usr/bin:/bin", "HOME": str(layout.cluster_dir), "LANG": "C.UTF-8",
            "GPUSESSION_HOME": str(layout.cluster_dir), "RAY_TMPDIR": str(layout.ray_tmp),
            "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": ray_token, "USER": account.pw_name}
+    if launcher:  # its worker actors (Ray's workers inherit this) ask root's launcher for ranks
+        env["GPUSESSION_LAUNCHER"] = launcher
     log = open(layout.hub_dir / "service.log", "w")
     command = [str(layout.python), "-m", "gpusession.hub.service", str(options.gpus),
                json.dumps(broker_policy(layout, options)), json.dumps(gateway_settings(layout, options))]

@@ -1,6 +1,7 @@
 """`python -m gpusession.hub.service GPUS POLICY_JSON GATEWAY_JSON`: the hub's cluster service,
-one process run as the service account (never root, never a user): a local Ray head, the broker
-(created here with the hub's policy before any user can reach it), then the gateway
+one process run as the service account (never root, never a user): a local Ray head (its worker
+actors ask root's launcher, GPUSESSION_LAUNCHER, for each rank, which runs as its user), the
+broker (created here with the hub's policy before any user can reach it), then the gateway
 (gpusession.gateway.main), the one door users have: GATEWAY_JSON = {"socket": ..., "admins": [...]}.
 
     stdout, one line once all are up:  {"ready": {"address": ..., "gpus": 4, "logical": true, "db_path": ...,

@@ -122,14 +122,19 @@ def node_copy(shipment: Shipment, directory: str) -> str:
     return path
 
 
-def unpack(header: bytes, path: str, sizes: tuple[int, ...]) -> Any:
-    """In a rank: the call, its big buffers mapped copy-on-write from the node's file."""
+def unpack(header: bytes, source: str | int, sizes: tuple[int, ...]) -> Any:
+    """In a rank: the call, its big buffers mapped copy-on-write from the node's file (its path,
+    or a descriptor the worker actor opened and passed: a rank run as its user cannot open the
+    service's file, and needs no right to)."""
     import cloudpickle
 
     if not sizes:
         return cloudpickle.loads(header)
-    with open(path, "rb") as file:
-        mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_COPY)
+    if isinstance(source, int):
+        mapped = mmap.mmap(source, 0, access=mmap.ACCESS_COPY)
+    else:
+        with open(source, "rb") as file:
+            mapped = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_COPY)
     view, offset, buffers = memoryview(mapped), 0, []
     for size in sizes:
         buffers.append(view[offset:offset + size])
@@ -142,9 +147,10 @@ def result_path(spec) -> str:
     return os.path.join(node_directory(spec.cluster, spec.lease_id), f"result-{spec.run_id}-{spec.rank}")
 
 
-def pack_result(value: Any, path: str) -> tuple[bytes, tuple[int, ...]]:
+def pack_result(value: Any, path: str | int) -> tuple[bytes, tuple[int, ...]]:
     """In a rank: the pickle of its return value, and the sizes of the big buffers it wrote to
-    `path` (none: everything is in the pickle)."""
+    `path` (or the descriptor of the file its worker actor made for it; none: everything is in
+    the pickle)."""
     buffers: list = []
 
     def out_of_band(buffer) -> bool:
@@ -156,11 +162,22 @@ def pack_result(value: Any, path: str) -> tuple[bytes, tuple[int, ...]]:
     header = dumps_with_buffers(value, out_of_band, tensor_reducers())
     if not buffers:
         return header, ()
-    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-    with open(path, "wb") as out:
+    if isinstance(path, int):
+        os.ftruncate(path, 0)
+    else:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    with open(path, "wb", closefd=not isinstance(path, int)) as out:
         for buffer in buffers:
             out.write(buffer.raw())
     return header, tuple(buffer.raw().nbytes for buffer in buffers)
+
+
+def result_file(path: str) -> int:
+    """In the worker actor: a new, empty result file for one rank (the service's, 0600) opened
+    for writing; its descriptor goes to the rank, which may then write there as its own user."""
+    os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+    _unlink(path)  # a rank of the same attempt killed before its actor removed it
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
 
 
 def take_result(path: str, sizes: tuple[int, ...]):
@@ -208,6 +225,10 @@ def loads_frames(header: bytes, buffers: list) -> Any:
     import cloudpickle
 
     return cloudpickle.loads(header, buffers=buffers) if buffers else cloudpickle.loads(header)
+
+
+def unlink(path: str) -> None:
+    _unlink(path)
 
 
 def _unlink(path: str) -> None:

@@ -18,6 +18,7 @@ import traceback
 from multiprocessing.connection import Connection
 
 from . import bulk
+from . import handoff
 from . import messages as m
 from . import wire
 from .heap import keep_freed_memory  # imported by the warm parent (PRELOAD), not by each rank
@@ -76,6 +77,7 @@ def main(fd: int) -> None:
     conn = Connection(fd)
     code = 0
     try:
+        files = handoff.receive(fd)  # the files it may use, opened by its worker actor
         launch: m.Launch | m.ServeStore = conn.recv()
         if isinstance(launch, m.ServeStore):  # not a rank: the attempt's rendezvous store (store.py)
             from .store import serve
@@ -85,7 +87,7 @@ def main(fd: int) -> None:
         keep_freed_memory()  # before the user's code: see heap.py
         channel = Channel(conn)
         channel.listen()
-        code = _run(launch, channel)
+        code = _run(launch, channel, files)
     except BaseException:  # gpusession's own machinery failed before the function could run
         traceback.print_exc()
         code = 71
@@ -95,14 +97,14 @@ def main(fd: int) -> None:
         os._exit(code)
 
 
-def _run(launch: m.Launch, channel: Channel) -> int:
+def _run(launch: m.Launch, channel: Channel, files: tuple[int | None, int | None] = (None, None)) -> int:
     from ..capture import FdCapture, flush_all
 
     spec = launch.spec
     _set_environment(spec)
     with FdCapture(lambda stream, text: channel.send(m.Output(((stream, text),)))):
         try:
-            outcome = _call(launch, channel)
+            outcome = _call(launch, channel, files)
         finally:
             flush_all()
     if isinstance(outcome, m.RankError):
@@ -112,14 +114,16 @@ def _run(launch: m.Launch, channel: Channel) -> int:
     return 0
 
 
-def _call(launch: m.Launch, channel: Channel):
+def _call(launch: m.Launch, channel: Channel, files: tuple[int | None, int | None]):
     from . import context as ctx_module
     from .process_group import RankGroup
     spec = launch.spec
     try:
         group = RankGroup(spec)
         group.install()  # the script's own init_process_group call then finds the group ready
-        fn, args, kwargs = bulk.unpack(launch.call, launch.bulk_path, launch.bulk_sizes)
+        bulk_fd, result_fd = files
+        fn, args, kwargs = bulk.unpack(launch.call, bulk_fd if bulk_fd is not None else launch.bulk_path,
+                                       launch.bulk_sizes)
         group.join()
         run = ctx_module._Run(_make_context(spec), channel, launch.checkpoint, launch.loader_epochs,
                               comm_options=spec.comm)
@@ -138,7 +142,7 @@ def _call(launch: m.Launch, channel: Channel):
     if not spec.return_value:
         return (*before, m.Result(False))
     try:
-        data, sizes = bulk.pack_result(result, bulk.result_path(spec))
+        data, sizes = bulk.pack_result(result, result_fd if result_fd is not None else bulk.result_path(spec))
     except Exception as exc:
         return _error(TypeError(f"The function's return value could not be pickled: {exc}"), spec)
     return (*before, m.Result(True), m.Pickled(data, sizes))
@@ -147,10 +151,6 @@ def _call(launch: m.Launch, channel: Channel):
 def _error(exc: BaseException, spec) -> m.RankError:
     names = tuple(f"{c.__module__}.{c.__qualname__}" for c in type(exc).__mro__)
     message = str(exc)
-    if isinstance(exc, PermissionError):
-        from .rank_account import permission_hint, this_account
-
-        message += permission_hint(this_account(), getattr(spec, "caller_account", ""))
     return m.RankError(
         rank=spec.rank, host=socket.gethostname(), type=type(exc).__name__, message=message,
         traceback="".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
@@ -184,8 +184,8 @@ def _set_environment(spec) -> None:
 
         os.environ.update(socket_ifname_env(spec.address))
     os.makedirs(scratch_dir(spec), exist_ok=True)  # the actor made it; a stale sweep may not have
-    # Behind `gpusession hub` ranks run as the service account, which may not enter the user's
-    # folder (a 0700 home): then they stay where Ray started them (docs/getting-started/team.md)
+    # The caller's folder, when this rank's account may enter it (behind `gpusession hub` the rank
+    # is its user; the launcher started it in the user's home otherwise)
     if spec.caller_host == socket.gethostname() and os.access(spec.caller_cwd, os.R_OK | os.X_OK) \
             and os.path.isdir(spec.caller_cwd):
         os.chdir(spec.caller_cwd)

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import ray
 
-from ..errors import GPUSessionError
+from ..errors import GPUSessionError, LaunchRefused
 from ..comm_options import CommOptions
 from ..events import Observer, RunInfo
 from .bulk import loads_value, ship
@@ -57,10 +57,10 @@ def rank_specs(lease, workers, *, backend: str, return_all: bool, attempt: int =
             node_order.append(slot.node_id)
     ordered = sorted(zip(lease.slots, workers), key=lambda pair: (node_order.index(pair[0].node_id), pair[0].index))
     pg_timeout = float(os.environ.get(PG_TIMEOUT_ENV, DEFAULT_PG_TIMEOUT_S))
-    master_addr, master_port = ray.get(ordered[0][1].actor.open_rendezvous.remote(len(ordered), pg_timeout))
     caller_host, caller_cwd, caller_account = socket.gethostname(), os.getcwd(), this_account()
     if caller is not None:
         caller_cwd, caller_account = caller.cwd, caller.account
+    master_addr, master_port = _open_rendezvous(ordered[0][1].actor, len(ordered), pg_timeout, caller_account)
     run_id = uuid.uuid4().hex
     cluster = ray.get_runtime_context().get_session_name()
     local_counts = {n: sum(1 for s in lease.slots if s.node_id == n) for n in node_order}
@@ -81,6 +81,17 @@ def rank_specs(lease, workers, *, backend: str, return_all: bool, attempt: int =
             node_id=slot.node_id, cluster=cluster, comm=comm, caller_account=caller_account,
         ), worker))
     return specs
+
+
+def _open_rendezvous(actor, world_size: int, pg_timeout: float, account: str) -> tuple[str, int]:
+    """Rank 0's store, started as the caller's account: a launcher that will not start that
+    account fails the call here, with its reason (user and node), before any rank starts."""
+    try:
+        return ray.get(actor.open_rendezvous.remote(world_size, pg_timeout, account))
+    except ray.exceptions.RayTaskError as exc:
+        if isinstance(exc.cause, LaunchRefused):
+            raise LaunchRefused(str(exc.cause)) from None
+        raise
 
 
 @dataclass(frozen=True)

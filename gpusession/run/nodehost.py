@@ -21,6 +21,9 @@ Lifetime, and who stops what:
   removed by Ray, and the worker's watchdog kills its rank then (workers.py).
 A call with its own runtime_env does not use the host: its workers start their own zygote, in
 that environment, and die with the kernel as before.
+Under `gpusession hub` (GPUSESSION_LAUNCHER set) the node's warm parent is root's launcher
+(gpusession/launcher/): the host starts none, and its workers connect to the launcher, which
+starts each rank as its caller's account (a call with its own runtime_env too).
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from .. import __version__
 from .zygote import Zygote
-from .worker import NODE_HOST_NAMESPACE, ZYGOTE_START_TIMEOUT_S, Worker
+from .worker import NODE_HOST_NAMESPACE, ZYGOTE_START_TIMEOUT_S, Worker, launcher_path
 
 NAMESPACE = NODE_HOST_NAMESPACE
 IDLE_S_ENV = "GPUSESSION_NODE_HOST_IDLE_S"
@@ -111,7 +114,10 @@ class NodeHost:
         self._dir = tempfile.mkdtemp(prefix="gpusession-warm-")  # mode 0700: only this user may connect
         self.socket_path = os.path.join(self._dir, "zygote.sock")
         self._lock = threading.Lock()
-        self._zygote = Zygote.start(self.socket_path)
+        self._launcher = launcher_path()
+        if self._launcher:  # root's launcher is the node's warm parent; this host only connects to it
+            self.socket_path = self._launcher
+        self._zygote = self._warm_parent()
         self._target = spares
         self._spares: list[tuple[ray.actor.ActorHandle, ray.ObjectRef]] = []
         self._adopted: dict[ray.actor.ActorHandle, str] = {}  # worker handed out -> the kernel's job id
@@ -197,10 +203,15 @@ class NodeHost:
         with self._lock:
             if not self._zygote.alive():
                 self._zygote.close()
-                self._zygote = Zygote.start(self.socket_path)
+                self._zygote = self._warm_parent()
             zygote = self._zygote
         zygote.wait_ready(ZYGOTE_START_TIMEOUT_S)
         return zygote.pid
+
+    def _warm_parent(self) -> Zygote:
+        if self._launcher:
+            return Zygote.connect(self._launcher, ZYGOTE_START_TIMEOUT_S)
+        return Zygote.start(self.socket_path)
 
     # ----- spares -----------------------------------------------------------------------------------
     def _start_spare(self) -> tuple[ray.actor.ActorHandle, ray.ObjectRef]:

@@ -1,8 +1,9 @@
-"""Whose Unix account a rank runs as, and what to tell a user whose rank could not read a file.
+"""Whose Unix account the caller is: the account its ranks run as (RankSpec.caller_account).
 
-Under `gpusession hub` the ranks run as the cluster's service account, not as the user whose
-notebook called them (Ray starts every worker as the account that started Ray). A rank's
-PermissionError on the user's own file is then expected, and the bare errno says nothing of why.
+In one-user setups a rank runs as the account of the process that started the node's warm
+parent, which is the caller's. Under `gpusession hub` the node's launcher (gpusession/launcher/,
+run as root) starts each rank as this account: a rank reads what its user may read, and what it
+writes is the user's.
 """
 from __future__ import annotations
 
@@ -14,13 +15,3 @@ def this_account() -> str:
         return getpass.getuser()
     except (KeyError, OSError):  # a uid with no passwd entry (some containers)
         return ""
-
-
-def permission_hint(rank_account: str, caller_account: str) -> str:
-    """PURE: the sentence a rank's PermissionError gains, or "" when the rank runs as its caller
-    (then the error is the user's own and needs no explanation from us)."""
-    if not rank_account or not caller_account or rank_account == caller_account:
-        return ""
-    return (f" (the ranks run as the Unix account {rank_account!r}, not as {caller_account!r}: read the file in "
-            f"the notebook and use its name in the cell, or make it readable by {rank_account!r}; see README "
-            "\"What a user's code runs as\")")

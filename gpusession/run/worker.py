@@ -21,9 +21,11 @@ from typing import NamedTuple
 import ray
 
 from . import bulk
+from . import handoff
 from . import messages as m
 from . import wire
 from .bulk import Shipment
+from ..errors import LaunchRefused
 from .zygote import Zygote
 from . import scratch
 from .heartbeat import BeatServer
@@ -34,6 +36,13 @@ EXIT_STATUS_WAIT_S = 2.0
 STORE_ANSWER_MARGIN_S = 30.0  # beyond the store's own timeout (its bind takes milliseconds; it then checks itself)
 WATCHDOG_POLL_S = 1.0
 NODE_HOST_NAMESPACE = "gpusession"  # the Ray namespace of the node hosts (nodehost.py), which this worker asks
+LAUNCHER_ENV = "GPUSESSION_LAUNCHER"  # set by `gpusession hub`: the root launcher's socket (gpusession/launcher/)
+
+
+def launcher_path() -> str | None:
+    """The node's launcher socket when ranks run as their users (under the hub), else None: the
+    actor's own warm parent forks them as its own account, as in every one-user setup."""
+    return os.environ.get(LAUNCHER_ENV) or None
 
 
 class _RankProcess(NamedTuple):
@@ -47,6 +56,7 @@ class Worker:
         # The node host's warm parent (nodehost.py) when started by it, else one of our own (a
         # call with its own runtime_env), which starts importing torch now, in parallel.
         self._zygote_path, self._host_name = zygote_path, host_name
+        self._launcher = launcher_path()  # then every child is started as its caller's account
         self.zygote = self._new_zygote()
         self.node_id = ray.get_runtime_context().get_node_id()
         self.address = ray.util.get_node_ip_address()
@@ -66,15 +76,18 @@ class Worker:
         return {"node_id": self.node_id, "address": self.address, "pid": os.getpid(),
                 "host": socket.gethostname(), "zygote_pid": self.zygote.pid, "beat_port": self._beats.port}
 
-    def open_rendezvous(self, world_size: int, timeout_s: float) -> tuple[str, int]:
+    def open_rendezvous(self, world_size: int, timeout_s: float, account: str = "") -> tuple[str, int]:
         """Rank 0's actor: the attempt's TCPStore, served until the next attempt by a fork of the
-        warm parent (store.py), which binds a port the OS picks and answers it."""
+        warm parent (store.py), which binds a port the OS picks and answers it. Under the hub it
+        runs as the caller's `account`, as the ranks do; LaunchRefused (the launcher would not
+        start that account here) fails the call before any rank starts."""
         self._close_store()  # the last attempt's: its ranks are gone by now
         self.zygote.wait_ready(ZYGOTE_START_TIMEOUT_S)
-        pid, conn = self._fork()
+        pid, conn = self._fork(account, role="store")
         zygote = self.zygote
         self._store = (zygote, pid, conn)
         try:
+            handoff.send(conn.fileno(), None, None)
             conn.send(m.ServeStore(self.address, world_size, timeout_s))
             waited = timeout_s + STORE_ANSWER_MARGIN_S
             answer = wire.decode(conn.recv_bytes(), conn.recv_bytes) if conn.poll(waited) else m.StoreServing(
@@ -137,13 +150,28 @@ class Worker:
             snapshot = ray.get(checkpoint[0]) if checkpoint else None
             _sweep_stale_scratch()  # what lost ranks left on this node, even while this actor stays warm
             claim = scratch.Claim(scratch_dir(spec))
+            files: list[int] = []
+            result_fd = None
             try:
                 # this node's one copy of the call's big buffers, which every rank here maps
                 bulk_path = bulk.node_copy(call, bulk.node_directory(self.cluster, spec.lease_id)) if call.sizes else ""
-                pid, conn = self._fork()
+                if bulk_path:
+                    files.append(os.open(bulk_path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC))
+                result_fd = bulk.result_file(bulk.result_path(spec)) if spec.return_value else None
+                pid, conn = self._fork(spec.caller_account,
+                                       None if spec.logical_gpus else tuple(spec.node_gpu_ids))
+                handoff.send(conn.fileno(), files[0] if bulk_path else None, result_fd)
+            except LaunchRefused as exc:
+                claim.release()
+                _close_all(files, result_fd)
+                yield _refused(spec, exc)
+                yield m.RankExited(spec.rank, socket.gethostname(), None, None, True, time.time())
+                return
             except BaseException:
                 claim.release()
+                _close_all(files, result_fd)
                 raise
+            _close_all(files, result_fd)  # the rank holds its own copies now
             zygote = self.zygote  # the warm parent that forked it: the one that may kill it
             with self._conn_lock:
                 self._child, self._conn, self._conn_run = _RankProcess(zygote, pid, spec.run_id), conn, spec.run_id
@@ -176,24 +204,31 @@ class Worker:
             finally:
                 self._child = None  # on every path: a stop() after this must not reach for the pid
                 claim.release()  # the last rank of the attempt on this node removes the directory
+                if spec.return_value:
+                    bulk.unlink(bulk.result_path(spec))  # unused (a small result), or left by a killed rank
             yield m.RankExited(spec.rank, socket.gethostname(), status[0], status[1], clean, time.time())
 
-    def _fork(self):
-        """A fresh rank process; a warm parent killed while idle (the OOM killer picks big
-        processes) is started again first."""
+    def _fork(self, account: str = "", gpus: tuple[str, ...] | None = None, *, role: str = "rank"):
+        """A fresh rank process (under the hub: started by the launcher as `account`); a warm
+        parent killed while idle (the OOM killer picks big processes) is started again first."""
+        as_user = {"account": account, "gpus": gpus, "role": role} if self._launcher else {}
         for _ in range(2):
             if not self.zygote.alive():
                 self.zygote = self._new_zygote(restart=True)
                 self.zygote.wait_ready(ZYGOTE_START_TIMEOUT_S)
             try:
-                return self.zygote.fork()
+                return self.zygote.fork(**as_user)
+            except LaunchRefused:
+                raise
             except (RuntimeError, OSError):  # it died just now: once more with a new one
                 if self.zygote.alive():
                     raise
                 continue
-        return self.zygote.fork()
+        return self.zygote.fork(**as_user)
 
     def _new_zygote(self, *, restart: bool = False) -> Zygote:
+        if self._launcher:  # root's launcher: the node's one warm parent, which nobody here restarts
+            return Zygote.connect(self._launcher, ZYGOTE_START_TIMEOUT_S)
         if self._zygote_path is None:
             return Zygote.start()
         if restart:  # the node host starts its warm parent again, at the same socket path
@@ -207,6 +242,23 @@ class Worker:
                     self._conn.send(item)
                 except OSError:  # the rank just exited
                     pass
+
+
+def _close_all(files: list[int], result_fd: int | None) -> None:
+    for fd in [*files, *([result_fd] if result_fd is not None else [])]:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _refused(spec: RankSpec, exc: LaunchRefused) -> m.RankError:
+    """The launcher would not start this rank (its user is unknown on this node, or not one it
+    starts): the rank's error, so the call fails at once naming user and node."""
+    return m.RankError(rank=spec.rank, host=socket.gethostname(), type="LaunchRefused", message=str(exc),
+                       traceback="", at=time.time(),
+                       mro=("gpusession.errors.LaunchRefused", "gpusession.errors.GPUSessionError",
+                            "builtins.Exception"))
 
 
 def _sweep_stale_scratch() -> None:

@@ -17,9 +17,19 @@ user can enter). On every connection:
                    is a child this connection asked for that has not been reaped yet. Only the
                    parent can kill by pid safely: once a child is reaped, its pid may be given to
                    any new process (pid_max is often 32768), and a late kill would hit that one;
-  zygote -> actor: JSON lines: {"hello": pid}, {"forked": pid}, {"exited": pid, "code", "signal"}.
+                   b"U" with one file descriptor attached, then a length (4 bytes, big-endian) and
+                   that many bytes of JSON {"account": name, "gpus": [...] or null, "role": "rank"
+                   or "store"}: fork a child
+                   that runs as that account (only a launcher, run as root, serves this; see
+                   gpusession/launcher/);
+  zygote -> actor: JSON lines: {"hello": pid}, {"forked": pid}, {"refused": why},
+                   {"exited": pid, "code", "signal"}.
 A connection that closes (its actor died) takes the children it asked for with it. The zygote
-ends, killing every child, as soon as its owner's control socket closes (the owner died)."""
+ends, killing every child, as soon as its owner's control socket closes (the owner died).
+
+With a Gate (gpusession/launcher/gate.py: the same loop run as root) connections are kept only
+from the service account, plain b"F" forks are refused, and each child becomes its account before
+it runs anything; without one (every setup but `gpusession hub`) nothing here changes."""
 from __future__ import annotations
 
 import json
@@ -34,8 +44,11 @@ import threading
 import time
 from multiprocessing.connection import Connection
 
+from ..errors import LaunchRefused
+
 PATH_ENV = "GPUSESSION_ZYGOTE_SYS_PATH"
-FORK, KILL = b"F", b"K"
+FORK, KILL, FORK_AS = b"F", b"K", b"U"
+LENGTH_BYTES = 4
 PID_BYTES = 8
 REAP_EVERY_S = 0.05
 # What every rank needs, imported once here. Not Ray: a rank is not a Ray worker (see spec.py).
@@ -49,7 +62,7 @@ PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo", "
 
 
 # ----- the zygote process ------------------------------------------------------------------------
-def _serve(owner: socket.socket, listener: socket.socket | None) -> None:
+def _serve(owner: socket.socket, listener: socket.socket | None, gate=None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is for the caller, not us
     import importlib
 
@@ -75,15 +88,17 @@ def _serve(owner: socket.socket, listener: socket.socket | None) -> None:
                 if sock is wake:
                     _drain(wake)
                 elif sock is listener:
-                    _accept(listener, asked)
-                elif not _serve_request(sock, owner, listener, asked, children):
+                    _accept(listener, asked, gate)
+                elif not _serve_request(sock, owner, listener, asked, children, gate):
                     if sock is owner:
                         return  # the owner is gone
-                    _drop(sock, asked, children)
-            _reap(children, asked)
+                    _drop(sock, asked, children, gate)
+            _reap(children, asked, gate)
     finally:
         for pid in children:
             _kill_group(pid)
+        if gate is not None:
+            gate.close()
 
 
 _wake_sockets: tuple[socket.socket, socket.socket] = ()  # the zygote's SIGCHLD wakeup pair
@@ -97,10 +112,13 @@ def _drain(sock: socket.socket) -> None:
         pass
 
 
-def _accept(listener: socket.socket, asked: dict) -> None:
+def _accept(listener: socket.socket, asked: dict, gate=None) -> None:
     try:
         conn, _ = listener.accept()
     except OSError:
+        return
+    if gate is not None and not gate.accepts(conn):  # SO_PEERCRED: the service account only
+        conn.close()
         return
     if _send(conn, {"hello": os.getpid()}):
         asked[conn] = set()
@@ -108,7 +126,7 @@ def _accept(listener: socket.socket, asked: dict) -> None:
         conn.close()
 
 
-def _serve_request(sock, owner, listener, asked: dict, children: dict) -> bool:
+def _serve_request(sock, owner, listener, asked: dict, children: dict, gate=None) -> bool:
     """Fork the child one request asks for; False when the connection closed."""
     try:
         data, fds, _, _ = socket.recv_fds(sock, 1, 1)
@@ -122,15 +140,42 @@ def _serve_request(sock, owner, listener, asked: dict, children: dict) -> bool:
             return False
         if pid in asked.get(sock, ()):  # unreaped (reaped ones leave `asked`): the pid is still its own
             _kill_group(pid)
+            if gate is not None:
+                gate.kill(pid)  # and whatever left its process group (setsid)
         return True
+    request = _read_request(sock) if data == FORK_AS else None
+    if data == FORK_AS and request is None:
+        return False
     if not fds:
         return True
+    plan = None
+    if gate is not None:
+        plan, why = gate.prepare(request) if request is not None else (
+            None, "this launcher starts ranks only as a named account (a b'U' request)")
+        if why:
+            for fd in fds:
+                os.close(fd)
+            return _send(sock, {"refused": why})
     others = [s for s in asked if s is not None] + ([listener] if listener is not None else [])
-    pid = _fork_child(others, fds[0])
-    os.close(fds[0])
+    pid = _fork_child(others, fds[0], gate, plan)
+    for fd in fds:
+        os.close(fd)
+    if gate is not None:
+        gate.started(pid, plan)
     children[pid] = sock
     asked[sock].add(pid)
     return _send(sock, {"forked": pid})
+
+
+def _read_request(sock: socket.socket) -> dict | None:
+    try:
+        raw = sock.recv(LENGTH_BYTES, socket.MSG_WAITALL)
+        size = int.from_bytes(raw, "big") if len(raw) == LENGTH_BYTES else -1
+        body = sock.recv(size, socket.MSG_WAITALL) if 0 <= size <= 65536 else b""
+        request = json.loads(body)
+    except (OSError, ValueError):
+        return None
+    return request if isinstance(request, dict) else None
 
 
 def _read_pid(sock: socket.socket) -> int | None:
@@ -141,16 +186,18 @@ def _read_pid(sock: socket.socket) -> int | None:
     return int.from_bytes(raw, "big") if len(raw) == PID_BYTES else None
 
 
-def _drop(sock: socket.socket, asked: dict, children: dict) -> None:
+def _drop(sock: socket.socket, asked: dict, children: dict, gate=None) -> None:
     """A worker actor's connection closed (the actor died): its ranks die too; they are still
     reaped here, with nobody left to tell."""
     for pid in asked.pop(sock, ()):
         _kill_group(pid)
+        if gate is not None:
+            gate.kill(pid)
         children[pid] = None
     sock.close()
 
 
-def _fork_child(inherited: list[socket.socket], fd: int) -> int:
+def _fork_child(inherited: list[socket.socket], fd: int, gate=None, plan=None) -> int:
     pid = os.fork()
     if pid:
         return pid
@@ -162,6 +209,9 @@ def _fork_child(inherited: list[socket.socket], fd: int) -> int:
         os.setsid()  # its own process group: the actor kills the rank with every process it started
         _die_with_parent()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        if gate is not None:  # run as root: become the user first (launcher/gate.py), or run nothing
+            gate.enter(plan, fd)
         from gpusession.run import child
 
         child.main(fd)
@@ -169,7 +219,7 @@ def _fork_child(inherited: list[socket.socket], fd: int) -> int:
         os._exit(70)
 
 
-def _reap(children: dict, asked: dict) -> None:
+def _reap(children: dict, asked: dict, gate=None) -> None:
     while children:
         try:
             pid, status = os.waitpid(-1, os.WNOHANG)
@@ -178,6 +228,8 @@ def _reap(children: dict, asked: dict) -> None:
         if pid == 0:
             return
         conn = children.pop(pid, None)
+        if gate is not None:
+            gate.ended(pid)  # before the actor hears of it: what the rank left is gone by then
         if conn is None or conn not in asked:
             continue
         asked[conn].discard(pid)
@@ -269,13 +321,23 @@ class Zygote:
     def alive(self) -> bool:
         return not self._closed and (self.process is None or self.process.poll() is None)
 
-    def fork(self, timeout_s: float = 10.0) -> tuple[int, Connection]:
+    def fork(self, timeout_s: float = 10.0, *, account: str | None = None,
+             gpus: tuple[str, ...] | None = None, role: str = "rank") -> tuple[int, Connection]:
+        """A fresh child; with `account` (a launcher only: gpusession/launcher/) it runs as that
+        Unix account, seeing only `gpus`' device files where that is enforced. LaunchRefused
+        says why the launcher would not."""
         ours, theirs = socket.socketpair()
         with self._lock:
             if not self.alive():
                 raise RuntimeError("The warm parent of rank processes is gone.")
             try:
-                socket.send_fds(self._control, [FORK], [theirs.fileno()])
+                if account is None:
+                    socket.send_fds(self._control, [FORK], [theirs.fileno()])
+                else:
+                    body = json.dumps({"account": account, "gpus": list(gpus) if gpus is not None else None,
+                                       "role": role}).encode()
+                    socket.send_fds(self._control, [FORK_AS], [theirs.fileno()])
+                    self._control.sendall(len(body).to_bytes(LENGTH_BYTES, "big") + body)
             except OSError:
                 self._closed = True  # it died; our reader may not have seen the EOF yet
                 raise RuntimeError("The warm parent of rank processes is gone.") from None
@@ -285,6 +347,9 @@ class Zygote:
                 pid = self._forked.get(timeout=timeout_s)
             except queue.Empty:
                 raise RuntimeError(f"The warm parent did not fork a rank process within {timeout_s:.0f} s.") from None
+        if isinstance(pid, str):
+            ours.close()
+            raise LaunchRefused(f"The launcher refused to start the rank: {pid}.")
         return pid, Connection(ours.detach())
 
     def exit_status(self, pid: int, timeout_s: float) -> tuple[int | None, int | None] | None:
@@ -348,6 +413,8 @@ class Zygote:
             self._hello.set()
         elif "forked" in message:
             self._forked.put(message["forked"])
+        elif "refused" in message:
+            self._forked.put(str(message["refused"]))
         elif "exited" in message:
             with self._exited:
                 self._exits[message["exited"]] = (message.get("code"), message.get("signal"))

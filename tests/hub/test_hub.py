@@ -46,36 +46,112 @@ def test_each_user_runs_a_gpu_cell_at_once_on_the_shared_cluster(hub):
     for user, ran in zip((hub.alice, hub.bob), runs):
         assert ran.error is None, f"{user.name}: {ran}"
         seen = user.run("print(total.item(), rank_user)")
-        assert seen.stdout.split() == ["3.0", hub.layout.service_user], seen  # 1 + 2 over 2 ranks
+        assert seen.stdout.split() == ["3.0", user.name], seen  # 1 + 2 over 2 ranks, run as the user
 
 
 MY_FILE = "import os\npath = os.path.expanduser('~/mine.txt')\nopen(path, 'w').write('42')\nos.chmod(path, 0o600)"
-RANK_READS_IT = "%%gpu 2\nseen = open(path).read()"
-NOTEBOOK_READS_IT = "data = open(path).read()"
-RANK_USES_IT = "%%gpu 2\nseen = data\nwhere = gs.context().scratch_dir"
+RANK_IS_ITS_USER = """%%gpu 2
+import os
+seen = open(path).read()
+where = gs.context().scratch_dir
+made = os.path.expanduser(f"~/from-rank-{gs.context().rank}.txt")
+open(made, "w").write("x")
+facts = (seen, os.stat(where).st_uid, oct(os.stat(where).st_mode & 0o777), os.stat(made).st_uid, os.getcwd())"""
 
 
-def test_a_rank_cannot_read_its_users_home_says_why_and_keeps_scratch_private(hub):
-    """README "What a user's code runs as": ranks run as the service account, so a file in the
-    user's home that only they may read (0600) fails in the rank with PermissionError naming the path and
-    whose account the ranks run as; reading it in the
-    notebook and using the name in the cell works; the rank's scratch directory lies in the service
-    account's private directory, which another user's kernel cannot even list."""
-    _ready(hub.alice, hub.bob)
+def test_a_rank_runs_as_its_user_reads_their_0600_file_and_what_it_writes_is_theirs(hub):
+    """README "A team on one machine": the launcher starts each rank as the user whose kernel
+    called it, in the notebook's folder, with a 0700 scratch directory of that user's."""
+    _ready(hub.alice)
     assert hub.alice.run(MY_FILE).error is None
-    refused = hub.alice.run(RANK_READS_IT)
-    said = refused.error or ""
-    assert said.startswith("WorkerFailed") and "raised PermissionError" in said and "mine.txt" in said, refused
-    assert f"run as the Unix account {hub.layout.service_user!r}, not as {hub.alice.name!r}" in said, said
-    assert hub.alice.run(NOTEBOOK_READS_IT).error is None
-    ran = hub.alice.run(RANK_USES_IT)
+    ran = hub.alice.run(RANK_IS_ITS_USER)
     assert ran.error is None, ran
-    shown = hub.alice.run("print(seen, where)").stdout.split()
-    assert shown[0] == "42", shown
-    private = hub.layout.cluster_dir / "tmp"
-    assert shown[1].startswith(f"{private}/"), f"the rank's scratch {shown[1]} is not under {private}"
-    peeked = hub.bob.run(f"import os\nos.listdir({str(private)!r})")
-    assert peeked.error and peeked.error.startswith("PermissionError"), peeked
+    shown = hub.alice.run("import os\nprint(repr(facts), os.getuid(), repr(os.getcwd()))").stdout.strip()
+    facts, uid, cwd = shown.rsplit(" ", 2)
+    assert eval(facts) == ("42", int(uid), "0o700", int(uid), eval(cwd)), shown
+
+
+ANN_WAITS = """%%gpu 1
+import json, os, time
+from pathlib import Path
+note = Path({note!r})
+note.write_text(json.dumps({{"pid": os.getpid(), "scratch": gs.context().scratch_dir,
+                             "tmp": os.environ["TMPDIR"]}}))
+note.chmod(0o644)
+stop = Path({stop!r})
+deadline = time.monotonic() + 240
+while not stop.exists() and time.monotonic() < deadline:
+    time.sleep(0.2)
+ann_done = stop.exists()"""
+
+BOB_ATTACKS = """%%gpu 1
+import json, os, signal, socket, subprocess, sys
+ann = json.loads(open({note!r}).read())
+def attempt(act):
+    try:
+        act()
+        return "done"
+    except PermissionError:
+        return "refused"
+def connect_launcher():
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.connect({launcher!r})
+tried = {{
+    "environ": attempt(lambda: open(f"/proc/{{ann['pid']}}/environ").read()),
+    "signal": attempt(lambda: os.kill(ann["pid"], signal.SIGTERM)),
+    "scratch": attempt(lambda: os.listdir(ann["scratch"])),
+    "tmp": attempt(lambda: os.listdir(ann["tmp"])),
+    "admin_token": attempt(lambda: open({token!r}).read()),
+    "identity_key": attempt(lambda: open({key!r}).read()),
+    "launcher": attempt(connect_launcher),
+}}
+daemon = subprocess.Popen([sys.executable, "-c", "import os, sys, time\\nif os.fork(): os._exit(0)\\nos.setsid()\\n"
+                           "print(os.getpid(), flush=True)\\ntime.sleep(600)"], stdout=subprocess.PIPE, text=True)
+left_behind = int(daemon.stdout.readline())
+daemon.wait()"""
+
+
+def test_bobs_rank_cannot_touch_anns_rank_or_the_services_secrets_and_leaves_nothing_behind(hub):
+    """Ann's rank runs while bob's rank attacks it: her /proc environ, a signal, her scratch and
+    temporary directory, the broker's secrets, the launcher's socket; and bob's double-forked,
+    setsid process is gone once his cell returns. Ann's run ends right."""
+    import json
+    import os
+    import pwd
+
+    import psutil
+
+    from gpusession.hub.launching import launcher_dir
+    from gpusession.launcher.__main__ import socket_path
+
+    _ready(hub.alice, hub.bob)
+    shared = hub.layout.state.parent / "shared"  # where ann's rank leaves her pid for the attacker
+    shared.mkdir(mode=0o777, exist_ok=True)  # (removed with the module's hub)
+    os.chmod(shared, 0o1777)
+    note, stop = shared / "ann.json", shared / "stop"
+    pool = ThreadPoolExecutor(1)
+    ann_run = pool.submit(hub.alice.run, ANN_WAITS.format(note=str(note), stop=str(stop)), 300)
+    try:
+        assert _wait_for(lambda: note.exists() and note.read_text()), f"ann's rank never started: {ann_run}"
+        ann = json.loads(note.read_text())
+        attack = BOB_ATTACKS.format(note=str(note), token=str(hub.layout.admin_token_path),
+                                    key=str(hub.layout.identity_key_path),
+                                    launcher=str(socket_path(launcher_dir(hub.layout))))
+        ran = hub.bob.run(attack)
+        assert ran.error is None, ran
+        shown = hub.bob.run("print(json.dumps(tried), left_behind)").stdout.strip().rsplit(" ", 1)
+        assert json.loads(shown[0]) == {name: "refused" for name in (
+            "environ", "signal", "scratch", "tmp", "admin_token", "identity_key", "launcher")}, shown
+        left = int(shown[1])
+        assert not psutil.pid_exists(left) or psutil.Process(left).status() == psutil.STATUS_ZOMBIE, \
+            f"bob's setsid process {left} outlived his cell"
+        assert psutil.Process(ann["pid"]).uids().real == pwd.getpwnam(hub.alice.name).pw_uid  # untouched, hers
+    finally:
+        stop.touch()
+        done = ann_run.result(timeout=300)
+        pool.shutdown()
+    assert done.error is None, done
+    assert hub.alice.run("print(ann_done)").stdout.strip() == "True"
 
 
 ALICE_HOLDS = "held = gs.lease(gpus=1)\nheld.__enter__()\nprint(held.lease_id)"
@@ -200,7 +276,7 @@ def test_two_users_log_in_through_the_hub_page_and_run_gpu_2_cells_at_once_in_ju
     for name, page in pages.items():
         output = lab_cell(page, 1).locator(".jp-OutputArea-output", has_text="sum ")
         output.wait_for(timeout=300_000)
-        assert f"sum 3.0 as {hub.layout.service_user}" in output.inner_text(), f"{name}: {output.inner_text()}"
+        assert f"sum 3.0 as {name}" in output.inner_text(), f"{name}: {output.inner_text()}"  # ranks run as their user
     with sqlite3.connect(hub.layout.db_path) as db:  # the ledger: when each run held its 2 GPUs
         runs = [db.execute("SELECT granted_at, released_at FROM leases WHERE user = ? AND gpus = 2 "
                            "ORDER BY granted_at DESC LIMIT 1", (user.name,)).fetchone() for user in (hub.alice, hub.bob)]

@@ -4,6 +4,9 @@ accounts is left. A module of its own, so its hub is its own: it stops it, and n
 depends on running before it."""
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from .test_hub import _ready, _wait_for
@@ -54,3 +57,7 @@ def test_stopping_the_hub_mid_run_frees_the_gpus_within_5_s_and_leaves_no_proces
     alive = [proc for proc in known if proc.is_running() and proc.status() != "zombie"]
     assert alive == [], f"processes the hub started, still running: {alive}"
     assert hub.processes() == [], f"processes of the hub's accounts still running: {hub.processes()}"
+    launcher = re.search(r"the launcher runs \(pid (\d+)\)", hub.output.read_text())
+    assert launcher, hub.output.read_text()[-2000:]
+    left = [str(path) for path in Path("/sys/fs/cgroup").glob(f"*/gpusession-launcher-{launcher.group(1)}")]
+    assert left == [], f"the launcher's cgroups outlived it: {left}"

@@ -9,7 +9,7 @@ import psutil
 from torch.distributed import TCPStore
 
 from gpusession.run import messages as m
-from gpusession.run import wire
+from gpusession.run import handoff, wire
 from gpusession.run.zygote import Zygote
 
 START_S = 180.0  # the warm parent imports torch; a loaded 2-core machine is slow
@@ -19,6 +19,7 @@ ANSWER_S = 30.0 + STORE_TIMEOUT_S
 
 def _serve(zygote: Zygote, address: str) -> tuple[int, object, m.StoreServing]:
     pid, pipe = zygote.fork()
+    handoff.send(pipe.fileno(), None, None)  # no files: as the worker actor starts a store
     pipe.send(m.ServeStore(address, 2, STORE_TIMEOUT_S))
     assert pipe.poll(ANSWER_S), f"the store process did not answer within {ANSWER_S:.0f} s"
     return pid, pipe, wire.decode(pipe.recv_bytes(), pipe.recv_bytes)  # as the worker actor reads it

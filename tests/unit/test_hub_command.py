@@ -120,12 +120,3 @@ def test_the_hub_counts_as_ready_only_when_its_own_api_answers_through_the_proxy
         server.shutdown()
         server.server_close()
     assert seen == [404, 503, 200, 200], "ready came before the Hub's own answer"
-
-
-def test_a_ranks_permission_error_says_whose_account_it_runs_as_only_when_not_the_callers():
-    from gpusession.run.rank_account import permission_hint
-
-    hint = permission_hint("gpusession", "bob")
-    assert "'gpusession'" in hint and "not as 'bob'" in hint and "read the file in the notebook" in hint
-    assert permission_hint("bob", "bob") == ""  # gpusession lab: the rank is the user; their error is theirs
-    assert permission_hint("gpusession", "") == ""  # a caller that did not say (an older client)
