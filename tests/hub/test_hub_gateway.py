@@ -221,12 +221,14 @@ def test_status_the_rest_api_and_the_cli_answer_bob_through_the_gateway_without_
     assert f"{hub.bob.name}: 0 GPUs in use" in cli.stdout, cli
 
 
-def test_a_lease_in_bobs_kernel_names_the_gateway_and_starts_no_ray_of_his_own(hub):
-    """Until the run session lands, leasing from a hub kernel fails at once, saying why; it never
-    falls back to starting a Ray head as bob (his own cluster, outside the hub's quotas)."""
+def test_a_held_lease_in_bobs_kernel_names_the_gateway_and_starts_no_ray_of_his_own(hub):
+    """Held leases (gs.lease) are not offered through the gateway: asking for one from a hub kernel
+    fails at once, saying why and what to use; it never falls back to starting a Ray head as bob
+    (his own cluster, outside the hub's quotas)."""
     _ready(hub.bob)
     tried = hub.bob.run("held = gs.lease(gpus=1)\nheld.__enter__()", timeout_s=60)
-    assert tried.error and "through the gateway at" in tried.error, tried
+    assert tried.error and "not available through the gpusession gateway" in tried.error, tried
+    assert "@gs.distributed or %%gpu" in tried.error, tried
     bobs = [p.info["cmdline"] for p in psutil.process_iter(["username", "cmdline"])
             if p.info["username"] == hub.bob.name
             and any(part in " ".join(p.info["cmdline"] or ()) for part in ("raylet", "gcs_server", "ray start"))]
