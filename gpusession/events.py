@@ -36,6 +36,8 @@ class RunInfo:
     communication: Any = None  # comm_options.CommReport: grad compression, precision, bytes per step
     shipped_bytes: int = 0  # the call's big arrays and tensors, sent out of band (run/bulk.py)
     shipped_s: float = 0.0  # pickling them and putting them in the object store, in the caller
+    returned_bytes: int = 0  # the returned values' pickles and big buffers, as the caller got them
+    returned_s: float = 0.0  # fetching them from the object store and unpickling them in the caller
     # rank 0's last committed checkpoint, held in Ray's object store (`checkpoint` fetches it;
     # `.resume()` and a restarted attempt continue from it)
     checkpoint_ref: Any = field(default=None, repr=False)

@@ -8,6 +8,7 @@ import html
 from typing import Any
 
 HEAD_ROWS, TAIL_ROWS = 3, 4  # a history longer than both shows its first and last rows only
+RETURNED_SHOWN_FROM = 1 << 20  # a result this big is worth a word in the receipt
 
 
 def format_value(value: Any) -> str:
@@ -33,6 +34,8 @@ def costs(info, *, hosts: bool = True) -> str:
         parts.append(info.communication.summary())
     if getattr(info, "shipped_bytes", 0):
         parts.append(f"shipped {info.shipped_bytes / 1e6:,.0f} MB in {info.shipped_s:.2f} s")
+    if getattr(info, "returned_bytes", 0) >= RETURNED_SHOWN_FROM:
+        parts.append(f"returned {info.returned_bytes / 1e6:,.0f} MB in {info.returned_s:.2f} s")
     ranks = last_ranks(info)
     if hosts and len(set(ranks.values())) > 1:
         parts.append(ranks_on_hosts(ranks))

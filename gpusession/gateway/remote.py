@@ -118,7 +118,10 @@ def _follow(conn: Connection, path: str, info: RunInfo, observer: Observer) -> A
     if stopped is not None:
         raise stopped
     if message.kind == "done" and message.get("error") is None:
-        return _values(message)
+        unpickling = time.perf_counter()
+        values = _values(message)
+        info.returned_s += time.perf_counter() - unpickling
+        return values
     raise error_from_json(message.get("error"))
 
 

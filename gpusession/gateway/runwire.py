@@ -99,7 +99,8 @@ def _require_json(value: Any, name: str) -> None:
 # ----- RunInfo ------------------------------------------------------------------------------------
 _PLAIN_FIELDS = ("lease_id", "gpus", "workers", "backend", "logical_gpus", "nodes", "queued_s", "setup_s",
                  "run_s", "gpu_seconds", "restarts", "resizes", "over_quota", "steps_lost", "transitions",
-                 "state", "end_reason", "released", "shipped_bytes", "shipped_s", "checkpoint_step")
+                 "state", "end_reason", "released", "shipped_bytes", "shipped_s", "returned_bytes", "returned_s",
+                 "checkpoint_step")
 
 
 def info_to_json(info: RunInfo, *, checkpoint: str | None) -> dict:

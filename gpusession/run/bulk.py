@@ -220,6 +220,14 @@ def value_frames(value: Any) -> tuple[bytes, tuple]:
     return header, tuple(value.buffers)
 
 
+def value_size(value: Any) -> int:
+    """The bytes of a rank's returned value as it travels (its pickle and its big buffers); 0 for none."""
+    if value is None:
+        return 0
+    header, buffers = value_frames(value)
+    return len(header) + sum(memoryview(buffer).nbytes for buffer in buffers)
+
+
 def loads_frames(header: bytes, buffers: list) -> Any:
     """The value of a pickle and its out-of-band buffers (writable ones: the value owns them)."""
     import cloudpickle

@@ -188,7 +188,12 @@ class RunController:
         return follower.follow()
 
     def _value(self, value) -> Any:
-        return value if self.raw_results else _loads(value)
+        if self.raw_results:  # the caller's kernel unpickles it (gateway/remote.py adds its time)
+            return value
+        unpickling = time.perf_counter()
+        loaded = _loads(value)
+        self.info.returned_s += time.perf_counter() - unpickling
+        return loaded
 
     def _stop_survivors(self, failed: Failed) -> None:
         """Stop every rank that can still be reached, now; a lost host's workers are dropped from

@@ -18,6 +18,7 @@ import ray
 from ..errors import RunTimeout, WorkerFailed
 from ..events import Observer, RunInfo
 from . import commits, judgements as judge, messages as m
+from .bulk import value_size
 from .losses import Losses
 from .notices import notice_error
 from ..broker.notice import Notice, NoticeKind
@@ -110,7 +111,11 @@ class Follower:
         end = self._check_failures()
         if end is not None:
             return end
-        return Finished({rank: ray.get(ref) if ref is not None else None for rank, ref in self.results.items()})
+        fetching = time.perf_counter()
+        values = {rank: ray.get(ref) if ref is not None else None for rank, ref in self.results.items()}
+        self.info.returned_s = time.perf_counter() - fetching
+        self.info.returned_bytes = sum(value_size(value) for value in values.values())
+        return Finished(values)
 
     # ----- failures -------------------------------------------------------------------------------
     def _fail(self, fault: Fault, error: WorkerFailed, *, collateral: bool) -> None:

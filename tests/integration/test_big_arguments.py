@@ -74,7 +74,7 @@ def cluster_name() -> str:
 
 
 @pytest.mark.skipif(bulk.NODE_ROOT is None, reason="no /dev/shm on this machine")
-def test_a_200_mb_result_arrives_whole_and_writable_with_one_copy_in_the_caller(cluster, quiet):
+def test_a_200_mb_result_arrives_whole_and_writable_with_one_copy_and_the_receipt_says_so(cluster, quiet):
     @gs.distributed(gpus=2)
     def make():
         import torch
@@ -91,7 +91,10 @@ def test_a_200_mb_result_arrives_whole_and_writable_with_one_copy_in_the_caller(
     result["tensor"][0] = 5.0
     assert memory.growth < 1.5 * 200 * MB, (
         f"the caller's own memory grew by {memory.growth / MB:.0f} MB for a 200 MB result (bound: 1.5 copies)")
-    leftover = bulk.node_directory(cluster_name(), make.last_run.lease_id)
+    info = make.last_run
+    assert 200 * MB <= info.returned_bytes < 200 * MB + MB and info.returned_s > 0, info
+    assert f"returned {info.returned_bytes / 1e6:,.0f} MB in {info.returned_s:.2f} s" in info.receipt()
+    leftover = bulk.node_directory(cluster_name(), info.lease_id)
     assert not os.path.exists(leftover), f"the rank's result file {leftover} outlived its lease"
 
 

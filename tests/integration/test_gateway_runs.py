@@ -189,7 +189,7 @@ def test_a_call_returns_its_value_streams_output_and_reports_moves_100_mb_each_w
         say(world=value["world"], same=bool(np.array_equal(value["big"][1:], big[1:] * 2)),
             ray="ray" in sys.modules, events=sorted(set(EVENTS)), history=info.history,
             lease_id=info.lease_id, released=info.released, end=info.end_reason, shipped=info.shipped_bytes,
-            order=[e for e in EVENTS if e != "output"], receipt=info.receipt())
+            returned=info.returned_bytes, order=[e for e in EVENTS if e != "output"], receipt=info.receipt())
     """)
     got = k.result()
     assert got["world"] == 2 and got["same"], got
@@ -198,7 +198,8 @@ def test_a_call_returns_its_value_streams_output_and_reports_moves_100_mb_each_w
     assert got["order"][0] == "requesting" and got["order"][-2:] == ["released", "finished"], got["order"]
     assert [r["step"] for r in got["history"]] == [1, 2] and got["history"][1]["loss"] == 0.25
     assert got["lease_id"] is not None and got["released"] and got["end"] == "finished"
-    assert got["shipped"] >= 100 * 2**20
+    assert got["shipped"] >= 100 * 2**20 and got["returned"] >= 100 * 2**20
+    assert "shipped 105 MB in" in got["receipt"] and "returned 105 MB in" in got["receipt"], got["receipt"]
     assert any("hello from 0" in line for line in k.lines) and any("hello from 1" in line for line in k.lines)
     rows = {row["lease_id"]: row for row in client.call(broker.leases, admin, True)}
     assert rows[got["lease_id"]]["state"] == "ended"

@@ -70,7 +70,7 @@ def test_a_runtime_env_that_is_not_json_is_refused_in_the_kernel_before_anything
 def test_run_info_travels_and_the_kernels_history_follows_the_services():
     service = RunInfo(lease_id=7, gpus=2, workers=2, backend="gloo", nodes=["n1"], queued_s=0.5,
                       transitions=["restarted"], rank_hosts={0: "a (1.2.3.4)", 1: "b"}, state="running",
-                      shipped_bytes=10, checkpoint_step=3)
+                      shipped_bytes=10, returned_bytes=20, returned_s=0.5, checkpoint_step=3)
     service.communication = CommReport(validate_comm_options(grad_compression="powersgd:rank=3,warmup=12",
                                                              precision="bf16"), True, steps=5, bytes_last_step=9)
     kernel = RunInfo()
@@ -81,7 +81,8 @@ def test_run_info_travels_and_the_kernels_history_follows_the_services():
     assert handle == "abc"
     assert kernel.history == service.history
     for name in ("lease_id", "gpus", "workers", "backend", "nodes", "queued_s", "transitions", "rank_hosts",
-                 "state", "shipped_bytes", "checkpoint_step", "communication"):
+                 "state", "shipped_bytes", "returned_bytes", "returned_s", "checkpoint_step",
+                 "communication"):
         assert getattr(kernel, name) == getattr(service, name), name
     # a restart drops the steps it redoes: the next report replaces them in the kernel too
     del service.history[1:]
