@@ -26,6 +26,10 @@ from dataclasses import dataclass
 from gpusession.cluster import localhead
 from gpusession.gateway.client import GATEWAY_ENV, gateway_path
 from gpusession.identity import SIGNATURE_ENV, USER_ENV, sign
+
+# This server holds the key itself (it runs beside the broker): its kernels' signatures last as
+# long as a kernel might; the short-lived ones are the Hub's, for servers elsewhere (spawnhook.py).
+SERVER_SIGNED_FOR_S = 365 * 24 * 3600
 from gpusession.cluster.raycluster import state_dir
 
 from . import bringup
@@ -137,7 +141,7 @@ class Backend:
         if user in self.options.admin_users and conn.admin_token:
             return {"user": user, "token": conn.admin_token, "by": user}
         if conn.signing_key:
-            return {"user": user, "signature": sign(user, conn.signing_key)}
+            return {"user": user, "signature": sign(user, conn.signing_key, valid_for_s=SERVER_SIGNED_FOR_S)}
         return {"user": user, "signature": os.environ.get(SIGNATURE_ENV) if user == self.owner else None}
 
     async def server_auth(self) -> dict | None:
@@ -155,7 +159,7 @@ class Backend:
             return {}
         env = {**conn.ray_env, USER_ENV: self.owner}
         if conn.signing_key:
-            env[SIGNATURE_ENV] = sign(self.owner, conn.signing_key)
+            env[SIGNATURE_ENV] = sign(self.owner, conn.signing_key, valid_for_s=SERVER_SIGNED_FOR_S)
         if self.options.embedded and not self.gateway:
             env["GPUSESSION_HOME"] = str(state_dir())
         return env

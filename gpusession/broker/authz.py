@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..errors import NotAuthorized
-from ..identity import Identity, verify
+from ..identity import Identity, refusal
 from . import secrets
 from .request import _JOB, _NAME, InvalidRequest, text
 
@@ -36,8 +36,9 @@ class Keys:
     require_signed: bool
 
 
-def caller(auth: Any, keys: Keys) -> Caller:
-    """The caller `auth` proves to be; NotAuthorized if it proves nothing acceptable."""
+def caller(auth: Any, keys: Keys, *, expired_ok: bool = False) -> Caller:
+    """The caller `auth` proves to be; NotAuthorized if it proves nothing acceptable.
+    `expired_ok`: for acting on a lease the caller already owns, an expired signature still counts."""
     if not isinstance(auth, Mapping):
         raise NotAuthorized("The call carries no credentials (auth): pass {'user': ..., 'signature': ..., "
                             "'job_id': ...} as gpusession's client does.")
@@ -57,11 +58,9 @@ def caller(auth: Any, keys: Keys) -> Caller:
     signature = text(auth.get("signature"), "signature", _NAME, "None or the server's signature", optional=True)
     job_id = text(auth.get("job_id"), "job_id", _JOB, "None or a Ray job id (hex)", optional=True)
     identity = Identity(user, signature)
-    if keys.require_signed and not verify(identity, keys.identity_key):
-        raise NotAuthorized(
-            f"The identity {user!r} is not signed by the Jupyter server; this cluster requires "
-            "signed identities. Start the kernel from the cluster's Jupyter server."
-        )
+    refused = refusal(identity, keys.identity_key, expired_ok=expired_ok) if keys.require_signed else None
+    if refused:
+        raise NotAuthorized(refused)
     return Caller(user, job_id, False)
 
 

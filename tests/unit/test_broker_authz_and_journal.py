@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import time
 import uuid
 
@@ -44,6 +46,24 @@ def test_a_signed_identity_is_required_when_the_broker_says_so():
     assert caller({"user": "alice", "signature": sign("alice", b"k3y")}, strict).user == "alice"
     with pytest.raises(NotAuthorized, match="not signed by the Jupyter server"):
         caller({"user": "mallory", "signature": sign("alice", b"k3y")}, strict)
+
+
+def test_a_signature_expires_says_when_and_what_to_do_but_still_lets_its_leases_end():
+    strict = Keys("t0ken", b"k3y", True)
+    old = sign("alice", b"k3y", valid_for_s=3600, now=time.time() - 7200)  # expired an hour ago
+    with pytest.raises(NotAuthorized, match=r"expired at .* UTC.*Restart your server"):
+        caller({"user": "alice", "signature": old}, strict)
+    # a lease granted while it was valid may go on and be released
+    assert caller({"user": "alice", "signature": old}, strict, expired_ok=True).user == "alice"
+    forged = old.rsplit(".", 1)[0] + "." + "0" * 64
+    with pytest.raises(NotAuthorized, match="not signed by the Jupyter server"):
+        caller({"user": "alice", "signature": forged}, strict, expired_ok=True)
+    stretched = f"v2.{int(time.time()) + 3600}.{old.rsplit('.', 1)[1]}"  # its expiry moved: the HMAC no longer fits
+    with pytest.raises(NotAuthorized, match="not signed by the Jupyter server"):
+        caller({"user": "alice", "signature": stretched}, strict)
+    plain_hmac = hmac.new(b"k3y", b"alice", hashlib.sha256).hexdigest()  # the old form, without an expiry
+    with pytest.raises(NotAuthorized, match="not signed by the Jupyter server"):
+        caller({"user": "alice", "signature": plain_hmac}, strict)
 
 
 def _fields(user="alice"):

@@ -11,7 +11,7 @@ from gpusession.gateway.brokersession import answer, error_type
 from gpusession.gateway.frames import Message
 from gpusession.gateway.peer import Peer
 from gpusession.gateway.server import Caller
-from gpusession.identity import sign
+from gpusession.identity import Identity, sign, verify
 from jupyter_ext.kernelenv import kernel_environment
 
 KEYS = ServiceKeys(identity_key=b"k" * 64, admin_token="the-admin-token")
@@ -86,14 +86,17 @@ def test_a_user_is_signed_by_the_gateway_and_never_given_the_admin_token():
     broker = Broker(result={"user": "bob"})
     reply = answer(BOB, KEYS, _call("status"), broker)
     assert reply == {"kind": "result", "id": 7, "result": {"user": "bob"}}
-    assert broker.calls == [("status", [{"user": "bob", "signature": sign("bob", KEYS.identity_key)}])]
+    [(method, [auth])] = broker.calls
+    assert method == "status" and set(auth) == {"user", "signature"} and auth["user"] == "bob"
+    assert verify(Identity("bob", auth["signature"]), KEYS.identity_key)
 
 
 def test_an_admin_is_given_the_admin_token_by_the_gateway():
     broker = Broker(result={})
     answer(ADA, KEYS, _call("set_quota", user="bob", update={"max_gpus": 1}), broker)
     auth = broker.calls[0][1][2]
-    assert auth == {"user": "ada", "signature": sign("ada", KEYS.identity_key), "token": "the-admin-token", "by": "ada"}
+    assert verify(Identity("ada", auth.pop("signature")), KEYS.identity_key)
+    assert auth == {"user": "ada", "token": "the-admin-token", "by": "ada"}
 
 
 def test_what_a_request_says_of_its_sender_changes_nothing():
