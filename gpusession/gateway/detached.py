@@ -1,0 +1,166 @@
+"""The detached runs the gateway hosts (issue 32), service side: each run's record (its events for
+replay, its end, the kernels following it) and the registry of them per account, in memory.
+
+A detached run's events go to every kernel attached to it (the one that started it first); a
+kernel attaching later is sent the events so far, then the live ones, then the end. A kernel
+that goes away only stops following; the run goes on until its function ends, a cancel, or its
+time limit. The result's bytes are kept as the rank pickled them (never unpickled here).
+
+In memory only: a restart of the gateway loses every record (keeping.py has the rules).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import RunTimeout
+from . import keeping
+from .chunks import send_chunked
+from .frames import Connection
+
+log = logging.getLogger("gpusession.gateway")
+
+_STATE_OF_EVENT = {"queued": "queued", "granted": "starting", "running": "running", "transition": "starting"}
+_STATE_OF_END = {"finished": "finished", "cancelled": "cancelled"}  # any other end reason: failed
+
+
+@dataclass
+class HostedRun:
+    run_id: str
+    user: str
+    name: str
+    gpus: float
+    workers: int
+    max_duration_s: float
+    started_at: float = field(default_factory=time.time)
+    state: str = "submitted"
+    ended_at: float | None = None
+    end_reason: str | None = None
+    events: list = field(default_factory=list)  # the event messages' fields, for replay
+    done: tuple | None = None  # (fields, frames) of the `done` message
+    stop_error: BaseException | None = None
+    stopping: threading.Event = field(default_factory=threading.Event)
+    _subscribers: list = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # ----- the run's side ---------------------------------------------------------------------------
+    def publish(self, fields: dict) -> None:
+        """One event: recorded (keeping.keeps_event) and sent to every following kernel."""
+        with self._lock:
+            event = fields.get("event", "")
+            self.state = _STATE_OF_EVENT.get(event, self.state)
+            if keeping.keeps_event(event, len(self.events)):
+                self.events.append(fields)
+            for conn in list(self._subscribers):
+                try:
+                    conn.send("event", **fields)
+                except OSError:
+                    self._subscribers.remove(conn)
+
+    def check(self, now: float) -> None:
+        """The run's poll: a cancel, or the time limit, ends it."""
+        if self.stop_error is not None:
+            raise self.stop_error
+        if keeping.over_time(self.started_at, self.max_duration_s, now):
+            self.request_stop(RunTimeout(
+                f"The detached run {self.run_id} ({self.name}) reached its max_duration of {self.max_duration_s:g} s; "
+                "every worker was stopped and its GPUs released. Ask for a longer max_duration in submit()."))
+            raise self.stop_error
+
+    def finish(self, fields: dict, frames: list, end_reason: str) -> None:
+        """The run ended: its end kept and sent to every following kernel."""
+        with self._lock:
+            self.ended_at = time.time()
+            self.end_reason = end_reason
+            self.state = "failed" if fields.get("error") is not None and end_reason == "finished" \
+                else _STATE_OF_END.get(end_reason, "failed")  # a result too large to keep: failed
+            self.done = (fields, list(frames))
+            for conn in self._subscribers:
+                try:
+                    send_chunked(conn, "done", list(frames), **fields)
+                except OSError:
+                    pass
+            self._subscribers.clear()
+        self.stopping.set()
+
+    # ----- a kernel's side ----------------------------------------------------------------------------
+    def request_stop(self, error: BaseException) -> None:
+        if self.stop_error is None:
+            self.stop_error = error
+        self.stopping.set()
+
+    def follow(self, conn: Connection) -> bool:
+        """Send the events so far (and the end, if it came); False when the run has ended (nothing
+        more will come), True when the connection now follows it live."""
+        with self._lock:
+            for fields in self.events:
+                conn.send("event", **fields)
+            if self.done is not None:
+                fields, frames = self.done
+                send_chunked(conn, "done", list(frames), **fields)
+                return False
+            self._subscribers.append(conn)
+            return True
+
+    def unfollow(self, conn: Connection) -> None:
+        with self._lock:
+            if conn in self._subscribers:
+                self._subscribers.remove(conn)
+
+    def row(self) -> dict:
+        """What gs.runs(all=True) shows of it."""
+        return {"run_id": self.run_id, "name": self.name, "user": self.user, "state": self.state,
+                "gpus": self.gpus, "workers": self.workers, "started": self.started_at, "ended": self.ended_at,
+                "end_reason": self.end_reason, "max_duration": self.max_duration_s,
+                "expires": keeping.expires_at(self.started_at, self.max_duration_s, self.ended_at),
+                "reports": sum(1 for e in self.events if e.get("event") == "report")}
+
+
+class Registry:
+    """The detached runs of every account, by id; ended ones go after keeping.RETENTION_S (and
+    past keeping.RUNS_PER_USER of an account), checked whenever the registry is used."""
+
+    def __init__(self, retention_s: float = keeping.RETENTION_S, per_user: int = keeping.RUNS_PER_USER) -> None:
+        self.retention_s, self.per_user = retention_s, per_user
+        self._runs: dict[str, HostedRun] = {}
+        self._lock = threading.Lock()
+
+    def add(self, user: str, name: str, gpus: float, workers: int, max_duration_s: float) -> HostedRun:
+        run = HostedRun(uuid.uuid4().hex, user, name, gpus, workers, max_duration_s)
+        with self._lock:
+            self._sweep(time.time())
+            self._runs[run.run_id] = run
+        return run
+
+    def get(self, run_id: str) -> HostedRun | None:
+        """The run (any account's: the caller checks keeping.may_see / may_cancel)."""
+        with self._lock:
+            self._sweep(time.time())
+            return self._runs.get(run_id)
+
+    def rows(self, user: str) -> list[dict]:
+        """An account's runs, newest first."""
+        with self._lock:
+            self._sweep(time.time())
+            mine = [run for run in self._runs.values() if keeping.may_see(run.user, user)]
+        return [run.row() for run in sorted(mine, key=lambda run: run.started_at, reverse=True)]
+
+    def _sweep(self, now: float) -> None:
+        for run_id in [i for i, run in self._runs.items() if keeping.expired(run.ended_at, now, self.retention_s)]:
+            del self._runs[run_id]
+        for user in {run.user for run in self._runs.values()}:
+            ended = [(run.ended_at, run.run_id) for run in self._runs.values()
+                     if run.user == user and run.ended_at is not None]
+            for run_id in keeping.to_evict(ended, self.per_user):
+                del self._runs[run_id]
+
+
+REGISTRY = Registry()
+
+
+def value_size(frames: list[Any]) -> int:
+    return sum(memoryview(frame).nbytes for frame in frames)
