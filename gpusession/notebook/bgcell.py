@@ -1,4 +1,4 @@
-"""`%%gpu N --bg [-o NAME]`: the cell returns at once; its run's handle can `pull()` its names.
+"""`%%gpu N --bg [-o NAME] [--detach]`: the cell returns at once; its run's handle can `pull()` its names.
 
 A background cell's names are never written into the notebook behind the user's back (a value
 changing under a cell that reads it is a bug nobody can find): the run keeps them, its receipt
@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from ..events import Observer, RunInfo
 from ..run.background import Run
+from ..run.detached import DetachedRun
 
 
 def pull_note(name: str, wanted: tuple[str, ...]) -> str:
@@ -46,3 +47,8 @@ class CellRun(Run):
         self._shell.user_ns["_gpu"] = self.info
         self.pulled = True
         return self._bring_back(self._shell.user_ns, result)
+
+
+class DetachedCellRun(CellRun, DetachedRun):
+    """The handle of a %%gpu --bg --detach cell: `pull()` as any background cell, `run_id` for
+    gs.attach in another kernel (whose handle's result() is the cell's result, unpulled)."""

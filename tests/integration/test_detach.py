@@ -142,3 +142,22 @@ def test_the_time_limit_ends_a_detached_run_with_no_kernel_attached_and_frees_it
     got = after.result()
     assert (got["state"], got["end"], got["error"]) == ("failed", "timeout", "RunTimeout"), got
     assert "max_duration of 4 s" in got["message"]
+
+
+def test_a_detached_background_cell_runs_through_the_gateway_and_its_handle_pulls(kernel):
+    k = kernel("""
+        from IPython.core.interactiveshell import InteractiveShell
+
+        shell = InteractiveShell.instance()
+        for setup in ("%load_ext gpusession", "import gpusession as gs", "base = 10"):
+            shell.run_cell(setup).raise_error()
+        shell.run_cell("%%gpu 2 --bg --detach --max-duration 5m -o r1\\nlater = gs.context().world_size * base\\n"
+                       "later + 1").raise_error()
+        r1 = shell.user_ns["r1"]
+        run_id = r1.run_id
+        pulled = r1.pull(timeout=120)
+        listed = [r.state for r in gs.runs(all=True) if r.run_id == run_id]
+        say(pulled=pulled, later=shell.user_ns.get("later"), listed=listed, kind=type(r1).__name__)
+    """)
+    got = k.result()
+    assert (got["pulled"], got["later"], got["listed"], got["kind"]) == (21, 20, ["finished"], "DetachedCellRun"), got

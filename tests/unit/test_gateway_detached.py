@@ -240,3 +240,24 @@ def test_detach_with_an_infinite_limit_is_refused(monkeypatch):
 
     with pytest.raises(ValueError, match="finite"):
         f.submit(detach=True, max_duration=math.inf)
+
+
+def test_an_admin_may_cancel_another_accounts_run_but_not_attach_to_it(monkeypatch):
+    from gpusession.gateway.reattach import cancel_run
+
+    registry = Registry()
+    folder = tempfile.mkdtemp(prefix="gs-detached-admin-")
+    path = os.path.join(folder, "run.sock")
+    server = GatewayServer(path, {"run": partial(serve_run, keys=None, registry=registry)},
+                           admins=frozenset({ME})).start()
+    monkeypatch.setenv(GATEWAY_ENV, path)
+    try:
+        theirs = registry.add("someone-else", "train", 1, 1, 60)
+        with pytest.raises(errors.GPUSessionError, match="keeps no detached run"):
+            gs.attach(theirs.run_id)
+        assert cancel_run(theirs.run_id) is True
+        with pytest.raises(errors.RunCancelled, match=f"the admin {ME}"):
+            theirs.check(time.time())
+    finally:
+        server.stop()
+        os.rmdir(folder)
