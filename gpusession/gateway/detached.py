@@ -42,6 +42,7 @@ class HostedRun:
     end_reason: str | None = None
     events: list = field(default_factory=list)  # the event messages' fields, for replay
     done: tuple | None = None  # (fields, frames) of the `done` message
+    result_bytes: int = 0
     stop_error: BaseException | None = None
     stopping: threading.Event = field(default_factory=threading.Event)
     _subscribers: list = field(default_factory=list)
@@ -79,6 +80,7 @@ class HostedRun:
             self.state = "failed" if fields.get("error") is not None and end_reason == "finished" \
                 else _STATE_OF_END.get(end_reason, "failed")  # a result too large to keep: failed
             self.done = (fields, list(frames))
+            self.result_bytes = value_size(frames)
             for conn in self._subscribers:
                 try:
                     send_chunked(conn, "done", list(frames), **fields)
@@ -122,10 +124,12 @@ class HostedRun:
 
 class Registry:
     """The detached runs of every account, by id; ended ones go after keeping.RETENTION_S (and
-    past keeping.RUNS_PER_USER of an account), checked whenever the registry is used."""
+    past keeping.RUNS_PER_USER or RESULT_BYTES_PER_USER of an account), checked whenever the
+    registry is used. A kept result's frames may be views of Ray's object store (pinned there)."""
 
-    def __init__(self, retention_s: float = keeping.RETENTION_S, per_user: int = keeping.RUNS_PER_USER) -> None:
-        self.retention_s, self.per_user = retention_s, per_user
+    def __init__(self, retention_s: float = keeping.RETENTION_S, per_user: int = keeping.RUNS_PER_USER,
+                 bytes_per_user: int = keeping.RESULT_BYTES_PER_USER) -> None:
+        self.retention_s, self.per_user, self.bytes_per_user = retention_s, per_user, bytes_per_user
         self._runs: dict[str, HostedRun] = {}
         self._lock = threading.Lock()
 
@@ -153,9 +157,9 @@ class Registry:
         for run_id in [i for i, run in self._runs.items() if keeping.expired(run.ended_at, now, self.retention_s)]:
             del self._runs[run_id]
         for user in {run.user for run in self._runs.values()}:
-            ended = [(run.ended_at, run.run_id) for run in self._runs.values()
+            ended = [(run.ended_at, run.run_id, run.result_bytes) for run in self._runs.values()
                      if run.user == user and run.ended_at is not None]
-            for run_id in keeping.to_evict(ended, self.per_user):
+            for run_id in keeping.to_evict(ended, self.per_user, self.bytes_per_user):
                 del self._runs[run_id]
 
 

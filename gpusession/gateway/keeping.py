@@ -24,6 +24,7 @@ RETENTION_S = 7 * 24 * 3600.0  # how long an ended run's result, metrics, output
 RESULT_CAP_BYTES = 512 * 2**20  # the largest result (all its frames) the gateway keeps for a run
 MAX_EVENTS = 20_000  # events kept for replay per run (outputs beyond it are dropped, reports are kept)
 RUNS_PER_USER = 64  # ended runs an account keeps; the oldest ended ones go first
+RESULT_BYTES_PER_USER = 2 * 2**30  # the results an account's ended runs keep in all; the oldest go first
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
@@ -89,10 +90,20 @@ def result_refusal(size: int, cap: int = RESULT_CAP_BYTES) -> str | None:
             "per run. Save large results to a file (or gs.save_checkpoint) and return its path.")
 
 
-def to_evict(ended: list[tuple[float, str]], keep: int = RUNS_PER_USER) -> list[str]:
-    """Which ended runs (ended_at, id) an account drops to keep at most `keep`: the oldest ends."""
+def to_evict(ended: list[tuple[float, str, int]], keep: int = RUNS_PER_USER,
+             max_bytes: int = RESULT_BYTES_PER_USER) -> list[str]:
+    """Which ended runs (ended_at, id, result bytes) an account drops to keep at most `keep` of
+    them and at most `max_bytes` of results in all: the oldest ends first (the newest stays)."""
     ordered = sorted(ended)
-    return [run_id for _, run_id in ordered[:max(0, len(ordered) - keep)]]
+    drop = ordered[:max(0, len(ordered) - keep)]
+    rest = ordered[len(drop):]
+    total = sum(size for _, _, size in rest)
+    for item in rest[:-1]:
+        if total <= max_bytes:
+            break
+        drop.append(item)
+        total -= item[2]
+    return [run_id for _, run_id, _ in drop]
 
 
 def keeps_event(event: str, kept: int, limit: int = MAX_EVENTS) -> bool:

@@ -50,8 +50,11 @@ def test_time_limit_retention_and_expiry_decisions():
     assert keeping.expired(100.0, 100.0 + keeping.RETENTION_S)
     assert keeping.expires_at(100.0, 10.0, 150.0) == 150.0 + keeping.RETENTION_S
     assert keeping.expires_at(100.0, 10.0, None) == 110.0 + keeping.RETENTION_S
-    assert keeping.to_evict([(3.0, "c"), (1.0, "a"), (2.0, "b")], keep=1) == ["a", "b"]
-    assert keeping.to_evict([(1.0, "a")], keep=5) == []
+    assert keeping.to_evict([(3.0, "c", 0), (1.0, "a", 0), (2.0, "b", 0)], keep=1) == ["a", "b"]
+    assert keeping.to_evict([(1.0, "a", 0)], keep=5) == []
+    # past the bytes an account keeps: the oldest results go, the newest stays even alone over it
+    assert keeping.to_evict([(1.0, "a", 6), (2.0, "b", 6), (3.0, "c", 6)], keep=5, max_bytes=12) == ["a"]
+    assert keeping.to_evict([(1.0, "a", 6), (2.0, "b", 20)], keep=5, max_bytes=12) == ["a"]
 
 
 def test_a_result_over_the_cap_is_refused_with_what_to_do():
