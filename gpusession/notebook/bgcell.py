@@ -27,13 +27,14 @@ class CellRun(Run):
     """The handle of a %%gpu --bg cell: a Run whose `pull()` brings the cell's names back."""
 
     def __init__(self, name: str, start: Callable[[Observer, RunInfo], Any], observer: Observer, *,
-                 shell, handle_name: str, wanted: tuple[str, ...], bring_back: Callable[[dict, Any], Any]) -> None:
+                 shell, handle_name: str, wanted: tuple[str, ...], bring_back: Callable[[dict, Any], Any],
+                 **rest: Any) -> None:
         def start_then_say(run_observer: Observer, info: RunInfo) -> Any:
             result = start(run_observer, info)
             print(pull_note(handle_name, wanted), file=sys.stdout, flush=True)  # in the starting cell
             return result
 
-        super().__init__(name, start_then_say, observer)
+        super().__init__(name, start_then_say, observer, **rest)
         self.handle_name = handle_name
         self.wanted = wanted
         self._shell = shell
@@ -50,5 +51,5 @@ class CellRun(Run):
 
 
 class DetachedCellRun(CellRun, DetachedRun):
-    """The handle of a %%gpu --bg --detach cell: `pull()` as any background cell, `run_id` for
-    gs.attach in another kernel (whose handle's result() is the cell's result, unpulled)."""
+    """The handle of a %%gpu --bg --detach cell (and of `%gpu attach ID -o NAME` in any kernel
+    of the same account): `pull()` as any background cell, `run_id` for gs.attach."""

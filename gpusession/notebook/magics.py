@@ -140,9 +140,15 @@ class GPUMagics(Magics):
         return run_gpu_cell(self.shell, cell, args)
 
     @magic_arguments(name="gpu")
-    @argument("action", choices=("status", "release"),
+    @argument("action", choices=("status", "release", "attach"),
               help="status: cluster capacity, your quota and usage, this kernel's leases. "
-                   "release: give back every lease this kernel still holds (from gs.lease blocks).")
+                   "release: give back every lease this kernel still holds (from gs.lease blocks). "
+                   "attach ID [-o NAME]: follow your detached run ID from this kernel (under gpusession hub).")
+    @argument("run_id", nargs="?", metavar="ID",
+              help="With attach: the detached run's id, as gs.runs(all=True) lists it.")
+    @argument("-o", dest="handle", metavar="NAME",
+              help="With attach: the name its handle gets in the notebook (default: _run); NAME.pull() "
+                   "assigns a cell run's names.")
     @line_magic("gpu")
     def gpu_line(self, line: str) -> None:
         """
@@ -157,8 +163,15 @@ class GPUMagics(Magics):
               <gpusession.Lease 7: 1 GPUs, 1 workers, held>
             In [3]: %gpu release
             Released 1 lease of this kernel (1 GPUs); Ray shows them free.
+            In [4]: %gpu attach 3f2a9c... -o r1        # a detached run of yours (gpusession hub)
+            gpusession: r1 follows the detached run 3f2a9c... (train); r1.result() or r1.pull().
         """
         args = parse_argstring(self.gpu_line, line)
+        if args.action == "attach":
+            print(attach_run(self.shell, args.run_id, args.handle))
+            return
+        if args.run_id is not None or args.handle is not None:
+            raise UsageError(f"%gpu {args.action} takes no ID or -o NAME (those are for %gpu attach ID -o NAME).")
         print(show_status() if args.action == "status" else release_kernel_leases())
 
 
@@ -224,6 +237,24 @@ def run_gpu_cell(shell, cell: str, args: argparse.Namespace) -> Any:
     finally:
         shell.user_ns["_gpu"] = function.last_run  # kept on failure too: history, checkpoint
     return _bring_back(shell.user_ns, result)
+
+
+def attach_run(shell, run_id: str | None, handle: str | None) -> str:
+    """`%gpu attach ID [-o NAME]`: NAME (default _run) is the detached run's handle in this kernel
+    (a cell's run: NAME.pull() assigns its names)."""
+    if not run_id:
+        raise UsageError("%gpu attach needs the run's id: %gpu attach ID -o NAME (gs.runs(all=True) lists yours).")
+    name = handle or DEFAULT_HANDLE
+    if not name.isidentifier():
+        raise UsageError(f"-o {name!r} is not a Python name; write e.g. -o run1.")
+    from ..run.detached import attach
+
+    try:
+        run = attach(run_id, handle=DetachedCellRun, shell=shell, handle_name=name, wanted=(), bring_back=_bring_back)
+    except GPUSessionError as exc:
+        raise UsageError(str(exc)) from None
+    shell.user_ns[name] = run
+    return f"gpusession: {name} follows the detached run {run.run_id} ({run.name}); {name}.result() or {name}.pull()."
 
 
 def _handle_name(args: argparse.Namespace) -> str:

@@ -60,10 +60,11 @@ class DetachedRun(Run):
         return super().__repr__()[:-1] + f", detached {self._run_id or '(not yet taken)'}>"
 
 
-def attach(run_id: str) -> DetachedRun:
+def attach(run_id: str, *, handle: type[DetachedRun] = DetachedRun, **extra: Any) -> DetachedRun:
     """Follow a detached run of yours from this kernel: its live view from the start (metrics,
     output so far), then live; `.result()` is its value, `.cancel()` stops it. Raises at once when
-    the gateway keeps no such run of yours (gs.runs(all=True) lists them)."""
+    the gateway keeps no such run of yours (gs.runs(all=True) lists them). (`handle`, `extra`:
+    the handle's class and its own arguments, as %%gpu --attach's.)"""
     from ..gateway.reattach import follow_attached, open_attach
     from ..renderer import default_observer
     from .endings import end_reason
@@ -83,7 +84,7 @@ def attach(run_id: str) -> DetachedRun:
             run_observer.finished(info, error)
 
     try:
-        return DetachedRun(record.name, start, observer, run_id=record.run_id)._begin()
+        return handle(record.name, start, observer, run_id=record.run_id, **extra)._begin()
     except BaseException:
         conn.close()
         raise

@@ -144,20 +144,34 @@ def test_the_time_limit_ends_a_detached_run_with_no_kernel_attached_and_frees_it
     assert "max_duration of 4 s" in got["message"]
 
 
-def test_a_detached_background_cell_runs_through_the_gateway_and_its_handle_pulls(kernel):
-    k = kernel("""
+def test_a_detached_background_cell_outlives_its_kernel_and_another_kernel_attaches_and_pulls_its_names(kernel):
+    first = kernel("""
+        import time
         from IPython.core.interactiveshell import InteractiveShell
 
         shell = InteractiveShell.instance()
         for setup in ("%load_ext gpusession", "import gpusession as gs", "base = 10"):
             shell.run_cell(setup).raise_error()
-        shell.run_cell("%%gpu 2 --bg --detach --max-duration 5m -o r1\\nlater = gs.context().world_size * base\\n"
-                       "later + 1").raise_error()
+        shell.run_cell("%%gpu 2 --bg --detach --max-duration 5m -o r1\\nimport time\\nprint('CELL', flush=True)\\n"
+                       "time.sleep(2)\\nlater = gs.context().world_size * base\\nlater + 1").raise_error()
         r1 = shell.user_ns["r1"]
-        run_id = r1.run_id
-        pulled = r1.pull(timeout=120)
-        listed = [r.state for r in gs.runs(all=True) if r.run_id == run_id]
-        say(pulled=pulled, later=shell.user_ns.get("later"), listed=listed, kind=type(r1).__name__)
+        print("RUNID", r1.run_id, type(r1).__name__, flush=True)
+        time.sleep(600)
     """)
-    got = k.result()
-    assert (got["pulled"], got["later"], got["listed"], got["kind"]) == (21, 20, ["finished"], "DetachedCellRun"), got
+    line = first.wait_for_line("RUNID ")
+    run_id, kind = line.split()[1:3]
+    first.wait_for_line("[rank 0] CELL")
+    first.kill()
+    second = kernel(f"""
+        from IPython.core.interactiveshell import InteractiveShell
+
+        shell = InteractiveShell.instance()
+        shell.run_cell("%load_ext gpusession").raise_error()
+        shell.run_cell("%gpu attach {run_id} -o r2").raise_error()
+        pulled = shell.user_ns["r2"].pull(timeout=120)
+        listed = [r.state for r in gs.runs(all=True) if r.run_id == {run_id!r}]
+        say(pulled=pulled, later=shell.user_ns.get("later"), listed=listed)
+    """)
+    got = second.result()
+    assert kind == "DetachedCellRun"
+    assert (got["pulled"], got["later"], got["listed"]) == (21, 20, ["finished"]), got

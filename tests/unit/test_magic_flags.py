@@ -143,3 +143,16 @@ def test_a_detached_cell_gets_the_default_limit_or_its_own(monkeypatch):
     assert _detach_limit(parse_argstring(GPUMagics.gpu_cell, "2 --bg")) is None
     assert _detach_limit(parse_argstring(GPUMagics.gpu_cell, "2 --bg --detach")) == 24 * 3600
     assert _detach_limit(parse_argstring(GPUMagics.gpu_cell, "2 --bg --detach --max-duration 2h")) == 7200
+
+
+def test_attach_needs_an_id_and_a_python_name_and_the_other_actions_take_neither():
+    from gpusession.notebook.magics import attach_run
+
+    with pytest.raises(UsageError, match="needs the run's id"):
+        attach_run(None, None, "r1")
+    with pytest.raises(UsageError, match="not a Python name"):
+        attach_run(None, "a" * 32, "1x")
+    args = parse_argstring(GPUMagics.gpu_line, "attach abc -o r1")
+    assert (args.action, args.run_id, args.handle) == ("attach", "abc", "r1")
+    with pytest.raises(UsageError, match="takes no ID"):
+        GPUMagics(shell=None).gpu_line("status abc")
