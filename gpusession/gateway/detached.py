@@ -36,6 +36,7 @@ class HostedRun:
     gpus: float
     workers: int
     max_duration_s: float
+    notebook: str | None = None  # the submitting kernel's notebook, when it knew it
     started_at: float = field(default_factory=time.time)
     state: str = "submitted"
     ended_at: float | None = None
@@ -117,7 +118,7 @@ class HostedRun:
         """What gs.runs(all=True) shows of it."""
         return {"run_id": self.run_id, "name": self.name, "user": self.user, "state": self.state,
                 "gpus": self.gpus, "workers": self.workers, "started": self.started_at, "ended": self.ended_at,
-                "end_reason": self.end_reason, "max_duration": self.max_duration_s,
+                "end_reason": self.end_reason, "max_duration": self.max_duration_s, "notebook": self.notebook,
                 "expires": keeping.expires_at(self.started_at, self.max_duration_s, self.ended_at),
                 "reports": sum(1 for e in self.events if e.get("event") == "report")}
 
@@ -133,8 +134,10 @@ class Registry:
         self._runs: dict[str, HostedRun] = {}
         self._lock = threading.Lock()
 
-    def add(self, user: str, name: str, gpus: float, workers: int, max_duration_s: float) -> HostedRun:
-        run = HostedRun(uuid.uuid4().hex, user, name, gpus, workers, max_duration_s)
+    def add(self, user: str, name: str, gpus: float, workers: int, max_duration_s: float,
+            notebook: str | None = None) -> HostedRun:
+        run = HostedRun(uuid.uuid4().hex, user, name, gpus, workers, max_duration_s,
+                        notebook if isinstance(notebook, str) else None)
         with self._lock:
             self._sweep(time.time())
             self._runs[run.run_id] = run

@@ -296,7 +296,7 @@ def _run(conn: Connection, caller: Caller, request: RunRequest, keys: ServiceKey
     hosted = None
     if request.detach is not None:
         hosted = registry.add(caller.user, request.name, request.options.lease.gpus, request.options.lease.workers,
-                              request.detach)
+                              request.detach, request.asking.get("notebook"))
         conn.send("event", event="detached", run_id=hosted.run_id, max_duration=hosted.max_duration_s,
                   started=hosted.started_at)
         hosted.follow(conn)

@@ -30,12 +30,14 @@ class DetachedRecord:
     end_reason: str | None
     max_duration: float
     reports: int
+    notebook: str | None = None  # the notebook that submitted it, when its kernel knew
 
     @classmethod
     def from_row(cls, row: dict) -> "DetachedRecord":
         return cls(str(row["run_id"]), str(row["name"]), str(row["state"]), float(row["gpus"]), int(row["workers"]),
                    float(row["started"]), None if row.get("ended") is None else float(row["ended"]),
-                   float(row["expires"]), row.get("end_reason"), float(row["max_duration"]), int(row.get("reports", 0)))
+                   float(row["expires"]), row.get("end_reason"), float(row["max_duration"]), int(row.get("reports", 0)),
+                   row.get("notebook") if isinstance(row.get("notebook"), str) else None)
 
 
 def require_gateway(what: str) -> str:

@@ -39,8 +39,11 @@ def test_a_detached_run_outlives_its_killed_kernel_and_another_kernel_attaches_t
 
         run = train.submit(12, detach=True, max_duration=300)
         print("RUNID", run.run_id, flush=True)
-        while len(run.metrics) < 2:
+        deadline = time.monotonic() + 90
+        while len(run.metrics) < 2 and not run.done() and time.monotonic() < deadline:
             time.sleep(0.02)
+        if len(run.metrics) < 2:
+            sys.exit(f"not training: {run!r} {run.exception(0)!r}")  # the test sees the output at once
         print("TRAINING", flush=True)
         time.sleep(600)
     """)
@@ -81,8 +84,11 @@ FOREVER = """
 
     run = forever.submit(detach=True, max_duration={limit})
     print("RUNID", run.run_id, flush=True)
-    while run.state.value != "running":
+    deadline = time.monotonic() + 90
+    while run.state.value != "running" and not run.done() and time.monotonic() < deadline:
         time.sleep(0.02)
+    if run.state.value != "running":
+        sys.exit(f"not running: {run!r}")  # the test sees the output at once
     print("RUNNING", flush=True)
 """
 
@@ -110,7 +116,8 @@ def test_another_account_cannot_list_attach_or_cancel_and_a_cancel_from_another_
     owner = kernel(f"""
         import time
         run = gs.attach({run_id!r})
-        while not run.metrics:
+        deadline = time.monotonic() + 60
+        while not run.metrics and time.monotonic() < deadline:
             time.sleep(0.02)
         run.cancel()
         error = run.exception(timeout=30)
@@ -135,13 +142,17 @@ def test_the_time_limit_ends_a_detached_run_with_no_kernel_attached_and_frees_it
     assert time.monotonic() - submitted >= limit - 1.0, "the run ended before its time limit"
     after = kernel(f"""
         row = [r for r in gs.runs(all=True) if r.run_id == {run_id!r}][0]
+        import time
+        began = time.monotonic()
         run = gs.attach({run_id!r})
         error = run.exception(timeout=30)
-        say(state=row.state, end=row.end_reason, error=type(error).__name__, message=str(error))
+        say(state=row.state, end=row.end_reason, error=type(error).__name__, message=str(error),
+            took=time.monotonic() - began)
     """)
     got = after.result()
     assert (got["state"], got["end"], got["error"]) == ("failed", "timeout", "RunTimeout"), got
     assert "max_duration of 4 s" in got["message"]
+    assert got["took"] < 2.0, got  # issue 32's goal: a finished run's end within 0.5 s (a loaded machine: 2 s)
 
 
 def test_a_detached_background_cell_outlives_its_kernel_and_another_kernel_attaches_and_pulls_its_names(kernel):
