@@ -11,6 +11,7 @@ In memory only: a restart of the gateway loses every record (keeping.py has the 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 import uuid
@@ -23,9 +24,72 @@ from .chunks import send_chunked
 from .frames import Connection
 
 log = logging.getLogger("gpusession.gateway")
+MAX_PENDING = keeping.MAX_EVENTS + 1000  # unsent messages past which a following kernel is dropped
+FLUSH_S = 30.0  # how long a session waits for its kernel to be sent the end before it closes
 
 _STATE_OF_EVENT = {"queued": "queued", "granted": "starting", "running": "running", "transition": "starting"}
 _STATE_OF_END = {"finished": "finished", "cancelled": "cancelled"}  # any other end reason: failed
+
+
+class Follower:
+    """One kernel following a run. What it is sent goes through a queue that a thread of its own
+    empties, so a kernel that reads slowly (or not at all) never holds up the run; past MAX_PENDING
+    unsent messages it is dropped (its connection closed: it may attach again)."""
+
+    def __init__(self, conn: Connection, max_pending: int = MAX_PENDING) -> None:
+        self.conn, self.max_pending = conn, max_pending
+        self.dropped = False
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._pending = 0
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._send_all, name="gpusession-gateway-follower", daemon=True)
+        self._thread.start()
+
+    def put(self, item: tuple) -> bool:
+        """("event", fields) or ("done", fields, frames); False once dropped."""
+        with self._lock:
+            if self.dropped:
+                return False
+            if self._pending >= self.max_pending:
+                self._drop_locked("it read nothing while %d messages waited" % self._pending)
+                return False
+            self._pending += 1
+        self._queue.put(item)
+        return True
+
+    def stop(self) -> None:
+        """Nothing more is sent after what is queued (the kernel left, or stopped following)."""
+        self._queue.put(None)
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait until the end was sent (or the kernel dropped); whether it was."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _drop_locked(self, why: str) -> None:
+        if not self.dropped:
+            self.dropped = True
+            log.info("a kernel following a detached run was dropped: %s", why)
+            self.conn.close()
+            self._queue.put(None)
+
+    def _send_all(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            try:
+                if item[0] == "done":
+                    send_chunked(self.conn, "done", list(item[2]), **item[1])
+                    return
+                self.conn.send("event", **item[1])
+            except Exception as exc:  # noqa: BLE001 - OSError, FrameError: this kernel is gone
+                with self._lock:
+                    self._drop_locked(f"{type(exc).__name__}: {exc}")
+                return
+            finally:
+                with self._lock:
+                    self._pending -= 1
 
 
 @dataclass
@@ -57,11 +121,7 @@ class HostedRun:
             self.state = _STATE_OF_EVENT.get(event, self.state)
             if keeping.keeps_event(event, len(self.events)):
                 self.events.append(fields)
-            for conn in list(self._subscribers):
-                try:
-                    conn.send("event", **fields)
-                except OSError:
-                    self._subscribers.remove(conn)
+            self._subscribers = [f for f in self._subscribers if f.put(("event", fields))]
 
     def check(self, now: float) -> None:
         """The run's poll: a cancel, or the time limit, ends it."""
@@ -82,12 +142,9 @@ class HostedRun:
                 else _STATE_OF_END.get(end_reason, "failed")  # a result too large to keep: failed
             self.done = (fields, list(frames))
             self.result_bytes = value_size(frames)
-            for conn in self._subscribers:
-                try:
-                    send_chunked(conn, "done", list(frames), **fields)
-                except OSError:
-                    pass
-            self._subscribers.clear()
+            for follower in self._subscribers:
+                follower.put(("done", fields, self.done[1]))
+            self._subscribers = []
         self.stopping.set()
 
     # ----- a kernel's side ----------------------------------------------------------------------------
@@ -96,23 +153,24 @@ class HostedRun:
             self.stop_error = error
         self.stopping.set()
 
-    def follow(self, conn: Connection) -> bool:
-        """Send the events so far (and the end, if it came); False when the run has ended (nothing
-        more will come), True when the connection now follows it live."""
+    def follow(self, conn: Connection) -> Follower:
+        """The connection follows the run: sent the events so far, then the live ones, then the
+        end (at once if it came). `Follower.join` waits until the end was sent."""
         with self._lock:
+            follower = Follower(conn, max_pending=max(MAX_PENDING, len(self.events) + 1000))
             for fields in self.events:
-                conn.send("event", **fields)
+                follower.put(("event", fields))
             if self.done is not None:
-                fields, frames = self.done
-                send_chunked(conn, "done", list(frames), **fields)
-                return False
-            self._subscribers.append(conn)
-            return True
+                follower.put(("done", *self.done))
+            else:
+                self._subscribers.append(follower)
+            return follower
 
     def unfollow(self, conn: Connection) -> None:
         with self._lock:
-            if conn in self._subscribers:
-                self._subscribers.remove(conn)
+            for follower in [f for f in self._subscribers if f.conn is conn]:
+                follower.stop()
+            self._subscribers = [f for f in self._subscribers if f.conn is not conn]
 
     def row(self) -> dict:
         """What gs.runs(all=True) shows of it."""

@@ -53,7 +53,7 @@ from ..errors import GPUSessionError
 from ..events import Fanout, Observer, RunInfo
 from . import keeping
 from .acting import ServiceKeys, identity_of
-from .detached import REGISTRY, HostedRun, Registry, value_size
+from .detached import FLUSH_S, REGISTRY, HostedRun, Registry, value_size
 from .chunks import gather, send_chunked
 from .frames import Connection, Message
 from .runwire import BadRunMessage, error_to_json, info_to_json, options_from_json, plain, stop_error
@@ -299,7 +299,7 @@ def _run(conn: Connection, caller: Caller, request: RunRequest, keys: ServiceKey
                               request.detach, request.asking.get("notebook"))
         conn.send("event", event="detached", run_id=hosted.run_id, max_duration=hosted.max_duration_s,
                   started=hosted.started_at)
-        hosted.follow(conn)
+        origin = hosted.follow(conn)
         threading.Thread(target=read_stops, args=(conn, hosted), daemon=True,
                          name="gpusession-gateway-detached-stop").start()
         watch = StopWatch(conn)  # never started: the connection's end does not end a detached run
@@ -363,6 +363,7 @@ def _run(conn: Connection, caller: Caller, request: RunRequest, keys: ServiceKey
         hosted.finish({"info": forward.info(info), "error": error_to_json(error) if error is not None else None,
                        "values": None if items is None else {"all": request.options.return_all, "items": items}},
                       frames, info.end_reason)
+        origin.join(FLUSH_S)  # the end sent to the kernel that started it (if it is still there)
         return
     send_chunked(conn, "done", frames, info=forward.info(info), error=error_to_json(error) if error is not None else None,
               values=None if items is None else {"all": request.options.return_all, "items": items})
@@ -415,5 +416,8 @@ def _serve_detached(conn: Connection, caller: Caller, message: Message, registry
         conn.send("failed", error=_not_kept(run_id, caller.user))
         return
     conn.send("event", event="attached", run=hosted.row())
-    if hosted.follow(conn):
-        read_stops(conn, hosted)  # until the kernel leaves (after the end, or before)
+    follower = hosted.follow(conn)
+    if hosted.ended_at is not None:
+        follower.join(FLUSH_S)  # the records so far and the end, sent before the session closes
+        return
+    read_stops(conn, hosted)  # until the kernel leaves (after the end, or before)

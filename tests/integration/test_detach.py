@@ -88,7 +88,7 @@ FOREVER = """
     while run.state.value != "running" and not run.done() and time.monotonic() < deadline:
         time.sleep(0.02)
     if run.state.value != "running":
-        sys.exit(f"not running: {run!r}")  # the test sees the output at once
+        sys.exit(f"not running: {{run!r}}")  # the test sees the output at once
     print("RUNNING", flush=True)
 """
 

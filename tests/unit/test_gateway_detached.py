@@ -264,3 +264,49 @@ def test_an_admin_may_cancel_another_accounts_run_but_not_attach_to_it(monkeypat
     finally:
         server.stop()
         os.rmdir(folder)
+
+
+def test_a_following_kernel_that_stops_reading_is_dropped_and_never_holds_up_the_run():
+    import socket
+
+    from gpusession.gateway import detached
+    from gpusession.gateway.frames import Connection
+
+    ours, theirs = socket.socketpair()
+    try:
+        run = Registry().add("ann", "f", 1, 1, 60)
+        follower = run.follow(Connection(ours))
+        follower.max_pending = 16
+        began = time.monotonic()
+        for _ in range(200):  # far more than the socket buffers hold; `theirs` never reads
+            run.publish({"event": "output", "rank": 0, "stream": "stdout", "text": "x" * 2**16})
+        assert time.monotonic() - began < 2.0, "a kernel that reads nothing held up the run"
+        assert follower.dropped and run._subscribers == [] and len(run.events) == 200
+        assert follower.join(5)
+    finally:
+        theirs.close()
+        ours.close()
+
+
+def test_a_kernel_attaching_mid_run_is_sent_the_events_so_far_then_the_live_ones_then_the_end():
+    import socket
+
+    from gpusession.gateway.chunks import gather
+    from gpusession.gateway.frames import Connection
+
+    ours, theirs = socket.socketpair()
+    try:
+        run = Registry().add("ann", "f", 1, 1, 60)
+        run.publish({"event": "output", "rank": 0, "stream": "stdout", "text": "before\n"})
+        follower = run.follow(Connection(ours))
+        run.publish({"event": "output", "rank": 0, "stream": "stdout", "text": "after\n"})
+        run.finish({"info": {}, "error": None, "values": {"all": False, "items": [0]}}, [b"pickle"], "finished")
+        assert follower.join(5)
+        kernel = Connection(theirs)
+        got = [kernel.receive() for _ in range(3)]
+        assert [m.get("text") for m in got[:2]] == ["before\n", "after\n"]
+        done = gather(kernel, got[2])
+        assert done.kind == "done" and done.payload == [b"pickle"]
+    finally:
+        theirs.close()
+        ours.close()
