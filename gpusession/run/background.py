@@ -224,9 +224,9 @@ def runs(all: bool = False) -> list:  # noqa: A002 - the documented keyword
     detached runs the gpusession gateway keeps, from every kernel (records: run_id, name, state,
     gpus, started, ended, expires; `gs.attach(run_id)` follows one)."""
     if all:
-        from .detached import runs_everywhere
+        from ..gateway.reattach import list_runs
 
-        return runs_everywhere()
+        return list_runs()
     with _runs_lock:
         return list(reversed(_runs))
 

@@ -88,10 +88,3 @@ def attach(run_id: str, *, handle: type[DetachedRun] = DetachedRun, **extra: Any
     except BaseException:
         conn.close()
         raise
-
-
-def runs_everywhere() -> list:
-    """This account's detached runs the gateway keeps (gateway/reattach.DetachedRecord), newest first."""
-    from ..gateway.reattach import list_runs
-
-    return list_runs()
