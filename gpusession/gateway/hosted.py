@@ -285,6 +285,22 @@ def serve_run(conn: Connection, caller: Caller, hello: Message, keys: ServiceKey
 
 def _run(conn: Connection, caller: Caller, request: RunRequest, keys: ServiceKeys, shelf: Shelf,
          registry: Registry = REGISTRY) -> None:
+    hosted = None
+    if request.detach is not None:
+        hosted = registry.add(caller.user, request.name, request.options.lease.gpus, request.options.lease.workers,
+                              request.detach, request.asking.get("notebook"))
+    try:
+        _host(conn, caller, request, keys, shelf, hosted)
+    finally:
+        if hosted is not None and hosted.ended_at is None:  # the gateway failed: the record ends all the same
+            log.error("detached run %s of %s: the gateway failed hosting it", hosted.run_id, caller.user)
+            hosted.finish({"info": {}, "values": None, "error": {
+                "type": "GPUSessionError", "message": "The gpusession gateway failed hosting this run; an admin "
+                                                      "can look at its log."}}, [], "failed")
+
+
+def _host(conn: Connection, caller: Caller, request: RunRequest, keys: ServiceKeys, shelf: Shelf,
+          hosted: HostedRun | None) -> None:
     from ..cluster.lease import Lease
     from ..kernelcell import mark_background
     from ..run.bulk import shipment_of, value_frames
@@ -293,12 +309,12 @@ def _run(conn: Connection, caller: Caller, request: RunRequest, keys: ServiceKey
     from ..stepreport import StepToBroker
 
     identity = identity_of(caller, keys)
-    hosted = None
-    if request.detach is not None:
-        hosted = registry.add(caller.user, request.name, request.options.lease.gpus, request.options.lease.workers,
-                              request.detach, request.asking.get("notebook"))
-        conn.send("event", event="detached", run_id=hosted.run_id, max_duration=hosted.max_duration_s,
-                  started=hosted.started_at)
+    if hosted is not None:
+        try:
+            conn.send("event", event="detached", run_id=hosted.run_id, max_duration=hosted.max_duration_s,
+                      started=hosted.started_at)
+        except OSError:
+            pass  # the kernel left already: the run goes on (gs.runs(all=True) lists it)
         origin = hosted.follow(conn)
         threading.Thread(target=read_stops, args=(conn, hosted), daemon=True,
                          name="gpusession-gateway-detached-stop").start()

@@ -310,3 +310,25 @@ def test_a_kernel_attaching_mid_run_is_sent_the_events_so_far_then_the_live_ones
     finally:
         theirs.close()
         ours.close()
+
+
+def test_a_detached_run_the_gateway_fails_to_host_still_ends_its_record(monkeypatch):
+    from gpusession.gateway import hosted as hosting
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the service's keys are unreadable")
+
+    monkeypatch.setattr(hosting, "identity_of", broken)
+    registry = Registry()
+    options = options_to_json(validate_run_options(gpus=1))
+    request = run_request(Message("run", dict(name="f", cwd="/", options=options, buffers=0, checkpoint=None,
+                                              checkpoint_step=None, asking={}, detach={"max_duration": 60}), [b"x"]))
+
+    class Gone:
+        def send(self, *args, **kwargs):
+            raise OSError("gone")
+
+    with pytest.raises(RuntimeError):
+        hosting._run(Gone(), type("Caller", (), {"user": ME, "admin": False})(), request, None, None, registry)
+    (row,) = registry.rows(ME)
+    assert row["state"] == "failed" and row["ended"] is not None
