@@ -10,7 +10,9 @@ The messages (JSON header + raw frames, frames.py; after the hello of session "r
       more        payload: the next frames of the message before it (chunks.py: a message
                   carries at most 64 frames; `frames` says how many it has in all)
       checkpoint  {handle}          the bytes of a checkpoint this account's run left (shelf.py)
-      list        {}                this account's detached runs -> runs {runs: [row, ...]}
+      list        {}                this account's detached runs -> runs {runs: [row, ...]} (row: run_id, name,
+                                    user, state, gpus, workers, started, ended, end_reason, max_duration,
+                                    notebook, expires, reports)
       attach      {run_id}          follow a detached run of this account: event {event: "attached",
                                     run: row}, the events so far, the live ones, then done
                                     (a stop on this connection stops the run)
