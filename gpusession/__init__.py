@@ -31,7 +31,7 @@ _EXPORTS = {
     "unwrap": "run.context", "should_checkpoint": "run.context", "step": "run.context",
     "DistributedFunction": "run.distributed", "distributed": "run.distributed",
     "Run": "run.background", "RunStatus": "run.background", "runs": "run.background",
-    "RunCancelled": "errors",
+    "attach": "run.detached", "RunCancelled": "errors",
     "GPUSessionError": "errors", "Infeasible": "errors", "LeaseRevoked": "errors", "Preempted": "errors",
     "QueueTimeout": "errors", "QuotaExceeded": "errors", "RunTimeout": "errors", "WorkerFailed": "errors",
     "RunInfo": "events", "PowerSGD": "comm_options", "Lease": "cluster.lease", "lease": "run.lease_api", "Status": "cluster.status",
@@ -55,7 +55,7 @@ def __dir__():
 
 
 __all__ = [
-    "distributed", "DistributedFunction", "Run", "RunStatus", "runs", "RunCancelled", "lease", "Lease", "status", "Status", "RunInfo",
+    "distributed", "DistributedFunction", "Run", "RunStatus", "runs", "attach", "RunCancelled", "lease", "Lease", "status", "Status", "RunInfo",
     "context", "report", "save_checkpoint", "load_checkpoint", "prepare_model", "prepare_loader",
     "unwrap", "GPUSessionError", "QuotaExceeded", "Infeasible", "QueueTimeout", "LeaseRevoked",
     "Preempted", "WorkerFailed", "RunTimeout", "should_checkpoint", "step",

@@ -14,6 +14,9 @@ A user's functions, arguments and results cross the gateway as opaque bytes.
     remote.py   the run session, kernel's side: pickle, send, render events, unpickle the result
     hosted.py   the run session, service's side: the one run path (Lease, controller) for a caller
     shelf.py    the checkpoints hosted runs left, per account, under handles
+    keeping.py  PURE: detached runs' rules: time limit, retention, result cap, who may see or cancel
+    detached.py the detached runs the gateway hosts past their kernels, per account, in memory
+    reattach.py detached runs, kernel's side: list, attach (replay then live), cancel
     chunks.py   a message with more raw frames than one message carries
     brokercalls.py    PURE: the broker session's methods, request checks, the broker call it makes
     brokersession.py  the service's side of the "broker" session (status, quotas, the admin page's calls)

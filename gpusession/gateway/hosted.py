@@ -4,14 +4,23 @@ controller, recovery, streaming) inside the gateway process, for the account the
 The messages (JSON header + raw frames, frames.py; after the hello of session "run"):
 
     kernel -> gateway, first message, one of
-      run         {name, cwd, options, buffers, checkpoint, checkpoint_step, asking, frames}
+      run         {name, cwd, options, buffers, checkpoint, checkpoint_step, asking, frames,
+                   detach: null | {max_duration}}
                   payload: [pickle of (fn, args, kwargs), *its out-of-band buffers]
       more        payload: the next frames of the message before it (chunks.py: a message
                   carries at most 64 frames; `frames` says how many it has in all)
       checkpoint  {handle}          the bytes of a checkpoint this account's run left (shelf.py)
+      list        {}                this account's detached runs -> runs {runs: [row, ...]} (row: run_id, name,
+                                    user, state, gpus, workers, started, ended, end_reason, max_duration,
+                                    notebook, expires, reports)
+      attach      {run_id}          follow a detached run of this account: event {event: "attached",
+                                    run: row}, the events so far, the live ones, then done
+                                    (a stop on this connection stops the run)
+      cancel      {run_id}          stop a detached run (its owner, or an admin) -> cancelling {run_id}
     kernel -> gateway, while a run goes on
       stop        {reason: "interrupted" | "cancelled", message}: end it as the local path would
     gateway -> kernel
+      event       {event: "detached", run_id, max_duration, started}   first, for a detached run
       event       {event, ...}      one Observer event: requesting {gpus, workers}, queued {view,
                                     elapsed_s}, granted/running/released {info}, output {rank,
                                     stream, text}, report {metrics, info}, transition {info, line}
@@ -27,18 +36,26 @@ The connection closing (the kernel died), a malformed message or a stop makes th
 raise: the run ends as interrupted and its GPUs are released (poll runs every 0.2 s while the
 run runs, every second while it queues); a run that cannot poll then (placing its group, starting
 workers) loses its placement group after GONE_GRACE_S, as Ray removes a dead local kernel's.
+
+A detached run (issue 32; detached.py, keeping.py) is not stopped by its connection closing: the
+gateway hosts it until its function ends, a stop or cancel, or its max_duration (then RunTimeout;
+a run that cannot poll then loses its group GONE_GRACE_S later). Its events and end are kept for
+any kernel of the same account that attaches, for keeping.RETENTION_S after it ended, in memory.
 """
 from __future__ import annotations
 
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import GPUSessionError
 from ..events import Fanout, Observer, RunInfo
+from . import keeping
 from .acting import ServiceKeys, identity_of
+from .detached import FLUSH_S, REGISTRY, HostedRun, Registry, value_size
 from .chunks import gather, send_chunked
 from .frames import Connection, Message
 from .runwire import BadRunMessage, error_to_json, info_to_json, options_from_json, plain, stop_error
@@ -61,6 +78,7 @@ class RunRequest:
     checkpoint: str | None
     checkpoint_step: Any
     asking: dict
+    detach: float | None = None  # a detached run's max_duration (s); None: the run ends with its connection
 
 
 def run_request(message: Message) -> RunRequest:
@@ -83,13 +101,14 @@ def run_request(message: Message) -> RunRequest:
     if not isinstance(asking, dict):
         raise BadRunMessage("asking must be an object {notebook, cell_id, background}")
     options = options_from_json(message.get("options"))
+    detach = keeping.detach_from_json(message.get("detach"))
     if options.runtime_env:
         raise BadRunMessage(
             "runtime_env is not available through the gateway: it would configure the service's own worker "
             "processes (their environment, their code). Ask an admin to install what the function needs")
     return RunRequest(name, cwd, options, message.payload[0],
                       list(message.payload[1:]), checkpoint, step,
-                      {k: asking.get(k) for k in ("notebook", "cell_id", "background")})
+                      {k: asking.get(k) for k in ("notebook", "cell_id", "background")}, detach)
 
 
 # ----- the kernel's stop, its death --------------------------------------------------------------------
@@ -186,6 +205,49 @@ class Forwarder(Observer):
         self.watch.check()
 
 
+class DetachedForwarder(Forwarder):
+    """A detached run's events go to its record (kept, sent to whoever follows); its poll raises a
+    stop or cancel from any following kernel, or RunTimeout at its max_duration."""
+
+    def __init__(self, hosted: HostedRun, user: str, shelf: Shelf) -> None:
+        super().__init__(None, None, user, shelf)
+        self.hosted = hosted
+
+    def _send(self, event: str, **fields: Any) -> None:
+        self.hosted.publish({"event": event, **fields})
+
+    def poll(self):
+        self.hosted.check(time.time())
+
+
+def read_stops(conn: Connection, hosted: HostedRun) -> None:
+    """A kernel following a detached run: its stop stops the run; its leaving (or anything
+    malformed) only stops it following."""
+    try:
+        while True:
+            message = conn.receive()
+            if message.kind != "stop":
+                break
+            hosted.request_stop(stop_error(message.get("reason"), message.get("message")))
+    except Exception:  # noqa: BLE001 - Closed, FrameError, OSError: the kernel left
+        pass
+    finally:
+        hosted.unfollow(conn)
+
+
+def drop_when_stuck(hosted: HostedRun, lease, finished: threading.Event, *, grace_s: float = GONE_GRACE_S) -> bool:
+    """A detached run asked to stop (or past its time limit) that has not ended grace_s later
+    (it cannot poll while placing its group or starting workers) loses its placement group."""
+    while not hosted.stopping.wait(max(0.0, hosted.started_at + hosted.max_duration_s - time.time())):
+        if keeping.over_time(hosted.started_at, hosted.max_duration_s, time.time()):
+            break
+    if finished.wait(grace_s):
+        return False
+    log.warning("detached run %s: stopped and not ended within %.0f s; its group is removed", hosted.run_id, grace_s)
+    lease.drop_group()
+    return True
+
+
 def free_when_gone(watch: StopWatch, lease, finished: threading.Event, *, grace_s: float = GONE_GRACE_S) -> bool:
     """In a thread of its own: once the kernel is gone, give the run grace_s to end by its poll;
     a run that cannot poll then (placing its group, starting workers) loses its placement group,
@@ -201,13 +263,15 @@ def free_when_gone(watch: StopWatch, lease, finished: threading.Event, *, grace_
 
 # ----- the session ------------------------------------------------------------------------------------
 def serve_run(conn: Connection, caller: Caller, hello: Message, keys: ServiceKeys, *,
-              shelf: Shelf = SHELF) -> None:
+              shelf: Shelf = SHELF, registry: Registry = REGISTRY) -> None:
     """The handler of the gateway's "run" session (see the module's docstring)."""
     first = conn.receive()
     if first.kind == "run":
         first = gather(conn, first)
     if first.kind == "checkpoint":
         return _send_checkpoint(conn, caller, first, shelf)
+    if first.kind in ("list", "attach", "cancel"):
+        return _serve_detached(conn, caller, first, registry)
     if first.kind != "run":
         conn.send("failed", error={"type": "InvalidRequest",
                                    "message": f"a run session begins with run or checkpoint, not {first.kind[:40]!r}"})
@@ -218,10 +282,27 @@ def serve_run(conn: Connection, caller: Caller, hello: Message, keys: ServiceKey
         conn.send("failed", error={"type": "InvalidRequest", "message": f"The gateway refused the call: {exc}."})
         return
     del first  # the call's bytes live on in request (and in the object store once shipped)
-    _run(conn, caller, request, keys, shelf)
+    _run(conn, caller, request, keys, shelf, registry)
 
 
-def _run(conn: Connection, caller: Caller, request: RunRequest, keys: ServiceKeys, shelf: Shelf) -> None:
+def _run(conn: Connection, caller: Caller, request: RunRequest, keys: ServiceKeys, shelf: Shelf,
+         registry: Registry = REGISTRY) -> None:
+    hosted = None
+    if request.detach is not None:
+        hosted = registry.add(caller.user, request.name, request.options.lease.gpus, request.options.lease.workers,
+                              request.detach, request.asking.get("notebook"))
+    try:
+        _host(conn, caller, request, keys, shelf, hosted)
+    finally:
+        if hosted is not None and hosted.ended_at is None:  # the gateway failed: the record ends all the same
+            log.error("detached run %s of %s: the gateway failed hosting it", hosted.run_id, caller.user)
+            hosted.finish({"info": {}, "values": None, "error": {
+                "type": "GPUSessionError", "message": "The gpusession gateway failed hosting this run; an admin "
+                                                      "can look at its log."}}, [], "failed")
+
+
+def _host(conn: Connection, caller: Caller, request: RunRequest, keys: ServiceKeys, shelf: Shelf,
+          hosted: HostedRun | None) -> None:
     from ..cluster.lease import Lease
     from ..kernelcell import mark_background
     from ..run.bulk import shipment_of, value_frames
@@ -230,8 +311,20 @@ def _run(conn: Connection, caller: Caller, request: RunRequest, keys: ServiceKey
     from ..stepreport import StepToBroker
 
     identity = identity_of(caller, keys)
-    watch = StopWatch(conn).start()
-    forward = Forwarder(conn, watch, caller.user, shelf)
+    if hosted is not None:
+        try:
+            conn.send("event", event="detached", run_id=hosted.run_id, max_duration=hosted.max_duration_s,
+                      started=hosted.started_at)
+        except OSError:
+            pass  # the kernel left already: the run goes on (gs.runs(all=True) lists it)
+        origin = hosted.follow(conn)
+        threading.Thread(target=read_stops, args=(conn, hosted), daemon=True,
+                         name="gpusession-gateway-detached-stop").start()
+        watch = StopWatch(conn)  # never started: the connection's end does not end a detached run
+        forward = DetachedForwarder(hosted, caller.user, shelf)
+    else:
+        watch = StopWatch(conn).start()
+        forward = Forwarder(conn, watch, caller.user, shelf)
     observer = Fanout(forward, StepToBroker(identity))
     info = RunInfo()
     checkpoint_ref = shelf.get(caller.user, request.checkpoint) if request.checkpoint else None
@@ -246,8 +339,12 @@ def _run(conn: Connection, caller: Caller, request: RunRequest, keys: ServiceKey
                 f"{shelf.per_user} runs' checkpoints of each account while it runs). Run from the start.")
         shipped = []
         lease = Lease(request.options, observer=observer, info=info, identity=identity, asking=request.asking)
-        threading.Thread(target=free_when_gone, args=(watch, lease, finished), daemon=True,
-                         name="gpusession-gateway-run-gone").start()
+        if hosted is None:
+            threading.Thread(target=free_when_gone, args=(watch, lease, finished), daemon=True,
+                             name="gpusession-gateway-run-gone").start()
+        else:
+            threading.Thread(target=drop_when_stuck, args=(hosted, lease, finished), daemon=True,
+                             name="gpusession-gateway-detached-limit").start()
         with lease.acquire(before_request=lambda: shipped.append(shipment_of(request.header, request.buffers))):
             request.buffers.clear()  # the object store holds them now
             values = run_function(lease, None, (), {}, info=info, observer=observer,
@@ -262,7 +359,7 @@ def _run(conn: Connection, caller: Caller, request: RunRequest, keys: ServiceKey
     info.end_reason = end_reason(error)
     if error is not None and not isinstance(error, (GPUSessionError, KeyboardInterrupt)):
         log.warning("run %s of %s failed in the gateway", request.name, caller.user, exc_info=error)
-    if watch.gone:
+    if hosted is None and watch.gone:
         log.info("run %s of %s ended (%s) after its kernel left", request.name, caller.user, info.end_reason)
         return
     frames, items = [], None
@@ -277,6 +374,15 @@ def _run(conn: Connection, caller: Caller, request: RunRequest, keys: ServiceKey
             frames.append(header)
             frames.extend(buffers)
             items.append(len(buffers))
+    if hosted is not None:
+        refusal = keeping.result_refusal(value_size(frames))
+        if refusal is not None:
+            frames, items, error = [], None, keeping.ResultTooLarge(refusal)
+        hosted.finish({"info": forward.info(info), "error": error_to_json(error) if error is not None else None,
+                       "values": None if items is None else {"all": request.options.return_all, "items": items}},
+                      frames, info.end_reason)
+        origin.join(FLUSH_S)  # the end sent to the kernel that started it (if it is still there)
+        return
     send_chunked(conn, "done", frames, info=forward.info(info), error=error_to_json(error) if error is not None else None,
               values=None if items is None else {"all": request.options.return_all, "items": items})
 
@@ -292,3 +398,44 @@ def _send_checkpoint(conn: Connection, caller: Caller, message: Message, shelf: 
 
     data = ray.get(ref).data  # CheckpointData: its pickle as a numpy array over the object store
     conn.send("checkpoint_bytes", [memoryview(data)])
+
+
+# ----- detached runs: list, attach, cancel ----------------------------------------------------------
+def _not_kept(run_id: Any, user: str) -> dict:
+    return {"type": "GPUSessionError", "message": (
+        f"The gateway keeps no detached run {str(run_id)[:40]!r} of {user}: gs.runs(all=True) lists yours. "
+        f"Ended runs are kept {keeping.RETENTION_S / 86400:g} days, and none survives a restart of the gateway.")}
+
+
+def _serve_detached(conn: Connection, caller: Caller, message: Message, registry: Registry) -> None:
+    if message.kind == "list":
+        conn.send("runs", runs=registry.rows(caller.user))
+        return
+    try:
+        run_id = keeping.run_id_of(message.get("run_id"))
+    except BadRunMessage as exc:
+        conn.send("failed", error={"type": "InvalidRequest", "message": f"The gateway refused the request: {exc}."})
+        return
+    hosted = registry.get(run_id)
+    if message.kind == "cancel":
+        if hosted is None or not keeping.may_cancel(hosted.user, caller.user, caller.admin):
+            conn.send("failed", error=_not_kept(run_id, caller.user))
+            return
+        from ..errors import RunCancelled
+
+        by = "its owner" if hosted.user == caller.user else f"the admin {caller.user}"
+        hosted.request_stop(RunCancelled(
+            f"The detached run {run_id} ({hosted.name}) was cancelled by {by}; every worker was stopped and its "
+            "GPUs released."))
+        log.info("detached run %s of %s: cancel asked by %s", run_id, hosted.user, caller.user)
+        conn.send("cancelling", run_id=run_id, ended=hosted.ended_at is not None)
+        return
+    if hosted is None or not keeping.may_see(hosted.user, caller.user):
+        conn.send("failed", error=_not_kept(run_id, caller.user))
+        return
+    conn.send("event", event="attached", run=hosted.row())
+    follower = hosted.follow(conn)
+    if hosted.ended_at is not None:
+        follower.join(FLUSH_S)  # the records so far and the end, sent before the session closes
+        return
+    read_stops(conn, hosted)  # until the kernel leaves (after the end, or before)

@@ -65,9 +65,12 @@ def asking() -> dict:
 
 
 def run_remote(fn: Callable, args: tuple, kwargs: dict, options, *, info: RunInfo, observer: Observer,
-               checkpoint_ref: Any = None, checkpoint_step: Any = None, name: str = "") -> Any:
+               checkpoint_ref: Any = None, checkpoint_step: Any = None, name: str = "",
+               detach: float | None = None, on_detached: Callable[[dict], None] | None = None) -> Any:
     """What Lease(...).acquire() + run_function() do in the local path, through the gateway: the
-    value, or the error the local path would raise. observer.finished is the caller's to call."""
+    value, or the error the local path would raise. observer.finished is the caller's to call.
+    detach: the run's max_duration (s), hosted by the gateway past this kernel (issue 32);
+    on_detached is then told {run_id, max_duration, started} once the gateway took it."""
     if checkpoint_ref is not None and not isinstance(checkpoint_ref, RemoteCheckpoint):
         raise GPUSessionError("This checkpoint was made outside the gpusession gateway and cannot be resumed "
                               "through it; run from the start.")
@@ -83,9 +86,10 @@ def run_remote(fn: Callable, args: tuple, kwargs: dict, options, *, info: RunInf
         send_chunked(conn, "run", [header, *buffers], name=name or getattr(fn, "__name__", "function"),
                      cwd=os.getcwd(), options=options_to_json(options), buffers=len(buffers),
                      checkpoint=checkpoint_ref.handle if checkpoint_ref is not None else None,
-                     checkpoint_step=checkpoint_step, asking=asking())
+                     checkpoint_step=checkpoint_step, asking=asking(),
+                     detach=None if detach is None else {"max_duration": detach})
         del header, buffers
-        return _follow(conn, path, info, observer)
+        return _follow(conn, path, info, observer, on_detached)
     finally:
         conn.close()
 
@@ -94,7 +98,10 @@ class GatewayGone(GPUSessionError):
     """The gateway's connection ended before the run's end was told."""
 
 
-def _follow(conn: Connection, path: str, info: RunInfo, observer: Observer) -> Any:
+def _follow(conn: Connection, path: str, info: RunInfo, observer: Observer,
+            on_note: Callable[[dict], None] | None = None) -> Any:
+    """Render the run's events until its end; `on_note` is told the gateway's notes about a
+    detached run (the `detached` and `attached` events' fields)."""
     inbox: queue.Queue = queue.Queue()
     threading.Thread(target=_read, args=(conn, inbox), name="gpusession-gateway-run", daemon=True).start()
     stopped: BaseException | None = None  # what the kernel's observer raised (or a Ctrl-C): raised at the end
@@ -105,7 +112,10 @@ def _follow(conn: Connection, path: str, info: RunInfo, observer: Observer) -> A
             message = _next(inbox)
             if message is not None and message.kind != "event":
                 break
-            if message is not None:
+            if message is not None and message.get("event") in ("detached", "attached"):
+                if on_note is not None:
+                    on_note(message.fields)
+            elif message is not None:
                 _render(message, info, observer, path, handle)
             if stopped is None and time.monotonic() - polled >= POLL_S:
                 polled = time.monotonic()

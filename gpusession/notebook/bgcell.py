@@ -1,4 +1,4 @@
-"""`%%gpu N --bg [-o NAME]`: the cell returns at once; its run's handle can `pull()` its names.
+"""`%%gpu N --bg [-o NAME] [--detach]`: the cell returns at once; its run's handle can `pull()` its names.
 
 A background cell's names are never written into the notebook behind the user's back (a value
 changing under a cell that reads it is a bug nobody can find): the run keeps them, its receipt
@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from ..events import Observer, RunInfo
 from ..run.background import Run
+from ..run.detached import DetachedRun
 
 
 def pull_note(name: str, wanted: tuple[str, ...]) -> str:
@@ -26,13 +27,14 @@ class CellRun(Run):
     """The handle of a %%gpu --bg cell: a Run whose `pull()` brings the cell's names back."""
 
     def __init__(self, name: str, start: Callable[[Observer, RunInfo], Any], observer: Observer, *,
-                 shell, handle_name: str, wanted: tuple[str, ...], bring_back: Callable[[dict, Any], Any]) -> None:
+                 shell, handle_name: str, wanted: tuple[str, ...], bring_back: Callable[[dict, Any], Any],
+                 **rest: Any) -> None:
         def start_then_say(run_observer: Observer, info: RunInfo) -> Any:
             result = start(run_observer, info)
             print(pull_note(handle_name, wanted), file=sys.stdout, flush=True)  # in the starting cell
             return result
 
-        super().__init__(name, start_then_say, observer)
+        super().__init__(name, start_then_say, observer, **rest)
         self.handle_name = handle_name
         self.wanted = wanted
         self._shell = shell
@@ -46,3 +48,8 @@ class CellRun(Run):
         self._shell.user_ns["_gpu"] = self.info
         self.pulled = True
         return self._bring_back(self._shell.user_ns, result)
+
+
+class DetachedCellRun(CellRun, DetachedRun):
+    """The handle of a %%gpu --bg --detach cell (and of `%gpu attach ID -o NAME` in any kernel
+    of the same account): `pull()` as any background cell, `run_id` for gs.attach."""

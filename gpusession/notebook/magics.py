@@ -15,7 +15,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, kwds, magic_arguments, parse_argstring
 
 from .cellcode import CellCode, analyze, parse_names
-from .bgcell import CellRun
+from .bgcell import CellRun, DetachedCellRun
 from .cellrun import CellPayload, CellResult, pack, run_cell, unpack
 from ..run.distributed import DistributedFunction, parse_options
 from ..comm_options import grad_compression_flag_value
@@ -65,7 +65,7 @@ def grad_compression_flag(text: str):
 class GPUMagics(Magics):
     @magic_arguments(name="%gpu")
     @kwds(usage="%(prog)s [N] [--min N] [--priority P] [--timeout T] [--queue-timeout T] [--out a,b] [--no-out] "
-                "[--grad-compression C] [--bucket-mb MB] [--precision P] [--bg [-o NAME]]")
+                "[--grad-compression C] [--bucket-mb MB] [--precision P] [--bg [-o NAME] [--detach [--max-duration T]]]")
     @argument("gpus", nargs="?", default=1, type=_gpu_count, metavar="N",
               help="GPUs to lease for this cell, one worker per GPU (default 1).")
     @argument("--min", dest="min_gpus", type=_gpu_count, metavar="N",
@@ -88,6 +88,12 @@ class GPUMagics(Magics):
                    "notebook stays usable. NAME.pull() assigns the cell's names when it is done.")
     @argument("-o", dest="handle", metavar="NAME",
               help="With --bg: the name the run's handle gets in the notebook (default: _run).")
+    @argument("--detach", action="store_true",
+              help="With --bg, under `gpusession hub`: the gateway hosts the run past this kernel (a restart, "
+                   "a crash, the server stopped); NAME.run_id is what gs.attach(run_id) takes in any kernel of yours.")
+    @argument("--max-duration", type=_duration, metavar="T",
+              help="With --detach: stop the detached run after T (seconds, or 90s, 10m, 2h) and release its "
+                   "GPUs. Default: 24h.")
     @argument("--grad-compression", type=grad_compression_flag, metavar="C",
               help="Compress the gradients gs.prepare_model's DDP all-reduces: fp16 or bf16 (half the bytes) "
                    "or powersgd (rank 2, after 10 plain steps); powersgd:rank=4,warmup=20 chooses PowerSGD's "
@@ -134,9 +140,15 @@ class GPUMagics(Magics):
         return run_gpu_cell(self.shell, cell, args)
 
     @magic_arguments(name="gpu")
-    @argument("action", choices=("status", "release"),
+    @argument("action", choices=("status", "release", "attach"),
               help="status: cluster capacity, your quota and usage, this kernel's leases. "
-                   "release: give back every lease this kernel still holds (from gs.lease blocks).")
+                   "release: give back every lease this kernel still holds (from gs.lease blocks). "
+                   "attach ID [-o NAME]: follow your detached run ID from this kernel (under gpusession hub).")
+    @argument("run_id", nargs="?", metavar="ID",
+              help="With attach: the detached run's id, as gs.runs(all=True) lists it.")
+    @argument("-o", dest="handle", metavar="NAME",
+              help="With attach: the name its handle gets in the notebook (default: _run); NAME.pull() "
+                   "assigns a cell run's names.")
     @line_magic("gpu")
     def gpu_line(self, line: str) -> None:
         """
@@ -151,8 +163,15 @@ class GPUMagics(Magics):
               <gpusession.Lease 7: 1 GPUs, 1 workers, held>
             In [3]: %gpu release
             Released 1 lease of this kernel (1 GPUs); Ray shows them free.
+            In [4]: %gpu attach 3f2a9c... -o r1        # a detached run of yours (gpusession hub)
+            gpusession: r1 follows the detached run 3f2a9c... (train); r1.result() or r1.pull().
         """
         args = parse_argstring(self.gpu_line, line)
+        if args.action == "attach":
+            print(attach_run(self.shell, args.run_id, args.handle))
+            return
+        if args.run_id is not None or args.handle is not None:
+            raise UsageError(f"%gpu {args.action} takes no ID or -o NAME (those are for %gpu attach ID -o NAME).")
         print(show_status() if args.action == "status" else release_kernel_leases())
 
 
@@ -199,11 +218,13 @@ def run_gpu_cell(shell, cell: str, args: argparse.Namespace) -> Any:
     code = _analyze(shell, cell, filename)
     wanted = wanted_names(shell.user_ns, code, out=args.out, no_out=args.no_out)
     handle_name = _handle_name(args)
+    detach = _detach_limit(args)
     _status_now(options)  # the cell is valid: its status line shows before the inputs are packed
     inputs = _gather_inputs(shell, code)
     function = DistributedFunction(run_cell, options)
     if args.bg:
-        run = function.start_background((CellPayload(code.source, filename, inputs, wanted),), {}, handle=CellRun,
+        run = function.start_background((CellPayload(code.source, filename, inputs, wanted),), {},
+                                        handle=CellRun if detach is None else DetachedCellRun, detach=detach,
                                         shell=shell, handle_name=handle_name, wanted=wanted,
                                         bring_back=_bring_back)
         shell.user_ns[handle_name] = run
@@ -218,6 +239,24 @@ def run_gpu_cell(shell, cell: str, args: argparse.Namespace) -> Any:
     return _bring_back(shell.user_ns, result)
 
 
+def attach_run(shell, run_id: str | None, handle: str | None) -> str:
+    """`%gpu attach ID [-o NAME]`: NAME (default _run) is the detached run's handle in this kernel
+    (a cell's run: NAME.pull() assigns its names)."""
+    if not run_id:
+        raise UsageError("%gpu attach needs the run's id: %gpu attach ID -o NAME (gs.runs(all=True) lists yours).")
+    name = handle or DEFAULT_HANDLE
+    if not name.isidentifier():
+        raise UsageError(f"-o {name!r} is not a Python name; write e.g. -o run1.")
+    from ..run.detached import attach
+
+    try:
+        run = attach(run_id, handle=DetachedCellRun, shell=shell, handle_name=name, wanted=(), bring_back=_bring_back)
+    except GPUSessionError as exc:
+        raise UsageError(str(exc)) from None
+    shell.user_ns[name] = run
+    return f"gpusession: {name} follows the detached run {run.run_id} ({run.name}); {name}.result() or {name}.pull()."
+
+
 def _handle_name(args: argparse.Namespace) -> str:
     if args.handle is not None and not args.bg:
         raise UsageError("-o NAME names a background run's handle: use it with --bg (e.g. %%gpu 2 --bg -o run1).")
@@ -225,6 +264,23 @@ def _handle_name(args: argparse.Namespace) -> str:
     if not name.isidentifier():
         raise UsageError(f"-o {name!r} is not a Python name; write e.g. -o run1. Nothing was leased.")
     return name
+
+
+def _detach_limit(args: argparse.Namespace) -> float | None:
+    """The max_duration of a --detach cell (None: not detached); UsageError on a mistake."""
+    if args.max_duration is not None and not args.detach:
+        raise UsageError("--max-duration is the time limit of a detached run: use it with --bg --detach.")
+    if not args.detach:
+        return None
+    if not args.bg:
+        raise UsageError("--detach needs --bg (e.g. %%gpu 2 --bg --detach -o run1). Nothing was leased.")
+    from ..gateway.client import gateway_path
+    from ..run.detached import detach_limit
+
+    try:
+        return detach_limit(args.max_duration, gateway=gateway_path())
+    except (GPUSessionError, ValueError) as exc:
+        raise UsageError(f"{exc} Nothing was leased.") from None
 
 
 def _status_now(options) -> None:

@@ -219,8 +219,14 @@ def _register(run: Run) -> None:
         _runs.append(run)
 
 
-def runs() -> list[Run]:
-    """This process's background runs, newest first (ended ones too)."""
+def runs(all: bool = False) -> list:  # noqa: A002 - the documented keyword
+    """This process's background runs, newest first (ended ones too). all=True: this account's
+    detached runs the gpusession gateway keeps, from every kernel (records: run_id, name, state,
+    gpus, started, ended, expires; `gs.attach(run_id)` follows one)."""
+    if all:
+        from ..gateway.reattach import list_runs
+
+        return list_runs()
     with _runs_lock:
         return list(reversed(_runs))
 

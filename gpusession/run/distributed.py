@@ -55,21 +55,42 @@ class DistributedFunction:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self._run(args, kwargs, checkpoint_ref=None)
 
-    def submit(self, *args: Any, **kwargs: Any) -> Run:
+    def submit(self, *args: Any, detach: bool = False, max_duration: float | None = None, **kwargs: Any) -> Run:
         """Start the call in the background and return its `Run` at once (its own lease, within
         your quota; queued behind others if the GPUs are busy). In a notebook the run's live view
         stays in the cell that submitted it. `run.result()` waits and returns the value (or
-        raises the error the blocking call would); `run.cancel()` stops it; `gs.runs()` lists them."""
-        return self.start_background(args, kwargs)
+        raises the error the blocking call would); `run.cancel()` stops it; `gs.runs()` lists them.
 
-    def start_background(self, args: tuple, kwargs: dict, *, handle: type[Run] = Run, **extra: Any) -> Run:
-        """submit() with the handle's class chosen (a %%gpu --bg cell's handle can pull())."""
+        detach=True (under `gpusession hub` only): the gateway hosts the run past this kernel (a
+        restart, a crash, the server stopped) for at most `max_duration` seconds (default 24 h;
+        then it is stopped and its GPUs released); `run.run_id` is what `gs.attach` takes in any
+        kernel of yours. `detach` and `max_duration` are submit()'s own: not passed to the function."""
+        if not detach:
+            if max_duration is not None:
+                raise TypeError("submit(max_duration=...) is the time limit of a detached run: pass detach=True too.")
+            return self.start_background(args, kwargs)
+        from .detached import detach_limit
+
+        return self.start_background(args, kwargs, detach=detach_limit(max_duration, gateway=gateway_path()))
+
+    def start_background(self, args: tuple, kwargs: dict, *, handle: type[Run] = Run, detach: float | None = None,
+                         **extra: Any) -> Run:
+        """submit() with the handle's class chosen (a %%gpu --bg cell's handle can pull());
+        detach: the max_duration of a run the gateway hosts past this kernel."""
         observer = self.observer or default_observer(self.options.lease.workers, background=True)
+        taken: list = []  # the handle, told the run's id once the gateway took it
 
         def start(run_observer, info: RunInfo) -> Any:
-            return self._run(args, kwargs, checkpoint_ref=None, observer=run_observer, info=info)
+            return self._run(args, kwargs, checkpoint_ref=None, observer=run_observer, info=info,
+                             detach=detach, on_detached=getattr(taken[0], "_noted", None) if detach is not None else None)
 
-        run = handle(self.__name__, start, observer, **extra)._begin()
+        if detach is not None and handle is Run:
+            from .detached import DetachedRun
+
+            handle = DetachedRun
+        run = handle(self.__name__, start, observer, **extra)
+        taken.append(run)
+        run._begin()
         self._note(run.info, (args, kwargs))
         return run
 
@@ -88,13 +109,17 @@ class DistributedFunction:
         return self._run(args, kwargs, checkpoint_ref=last.checkpoint_ref, checkpoint_step=last.checkpoint_step)
 
     def _run(self, args: tuple, kwargs: dict, *, checkpoint_ref, checkpoint_step=None,
-             observer: Any = None, info: RunInfo | None = None) -> Any:
+             observer: Any = None, info: RunInfo | None = None, detach: float | None = None,
+             on_detached: Any = None) -> Any:
         info = info if info is not None else RunInfo()
         self._note(info, (args, kwargs))
         observer = observer or self.observer or default_observer(self.options.lease.workers)
         if gateway_path():  # a hub kernel: the run is hosted by the service's gateway (no Ray here)
             return self._run_through_gateway(args, kwargs, observer=observer, info=info,
-                                             checkpoint_ref=checkpoint_ref, checkpoint_step=checkpoint_step)
+                                             checkpoint_ref=checkpoint_ref, checkpoint_step=checkpoint_step,
+                                             detach=detach, on_detached=on_detached)
+        if detach is not None:  # submit() refuses first; this is for callers of _run
+            raise GPUSessionError("A detached run needs the gpusession gateway (gpusession hub).")
         from ..cluster.lease import Lease
         from .bulk import ship
         from .controller import run_function
@@ -119,7 +144,8 @@ class DistributedFunction:
             observer.finished(info, error)
 
     def _run_through_gateway(self, args: tuple, kwargs: dict, *, observer, info: RunInfo,
-                             checkpoint_ref, checkpoint_step) -> Any:
+                             checkpoint_ref, checkpoint_step, detach: float | None = None,
+                             on_detached: Any = None) -> Any:
         """The same call, run by the one run path in the gateway (gateway/remote.py); the gateway
         tells the broker the live step, so no StepToBroker here."""
         from ..gateway.remote import run_remote
@@ -127,7 +153,8 @@ class DistributedFunction:
         error: BaseException | None = None
         try:
             return run_remote(self.fn, args, kwargs, self.options, info=info, observer=observer,
-                              checkpoint_ref=checkpoint_ref, checkpoint_step=checkpoint_step, name=self.__name__)
+                              checkpoint_ref=checkpoint_ref, checkpoint_step=checkpoint_step, name=self.__name__,
+                              detach=detach, on_detached=on_detached)
         except BaseException as exc:
             error = exc
             raise

@@ -114,3 +114,45 @@ def test_a_background_cell_gets_its_handle_name_or_the_default():
 
     assert _handle_name(parse_argstring(GPUMagics.gpu_cell, "2 --bg -o run1")) == "run1"
     assert _handle_name(parse_argstring(GPUMagics.gpu_cell, "2 --bg")) == DEFAULT_HANDLE == "_run"
+
+
+@pytest.mark.parametrize("line, gateway, says", [
+    ("2 --detach", "/g.sock", "--detach needs --bg"),
+    ("2 --bg --max-duration 1h", "/g.sock", "use it with --bg --detach"),
+    ("2 --bg --detach", None, "gpusession hub"),
+    ("2 --bg --detach --max-duration 0", "/g.sock", "more than 0"),
+    ("2 --bg --detach --max-duration 90d", "/g.sock", "at most"),
+])
+def test_detach_mistakes_are_usage_errors_before_anything_is_leased(monkeypatch, line, gateway, says):
+    from gpusession.gateway.client import GATEWAY_ENV
+    from gpusession.notebook.magics import _detach_limit
+
+    if gateway:
+        monkeypatch.setenv(GATEWAY_ENV, gateway)
+    else:
+        monkeypatch.delenv(GATEWAY_ENV, raising=False)
+    with pytest.raises(UsageError, match=says):
+        _detach_limit(parse_argstring(GPUMagics.gpu_cell, line))
+
+
+def test_a_detached_cell_gets_the_default_limit_or_its_own(monkeypatch):
+    from gpusession.gateway.client import GATEWAY_ENV
+    from gpusession.notebook.magics import _detach_limit
+
+    monkeypatch.setenv(GATEWAY_ENV, "/g.sock")
+    assert _detach_limit(parse_argstring(GPUMagics.gpu_cell, "2 --bg")) is None
+    assert _detach_limit(parse_argstring(GPUMagics.gpu_cell, "2 --bg --detach")) == 24 * 3600
+    assert _detach_limit(parse_argstring(GPUMagics.gpu_cell, "2 --bg --detach --max-duration 2h")) == 7200
+
+
+def test_attach_needs_an_id_and_a_python_name_and_the_other_actions_take_neither():
+    from gpusession.notebook.magics import attach_run
+
+    with pytest.raises(UsageError, match="needs the run's id"):
+        attach_run(None, None, "r1")
+    with pytest.raises(UsageError, match="not a Python name"):
+        attach_run(None, "a" * 32, "1x")
+    args = parse_argstring(GPUMagics.gpu_line, "attach abc -o r1")
+    assert (args.action, args.run_id, args.handle) == ("attach", "abc", "r1")
+    with pytest.raises(UsageError, match="takes no ID"):
+        GPUMagics(shell=None).gpu_line("status abc")

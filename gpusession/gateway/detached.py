@@ -1,0 +1,231 @@
+"""The detached runs the gateway hosts (issue 32), service side: each run's record (its events for
+replay, its end, the kernels following it) and the registry of them per account, in memory.
+
+A detached run's events go to every kernel attached to it (the one that started it first); a
+kernel attaching later is sent the events so far, then the live ones, then the end. A kernel
+that goes away only stops following; the run goes on until its function ends, a cancel, or its
+time limit. The result's bytes are kept as the rank pickled them (never unpickled here).
+
+In memory only: a restart of the gateway loses every record (keeping.py has the rules).
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import RunTimeout
+from . import keeping
+from .chunks import send_chunked
+from .frames import Connection
+
+log = logging.getLogger("gpusession.gateway")
+MAX_PENDING = keeping.MAX_EVENTS + 1000  # unsent messages past which a following kernel is dropped
+FLUSH_S = 30.0  # how long a session waits for its kernel to be sent the end before it closes
+
+_STATE_OF_EVENT = {"queued": "queued", "granted": "starting", "running": "running", "transition": "starting"}
+_STATE_OF_END = {"finished": "finished", "cancelled": "cancelled"}  # any other end reason: failed
+
+
+class Follower:
+    """One kernel following a run. What it is sent goes through a queue that a thread of its own
+    empties, so a kernel that reads slowly (or not at all) never holds up the run; past MAX_PENDING
+    unsent messages it is dropped (its connection closed: it may attach again)."""
+
+    def __init__(self, conn: Connection, max_pending: int = MAX_PENDING) -> None:
+        self.conn, self.max_pending = conn, max_pending
+        self.dropped = False
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._pending = 0
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._send_all, name="gpusession-gateway-follower", daemon=True)
+        self._thread.start()
+
+    def put(self, item: tuple) -> bool:
+        """("event", fields) or ("done", fields, frames); False once dropped."""
+        with self._lock:
+            if self.dropped:
+                return False
+            if self._pending >= self.max_pending:
+                self._drop_locked("it read nothing while %d messages waited" % self._pending)
+                return False
+            self._pending += 1
+        self._queue.put(item)
+        return True
+
+    def stop(self) -> None:
+        """Nothing more is sent after what is queued (the kernel left, or stopped following)."""
+        self._queue.put(None)
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait until the end was sent (or the kernel dropped); whether it was."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _drop_locked(self, why: str) -> None:
+        if not self.dropped:
+            self.dropped = True
+            log.info("a kernel following a detached run was dropped: %s", why)
+            self.conn.close()
+            self._queue.put(None)
+
+    def _send_all(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            try:
+                if item[0] == "done":
+                    send_chunked(self.conn, "done", list(item[2]), **item[1])
+                    return
+                self.conn.send("event", **item[1])
+            except Exception as exc:  # noqa: BLE001 - OSError, FrameError: this kernel is gone
+                with self._lock:
+                    self._drop_locked(f"{type(exc).__name__}: {exc}")
+                return
+            finally:
+                with self._lock:
+                    self._pending -= 1
+
+
+@dataclass
+class HostedRun:
+    run_id: str
+    user: str
+    name: str
+    gpus: float
+    workers: int
+    max_duration_s: float
+    notebook: str | None = None  # the submitting kernel's notebook, when it knew it
+    started_at: float = field(default_factory=time.time)
+    state: str = "submitted"
+    ended_at: float | None = None
+    end_reason: str | None = None
+    events: list = field(default_factory=list)  # the event messages' fields, for replay
+    done: tuple | None = None  # (fields, frames) of the `done` message
+    result_bytes: int = 0
+    stop_error: BaseException | None = None
+    stopping: threading.Event = field(default_factory=threading.Event)
+    _subscribers: list = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # ----- the run's side ---------------------------------------------------------------------------
+    def publish(self, fields: dict) -> None:
+        """One event: recorded (keeping.keeps_event) and sent to every following kernel."""
+        with self._lock:
+            event = fields.get("event", "")
+            self.state = _STATE_OF_EVENT.get(event, self.state)
+            if keeping.keeps_event(event, len(self.events)):
+                self.events.append(fields)
+            self._subscribers = [f for f in self._subscribers if f.put(("event", fields))]
+
+    def check(self, now: float) -> None:
+        """The run's poll: a cancel, or the time limit, ends it."""
+        if self.stop_error is not None:
+            raise self.stop_error
+        if keeping.over_time(self.started_at, self.max_duration_s, now):
+            self.request_stop(RunTimeout(
+                f"The detached run {self.run_id} ({self.name}) reached its max_duration of {self.max_duration_s:g} s; "
+                "every worker was stopped and its GPUs released. Ask for a longer max_duration in submit()."))
+            raise self.stop_error
+
+    def finish(self, fields: dict, frames: list, end_reason: str) -> None:
+        """The run ended: its end kept and sent to every following kernel."""
+        with self._lock:
+            self.ended_at = time.time()
+            self.end_reason = end_reason
+            self.state = "failed" if fields.get("error") is not None and end_reason == "finished" \
+                else _STATE_OF_END.get(end_reason, "failed")  # a result too large to keep: failed
+            self.done = (fields, list(frames))
+            self.result_bytes = value_size(frames)
+            for follower in self._subscribers:
+                follower.put(("done", fields, self.done[1]))
+            self._subscribers = []
+        self.stopping.set()
+
+    # ----- a kernel's side ----------------------------------------------------------------------------
+    def request_stop(self, error: BaseException) -> None:
+        if self.stop_error is None:
+            self.stop_error = error
+        self.stopping.set()
+
+    def follow(self, conn: Connection) -> Follower:
+        """The connection follows the run: sent the events so far, then the live ones, then the
+        end (at once if it came). `Follower.join` waits until the end was sent."""
+        with self._lock:
+            follower = Follower(conn, max_pending=max(MAX_PENDING, len(self.events) + 1000))
+            for fields in self.events:
+                follower.put(("event", fields))
+            if self.done is not None:
+                follower.put(("done", *self.done))
+            else:
+                self._subscribers.append(follower)
+            return follower
+
+    def unfollow(self, conn: Connection) -> None:
+        with self._lock:
+            for follower in [f for f in self._subscribers if f.conn is conn]:
+                follower.stop()
+            self._subscribers = [f for f in self._subscribers if f.conn is not conn]
+
+    def row(self) -> dict:
+        """What gs.runs(all=True) shows of it."""
+        return {"run_id": self.run_id, "name": self.name, "user": self.user, "state": self.state,
+                "gpus": self.gpus, "workers": self.workers, "started": self.started_at, "ended": self.ended_at,
+                "end_reason": self.end_reason, "max_duration": self.max_duration_s, "notebook": self.notebook,
+                "expires": keeping.expires_at(self.started_at, self.max_duration_s, self.ended_at),
+                "reports": sum(1 for e in self.events if e.get("event") == "report")}
+
+
+class Registry:
+    """The detached runs of every account, by id; ended ones go after keeping.RETENTION_S (and
+    past keeping.RUNS_PER_USER or RESULT_BYTES_PER_USER of an account), checked whenever the
+    registry is used. A kept result's frames may be views of Ray's object store (pinned there)."""
+
+    def __init__(self, retention_s: float = keeping.RETENTION_S, per_user: int = keeping.RUNS_PER_USER,
+                 bytes_per_user: int = keeping.RESULT_BYTES_PER_USER) -> None:
+        self.retention_s, self.per_user, self.bytes_per_user = retention_s, per_user, bytes_per_user
+        self._runs: dict[str, HostedRun] = {}
+        self._lock = threading.Lock()
+
+    def add(self, user: str, name: str, gpus: float, workers: int, max_duration_s: float,
+            notebook: str | None = None) -> HostedRun:
+        run = HostedRun(uuid.uuid4().hex, user, name, gpus, workers, max_duration_s,
+                        notebook if isinstance(notebook, str) else None)
+        with self._lock:
+            self._sweep(time.time())
+            self._runs[run.run_id] = run
+        return run
+
+    def get(self, run_id: str) -> HostedRun | None:
+        """The run (any account's: the caller checks keeping.may_see / may_cancel)."""
+        with self._lock:
+            self._sweep(time.time())
+            return self._runs.get(run_id)
+
+    def rows(self, user: str) -> list[dict]:
+        """An account's runs, newest first."""
+        with self._lock:
+            self._sweep(time.time())
+            mine = [run for run in self._runs.values() if keeping.may_see(run.user, user)]
+        return [run.row() for run in sorted(mine, key=lambda run: run.started_at, reverse=True)]
+
+    def _sweep(self, now: float) -> None:
+        for run_id in [i for i, run in self._runs.items() if keeping.expired(run.ended_at, now, self.retention_s)]:
+            del self._runs[run_id]
+        for user in {run.user for run in self._runs.values()}:
+            ended = [(run.ended_at, run.run_id, run.result_bytes) for run in self._runs.values()
+                     if run.user == user and run.ended_at is not None]
+            for run_id in keeping.to_evict(ended, self.per_user, self.bytes_per_user):
+                del self._runs[run_id]
+
+
+REGISTRY = Registry()
+
+
+def value_size(frames: list[Any]) -> int:
+    return sum(memoryview(frame).nbytes for frame in frames)

@@ -1,0 +1,90 @@
+"""Runs that outlive the kernel (issue 32), the notebook's side: `fn.submit(..., detach=True)`
+hands the run to the gpusession gateway, which hosts it past this kernel; `gs.attach(run_id)`
+follows one from any kernel of the same account; `gs.runs(all=True)` lists them.
+
+Only the gateway (`gpusession hub`) hosts detached runs; elsewhere `detach=True` is refused
+(a run there ends with its kernel). The gateway keeps what a run leaves in memory (see
+gpusession/gateway/keeping.py): lost when the gateway restarts.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+
+from ..errors import GPUSessionError
+from ..events import Observer, RunInfo
+from .background import Run
+
+RUN_ID_WAIT_S = 30.0  # how long `run.run_id` waits for the gateway to take a just-submitted run
+
+
+def detach_limit(max_duration: Any, *, gateway: str | None) -> float:
+    """The max_duration (s) of a detached run, or the error that says why it cannot be detached."""
+    from ..gateway.keeping import DEFAULT_MAX_DURATION_S, max_duration_of
+
+    if not gateway:
+        raise GPUSessionError(
+            "submit(detach=True) needs the gpusession gateway, which hosts detached runs under `gpusession hub` "
+            "(its kernels have GPUSESSION_GATEWAY set); one-user setups (`gpusession lab`, RAY_ADDRESS) cannot "
+            "detach yet, and a run there ends with its kernel. Submit without detach=True.")
+    return max_duration_of(DEFAULT_MAX_DURATION_S if max_duration is None else max_duration)
+
+
+class DetachedRun(Run):
+    """A `Run` the gateway hosts: the same handle (state, metrics, result(), cancel()), plus
+    `run_id`, what `gs.attach(run_id)` takes in any kernel of the same account."""
+
+    def __init__(self, name: str, start: Callable[[Observer, RunInfo], Any], observer: Observer, *,
+                 run_id: str | None = None) -> None:
+        super().__init__(name, start, observer)
+        self._run_id = run_id
+        self._known = threading.Event()
+        if run_id is not None:
+            self._known.set()
+
+    def _noted(self, fields: dict) -> None:
+        self._run_id = fields.get("run_id") or (fields.get("run") or {}).get("run_id")
+        self._known.set()
+
+    def _end(self, error: BaseException | None) -> None:
+        super()._end(error)
+        self._known.set()
+
+    @property
+    def run_id(self) -> str | None:
+        """The gateway's id of the run (waits for the gateway to take it; None if it never did)."""
+        self._known.wait(RUN_ID_WAIT_S)
+        return self._run_id
+
+    def __repr__(self) -> str:
+        return super().__repr__()[:-1] + f", detached {self._run_id or '(not yet taken)'}>"
+
+
+def attach(run_id: str, *, handle: type[DetachedRun] = DetachedRun, **extra: Any) -> DetachedRun:
+    """Follow a detached run of yours from this kernel: its live view from the start (metrics,
+    output so far), then live; `.result()` is its value, `.cancel()` stops it. Raises at once when
+    the gateway keeps no such run of yours (gs.runs(all=True) lists them). (`handle`, `extra`:
+    the handle's class and its own arguments, as %%gpu --attach's.)"""
+    from ..gateway.reattach import follow_attached, open_attach
+    from ..renderer import default_observer
+    from .endings import end_reason
+
+    conn, path, record = open_attach(run_id)
+    observer = default_observer(record.workers, background=True)
+
+    def start(run_observer: Observer, info: RunInfo) -> Any:
+        error: BaseException | None = None
+        try:
+            return follow_attached(conn, path, record, info, run_observer)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            info.end_reason = end_reason(error)
+            run_observer.finished(info, error)
+
+    try:
+        return handle(record.name, start, observer, run_id=record.run_id, **extra)._begin()
+    except BaseException:
+        conn.close()
+        raise

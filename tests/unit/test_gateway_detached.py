@@ -1,0 +1,334 @@
+"""Detached runs (issue 32) without Ray: the rules (keeping.py), a run's record (detached.py), and
+the run session's list / attach / cancel against a real gateway socket whose registry holds runs
+of this account and of another; detach refused outside a gateway."""
+from __future__ import annotations
+
+import getpass
+import math
+import os
+import tempfile
+import time
+from functools import partial
+
+import pytest
+
+import gpusession as gs
+from gpusession import errors
+from gpusession.events import Observer, RunInfo
+from gpusession.gateway import keeping
+from gpusession.gateway.client import GATEWAY_ENV
+from gpusession.gateway.detached import Registry
+from gpusession.gateway.hosted import run_request, serve_run
+from gpusession.gateway.frames import Message
+from gpusession.gateway.runwire import BadRunMessage, error_to_json, info_to_json, options_to_json
+from gpusession.gateway.server import GatewayServer
+from gpusession.options import validate_run_options
+
+ME = getpass.getuser()
+
+
+# ----- the rules -----------------------------------------------------------------------------------
+def test_max_duration_defaults_nowhere_and_refuses_what_is_not_a_finite_positive_number():
+    assert keeping.max_duration_of(60) == 60.0
+    for bad in (math.inf, math.nan, 0, -1, None, "1h", True, keeping.MAX_MAX_DURATION_S + 1):
+        with pytest.raises(ValueError, match="max_duration"):
+            keeping.max_duration_of(bad)
+
+
+def test_the_detach_field_is_null_or_a_finite_limit():
+    assert keeping.detach_from_json(None) is None
+    assert keeping.detach_from_json({"max_duration": 5}) == 5.0
+    for bad in ({}, {"max_duration": None}, {"max_duration": 1e400}, [], "yes"):
+        with pytest.raises(BadRunMessage, match="detach"):
+            keeping.detach_from_json(bad)
+
+
+def test_time_limit_retention_and_expiry_decisions():
+    assert not keeping.over_time(100.0, 10.0, 109.9) and keeping.over_time(100.0, 10.0, 110.0)
+    assert not keeping.expired(None, 1e12)  # a live run never expires
+    assert not keeping.expired(100.0, 100.0 + keeping.RETENTION_S - 1)
+    assert keeping.expired(100.0, 100.0 + keeping.RETENTION_S)
+    assert keeping.expires_at(100.0, 10.0, 150.0) == 150.0 + keeping.RETENTION_S
+    assert keeping.expires_at(100.0, 10.0, None) == 110.0 + keeping.RETENTION_S
+    assert keeping.to_evict([(3.0, "c", 0), (1.0, "a", 0), (2.0, "b", 0)], keep=1) == ["a", "b"]
+    assert keeping.to_evict([(1.0, "a", 0)], keep=5) == []
+    # past the bytes an account keeps: the oldest results go, the newest stays even alone over it
+    assert keeping.to_evict([(1.0, "a", 6), (2.0, "b", 6), (3.0, "c", 6)], keep=5, max_bytes=12) == ["a"]
+    assert keeping.to_evict([(1.0, "a", 6), (2.0, "b", 20)], keep=5, max_bytes=12) == ["a"]
+
+
+def test_a_result_over_the_cap_is_refused_with_what_to_do():
+    assert keeping.result_refusal(10, cap=10) is None
+    text = keeping.result_refusal(3 * 2**20, cap=2**20)
+    assert "3.0 MiB" in text and "save" in text.lower()
+
+
+def test_outputs_past_the_event_limit_are_dropped_reports_kept():
+    assert keeping.keeps_event("output", 5, limit=10)
+    assert not keeping.keeps_event("output", 10, limit=10)
+    assert keeping.keeps_event("report", 10, limit=10)
+
+
+def test_who_may_see_and_cancel():
+    assert keeping.may_see("ann", "ann") and not keeping.may_see("ann", "bob")
+    assert keeping.may_cancel("ann", "ann", False) and keeping.may_cancel("ann", "bob", True)
+    assert not keeping.may_cancel("ann", "bob", False)
+
+
+def test_run_ids_are_checked():
+    assert keeping.run_id_of("a" * 32) == "a" * 32
+    for bad in ("x", None, "A" * 32, "../" + "a" * 29):
+        with pytest.raises(BadRunMessage, match="run_id"):
+            keeping.run_id_of(bad)
+
+
+def test_a_run_message_carries_its_detach_limit():
+    options = options_to_json(validate_run_options(gpus=1))
+    fields = dict(name="f", cwd="/", options=options, buffers=0, checkpoint=None, checkpoint_step=None, asking={})
+    assert run_request(Message("run", fields, [b"x"])).detach is None
+    assert run_request(Message("run", dict(fields, detach={"max_duration": 30}), [b"x"])).detach == 30.0
+    with pytest.raises(BadRunMessage, match="detach.max_duration"):
+        run_request(Message("run", dict(fields, detach={"max_duration": -1}), [b"x"]))
+
+
+# ----- the registry -----------------------------------------------------------------------------------
+def test_the_registry_drops_ended_runs_after_retention_and_past_the_per_account_count():
+    registry = Registry(retention_s=0.05, per_user=1)
+    live = registry.add("ann", "live", 1, 1, 60)
+    old = registry.add("ann", "old", 1, 1, 60)
+    old.finish({"info": {}, "error": None, "values": None}, [], "finished")
+    assert {row["name"] for row in registry.rows("ann")} == {"live", "old"}
+    assert registry.rows("bob") == []
+    deadline = time.monotonic() + 5
+    while registry.get(old.run_id) is not None:
+        assert time.monotonic() < deadline, "the ended run was never dropped"
+        time.sleep(0.01)
+    assert registry.get(live.run_id) is live  # a live run stays
+    newer, newest = registry.add("ann", "a", 1, 1, 60), registry.add("ann", "b", 1, 1, 60)
+    newer.finish({"info": {}, "error": None, "values": None}, [], "finished")
+    newest.finish({"info": {}, "error": None, "values": None}, [], "cancelled")
+    assert registry.get(newer.run_id) is None and registry.get(newest.run_id).state == "cancelled"
+
+
+def test_a_run_past_its_limit_raises_run_timeout_at_its_poll_and_a_cancel_raises_its_error():
+    registry = Registry()
+    run = registry.add("ann", "f", 1, 1, 10)
+    run.check(run.started_at + 9)
+    with pytest.raises(errors.RunTimeout, match="max_duration of 10 s"):
+        run.check(run.started_at + 10)
+    assert run.stopping.is_set()
+    other = registry.add("ann", "g", 1, 1, 10)
+    other.request_stop(errors.RunCancelled("by its owner"))
+    with pytest.raises(errors.RunCancelled):
+        other.check(other.started_at)
+
+
+def test_states_follow_the_events_and_a_finished_run_whose_result_was_refused_is_failed():
+    run = Registry().add("ann", "f", 1, 1, 10)
+    for event, state in (("queued", "queued"), ("granted", "starting"), ("running", "running"),
+                         ("output", "running")):
+        run.publish({"event": event})
+        assert run.state == state
+    run.finish({"info": {}, "error": {"type": "ResultTooLarge", "message": "big"}, "values": None}, [], "finished")
+    assert run.state == "failed" and run.row()["ended"] is not None
+
+
+# ----- list, attach, cancel through a real socket (no Ray: these never reach the run path) ------------
+class Recorder(Observer):
+    def __init__(self):
+        self.seen = []
+
+    def requesting(self, gpus, workers): self.seen.append("requesting")
+    def granted(self, info): self.seen.append("granted")
+    def running(self, info): self.seen.append("running")
+    def output(self, rank, stream, text): self.seen.append(("output", text))
+    def report(self, metrics, info): self.seen.append(("report", metrics["step"]))
+    def released(self, info): self.seen.append("released")
+
+
+@pytest.fixture
+def hosting(monkeypatch):
+    registry = Registry()
+    folder = tempfile.mkdtemp(prefix="gs-detached-unit-")
+    path = os.path.join(folder, "run.sock")
+    server = GatewayServer(path, {"run": partial(serve_run, keys=None, registry=registry)}).start()
+    monkeypatch.setenv(GATEWAY_ENV, path)
+    yield registry
+    server.stop()
+    os.rmdir(folder)
+
+
+def _ended_run(registry, user):
+    """A detached run that finished: granted, an output, a report, released, a value (None)."""
+    run = registry.add(user, "train", 2, 2, 60)
+    info = RunInfo(lease_id=3, gpus=2, workers=2)
+    run.publish({"event": "granted", "info": info_to_json(info, checkpoint=None)})
+    run.publish({"event": "running", "info": info_to_json(info, checkpoint=None)})
+    run.publish({"event": "output", "rank": 0, "stream": "stdout", "text": "epoch 1\n"})
+    info.history.append({"step": 1})
+    run.publish({"event": "report", "metrics": {"step": 1}, "info": info_to_json(info, checkpoint=None)})
+    info.released, info.end_reason = True, "finished"
+    run.publish({"event": "released", "info": info_to_json(info, checkpoint=None)})
+    run.finish({"info": info_to_json(info, checkpoint=None), "error": None,
+                "values": {"all": False, "items": [None]}}, [], "finished")
+    return run
+
+
+def test_list_shows_only_the_callers_runs(hosting):
+    mine, theirs = _ended_run(hosting, ME), _ended_run(hosting, "someone-else")
+    records = gs.runs(all=True)
+    assert [r.run_id for r in records] == [mine.run_id]
+    assert records[0].state == "finished" and records[0].gpus == 2 and records[0].expires > records[0].ended
+
+
+def test_attach_replays_history_output_and_the_end(hosting):
+    from gpusession import events
+
+    recorder = Recorder()
+    events.set_observer_factory(lambda workers: recorder)
+    try:
+        run = gs.attach(_ended_run(hosting, ME).run_id)
+        assert run.result(timeout=10) is None
+    finally:
+        events.set_observer_factory(None)
+    assert run.state is gs.RunStatus.FINISHED and run.metrics == [{"step": 1}]
+    assert recorder.seen[:3] == ["requesting", "granted", "running"]
+    assert ("output", "epoch 1\n") in recorder.seen and ("report", 1) in recorder.seen
+    assert run.info.end_reason == "finished" and run.info.released
+
+
+def test_another_accounts_run_cannot_be_attached_or_cancelled(hosting):
+    theirs = hosting.add("someone-else", "train", 1, 1, 60)
+    with pytest.raises(errors.GPUSessionError, match="keeps no detached run"):
+        gs.attach(theirs.run_id)
+    from gpusession.gateway.reattach import cancel_run
+
+    with pytest.raises(errors.GPUSessionError, match="keeps no detached run"):
+        cancel_run(theirs.run_id)
+    assert theirs.stop_error is None
+    mine = hosting.add(ME, "train", 1, 1, 60)
+    assert cancel_run(mine.run_id) is True
+    with pytest.raises(errors.RunCancelled, match="cancelled by its owner"):
+        mine.check(time.time())
+
+
+def test_a_malformed_run_id_is_refused_by_name(hosting):
+    with pytest.raises(errors.GPUSessionError, match="run_id"):
+        gs.attach("../etc")
+
+
+def test_detach_without_a_gateway_is_refused_and_says_where_it_works(monkeypatch):
+    monkeypatch.delenv(GATEWAY_ENV, raising=False)
+
+    @gs.distributed(gpus=1)
+    def f():
+        return 1
+
+    with pytest.raises(errors.GPUSessionError, match="gpusession hub"):
+        f.submit(detach=True)
+    with pytest.raises(TypeError, match="detach=True"):
+        f.submit(max_duration=10)
+    with pytest.raises(errors.GPUSessionError, match="gateway"):
+        gs.runs(all=True)
+    with pytest.raises(errors.GPUSessionError, match="gateway"):
+        gs.attach("a" * 32)
+
+
+def test_detach_with_an_infinite_limit_is_refused(monkeypatch):
+    monkeypatch.setenv(GATEWAY_ENV, "/nonexistent/run.sock")
+
+    @gs.distributed(gpus=1)
+    def f():
+        return 1
+
+    with pytest.raises(ValueError, match="finite"):
+        f.submit(detach=True, max_duration=math.inf)
+
+
+def test_an_admin_may_cancel_another_accounts_run_but_not_attach_to_it(monkeypatch):
+    from gpusession.gateway.reattach import cancel_run
+
+    registry = Registry()
+    folder = tempfile.mkdtemp(prefix="gs-detached-admin-")
+    path = os.path.join(folder, "run.sock")
+    server = GatewayServer(path, {"run": partial(serve_run, keys=None, registry=registry)},
+                           admins=frozenset({ME})).start()
+    monkeypatch.setenv(GATEWAY_ENV, path)
+    try:
+        theirs = registry.add("someone-else", "train", 1, 1, 60)
+        with pytest.raises(errors.GPUSessionError, match="keeps no detached run"):
+            gs.attach(theirs.run_id)
+        assert cancel_run(theirs.run_id) is True
+        with pytest.raises(errors.RunCancelled, match=f"the admin {ME}"):
+            theirs.check(time.time())
+    finally:
+        server.stop()
+        os.rmdir(folder)
+
+
+def test_a_following_kernel_that_stops_reading_is_dropped_and_never_holds_up_the_run():
+    import socket
+
+    from gpusession.gateway import detached
+    from gpusession.gateway.frames import Connection
+
+    ours, theirs = socket.socketpair()
+    try:
+        run = Registry().add("ann", "f", 1, 1, 60)
+        follower = run.follow(Connection(ours))
+        follower.max_pending = 16
+        began = time.monotonic()
+        for _ in range(200):  # far more than the socket buffers hold; `theirs` never reads
+            run.publish({"event": "output", "rank": 0, "stream": "stdout", "text": "x" * 2**16})
+        assert time.monotonic() - began < 2.0, "a kernel that reads nothing held up the run"
+        assert follower.dropped and run._subscribers == [] and len(run.events) == 200
+        assert follower.join(5)
+    finally:
+        theirs.close()
+        ours.close()
+
+
+def test_a_kernel_attaching_mid_run_is_sent_the_events_so_far_then_the_live_ones_then_the_end():
+    import socket
+
+    from gpusession.gateway.chunks import gather
+    from gpusession.gateway.frames import Connection
+
+    ours, theirs = socket.socketpair()
+    try:
+        run = Registry().add("ann", "f", 1, 1, 60)
+        run.publish({"event": "output", "rank": 0, "stream": "stdout", "text": "before\n"})
+        follower = run.follow(Connection(ours))
+        run.publish({"event": "output", "rank": 0, "stream": "stdout", "text": "after\n"})
+        run.finish({"info": {}, "error": None, "values": {"all": False, "items": [0]}}, [b"pickle"], "finished")
+        assert follower.join(5)
+        kernel = Connection(theirs)
+        got = [kernel.receive() for _ in range(3)]
+        assert [m.get("text") for m in got[:2]] == ["before\n", "after\n"]
+        done = gather(kernel, got[2])
+        assert done.kind == "done" and done.payload == [b"pickle"]
+    finally:
+        theirs.close()
+        ours.close()
+
+
+def test_a_detached_run_the_gateway_fails_to_host_still_ends_its_record(monkeypatch):
+    from gpusession.gateway import hosted as hosting
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the service's keys are unreadable")
+
+    monkeypatch.setattr(hosting, "identity_of", broken)
+    registry = Registry()
+    options = options_to_json(validate_run_options(gpus=1))
+    request = run_request(Message("run", dict(name="f", cwd="/", options=options, buffers=0, checkpoint=None,
+                                              checkpoint_step=None, asking={}, detach={"max_duration": 60}), [b"x"]))
+
+    class Gone:
+        def send(self, *args, **kwargs):
+            raise OSError("gone")
+
+    with pytest.raises(RuntimeError):
+        hosting._run(Gone(), type("Caller", (), {"user": ME, "admin": False})(), request, None, None, registry)
+    (row,) = registry.rows(ME)
+    assert row["state"] == "failed" and row["ended"] is not None
