@@ -117,3 +117,19 @@ def test_a_leases_node_files_go_with_it_and_the_cluster_folder_once_no_lease_is_
     bulk.remove_lease("c1", 2)
     assert not os.path.exists(os.path.dirname(second)), "the cluster's folder outlived its last lease"
 
+
+
+def test_data_the_object_store_refuses_is_a_clear_error_naming_its_size_and_what_to_do(monkeypatch):
+    """Ray refuses a put when its store (and its spill space) is full: the call fails before any
+    GPU is asked for (bulk runs before the lease), saying how big the data was and what to do."""
+    import ray
+
+    def full(value):
+        raise ray.exceptions.ObjectStoreFullError("the object store is full")
+
+    monkeypatch.setattr(ray, "put", full)
+    with pytest.raises(ValueError) as refused:
+        bulk.shipment_of(b"header", [bytearray(3 * 10**6)])
+    said = str(refused.value)
+    assert "(3 MB) do not fit in Ray's object store now (ObjectStoreFullError)" in said, said
+    assert "nothing was leased" in said and "--object-store-memory" in said, said
