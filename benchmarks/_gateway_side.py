@@ -32,28 +32,7 @@ sys.stdin.read()
 server.stop()
 """
 
-_KERNEL = """
-import sys, time
-import gpusession as gs
-from gpusession import events
-events.set_observer_factory(lambda world_size: events.Observer())
-
-@gs.distributed(gpus=2)
-def allreduce():
-    import torch
-    import torch.distributed as dist
-
-    value = torch.ones(1)
-    dist.all_reduce(value)
-    return value.item()
-
-print("READY", flush=True)
-for line in sys.stdin:
-    started = time.perf_counter()
-    assert allreduce() == 2.0
-    print(f"{time.perf_counter() - started:.6f} {'ray' in sys.modules}", flush=True)
-"""
-
+# A new process's one call, the same through the gateway as directly (call_overhead.py uses it too).
 FIRST_CALL = """
 import gpusession as gs
 from gpusession import events
@@ -70,6 +49,15 @@ def allreduce():
 
 assert allreduce() == 2.0
 """
+
+# A kernel that makes that call each time it reads a line, and prints its seconds.
+_KERNEL = FIRST_CALL.replace("assert allreduce() == 2.0\n", """import sys, time
+print("READY", flush=True)
+for line in sys.stdin:
+    started = time.perf_counter()
+    assert allreduce() == 2.0
+    print(f"{time.perf_counter() - started:.6f} {'ray' in sys.modules}", flush=True)
+""")
 
 
 class GatewaySide:

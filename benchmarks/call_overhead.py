@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(__file__))
 from _call_phases import PHASES, PhaseClock, phases, timed_body  # noqa: E402
 from _cluster import local_cluster, median, timed  # noqa: E402
-from _gateway_side import GatewaySide  # noqa: E402
+from _gateway_side import FIRST_CALL, GatewaySide  # noqa: E402
 from _results import Row, spread, write  # noqa: E402
 
 CLUSTER_GPUS = 6  # the pool's 2, held all along, and 2 for whichever other side runs
@@ -142,23 +142,6 @@ def phase_medians(kept_phases: list) -> dict[str, float]:
     return {name: round(median([p[name] for p in kept_phases]), 4) for name in PHASES}
 
 
-_FIRST_CALL = """
-import gpusession as gs
-from gpusession import events
-events.set_observer_factory(lambda world_size: events.Observer())
-
-@gs.distributed(gpus=2)
-def allreduce():
-    import torch
-    import torch.distributed as dist
-
-    value = torch.ones(1)
-    dist.all_reduce(value)
-    return value.item()
-
-assert allreduce() == 2.0
-"""
-
 _TORCHRUN_SCRIPT = """
 import torch
 import torch.distributed as dist
@@ -180,7 +163,7 @@ def first_call_seconds() -> float:
     import ray
 
     env = dict(os.environ, RAY_ADDRESS=ray.get_runtime_context().gcs_address)
-    command = [sys.executable, "-c", _FIRST_CALL]
+    command = [sys.executable, "-c", FIRST_CALL]
     return timed(lambda: subprocess.run(command, env=env, capture_output=True, check=True, timeout=300), 1)[0]
 
 
