@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import selectors
 import signal
 import socket
 import subprocess
@@ -202,6 +203,16 @@ def end(head: LocalHead, *, timeout_s: float) -> bool:
         return False
     terminate(head.pid, timeout_s=timeout_s)
     return True
+
+
+def first_line(proc: subprocess.Popen, timeout_s: float) -> str:
+    """The first line a process we started writes to its stdout pipe (its ready or failed line),
+    or a sentence saying it wrote none within timeout_s."""
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        if not sel.select(timeout=timeout_s):
+            return f"no answer within {timeout_s:.0f} s"
+    return proc.stdout.readline()
 
 
 def terminate(pid: int, *, timeout_s: float) -> None:

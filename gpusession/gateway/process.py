@@ -4,12 +4,11 @@ outlives the process that started it; stop() ends it by pid on every path."""
 from __future__ import annotations
 
 import json
-import selectors
 import subprocess
 import sys
 from pathlib import Path
 
-from ..cluster.localhead import terminate
+from ..cluster.localhead import first_line, terminate
 
 READY_TIMEOUT_S = 300.0  # a first `ray.init` on a loaded 2-core machine takes tens of seconds
 IMPORT_ROOT = str(Path(__file__).resolve().parent.parent.parent)
@@ -25,7 +24,7 @@ def start(*, env: dict, socket: str, db_path: str, admins: list[str], timeout_s:
     proc = subprocess.Popen([sys.executable, "-m", "gpusession.gateway.main", socket, db_path, *admins],
                             env=env, cwd=IMPORT_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=stderr, text=True)
-    line = _first_line(proc, timeout_s)
+    line = first_line(proc, timeout_s)
     try:
         answer = json.loads(line)
     except ValueError:
@@ -46,10 +45,3 @@ def stop(proc: subprocess.Popen, *, timeout_s: float = 10.0) -> None:
             terminate(proc.pid, timeout_s=timeout_s)
     proc.wait()
 
-
-def _first_line(proc: subprocess.Popen, timeout_s: float) -> str:
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        if not sel.select(timeout=timeout_s):
-            return f"no answer within {timeout_s:.0f} s"
-    return proc.stdout.readline()

@@ -5,7 +5,6 @@ server first), then the cluster service (the broker's bridge, then the Ray head)
 from __future__ import annotations
 
 import json
-import selectors
 import os
 import signal
 import ssl
@@ -15,7 +14,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from ..cluster.localhead import terminate
+from ..cluster.localhead import first_line, terminate
 from . import accounts, rootfs
 from .launching import LauncherFailed, start_launcher, stop_launcher
 from .plan import (INSECURE_WARNING, NOT_SET_UP, HubLayout, HubOptions, broker_policy, gateway_settings,
@@ -98,7 +97,7 @@ def start_service(layout: HubLayout, options: HubOptions, account, ray_token: st
                             group=account.pw_gid, extra_groups=[], umask=0o077, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True)
     log.close()
-    line = _first_line(proc, timeout_s)
+    line = first_line(proc, timeout_s)
     answer = json.loads(line) if line.strip().startswith("{") else {"failed": line.strip() or "no answer"}
     if "ready" not in answer:
         stop(None, proc)
@@ -171,14 +170,6 @@ def _refusal(layout: HubLayout) -> str | None:
         if not Path(path).exists():
             return NOT_SET_UP.format(path=path, prefix=layout.prefix)
     return None
-
-
-def _first_line(proc: subprocess.Popen, timeout_s: float) -> str:
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        if not sel.select(timeout=timeout_s):
-            return f"no answer within {timeout_s:.0f} s"
-    return proc.stdout.readline()
 
 
 def _raise_stopped(signum, frame) -> None:

@@ -67,21 +67,14 @@ def attach(run_id: str, *, handle: type[DetachedRun] = DetachedRun, **extra: Any
     the handle's class and its own arguments, as %%gpu --attach's.)"""
     from ..gateway.reattach import follow_attached, open_attach
     from ..renderer import default_observer
-    from .endings import end_reason
+    from .endings import told_when_ended
 
     conn, path, record = open_attach(run_id)
     observer = default_observer(record.workers, background=True)
 
     def start(run_observer: Observer, info: RunInfo) -> Any:
-        error: BaseException | None = None
-        try:
+        with told_when_ended(info, run_observer):
             return follow_attached(conn, path, record, info, run_observer)
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            info.end_reason = end_reason(error)
-            run_observer.finished(info, error)
 
     try:
         return handle(record.name, start, observer, run_id=record.run_id, **extra)._begin()

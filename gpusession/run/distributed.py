@@ -11,7 +11,7 @@ from ..events import Fanout, RunInfo
 from ..renderer import default_observer
 from ..stepreport import StepToBroker
 from .background import Run
-from .endings import end_reason
+from .endings import told_when_ended
 from ..gateway.client import gateway_path
 from ..options import RunOptions, validate_run_options
 
@@ -126,8 +126,7 @@ class DistributedFunction:
 
         # beside the cell's renderer: the live step for JupyterLab's sidebar (gpusession.stepreport)
         observer = Fanout(observer, StepToBroker())
-        error: BaseException | None = None
-        try:
+        with told_when_ended(info, observer):
             # pickled and put in the object store before any GPU is asked for: a call that cannot
             # be shipped (an unpicklable function, data too big for the store) queues for none
             shipped = []
@@ -136,12 +135,6 @@ class DistributedFunction:
                 return run_function(lease, self.fn, args, kwargs, info=info, observer=observer,
                                     checkpoint_ref=checkpoint_ref, checkpoint_step=checkpoint_step,
                                     shipment=shipped[0])
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            info.end_reason = end_reason(error)
-            observer.finished(info, error)
 
     def _run_through_gateway(self, args: tuple, kwargs: dict, *, observer, info: RunInfo,
                              checkpoint_ref, checkpoint_step, detach: float | None = None,
@@ -150,17 +143,10 @@ class DistributedFunction:
         tells the broker the live step, so no StepToBroker here."""
         from ..gateway.remote import run_remote
 
-        error: BaseException | None = None
-        try:
+        with told_when_ended(info, observer):
             return run_remote(self.fn, args, kwargs, self.options, info=info, observer=observer,
                               checkpoint_ref=checkpoint_ref, checkpoint_step=checkpoint_step, name=self.__name__,
                               detach=detach, on_detached=on_detached)
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            info.end_reason = end_reason(error)
-            observer.finished(info, error)
 
     def __repr__(self) -> str:
         lease = self.options.lease

@@ -3,6 +3,9 @@ the state the run controller ends in. Apart, so the lease, the controller and th
 entry point share one mapping."""
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from ..errors import LeaseRevoked, Preempted, RunCancelled, RunTimeout
 from .policies import RunState
 
@@ -20,6 +23,21 @@ def end_reason(error: BaseException | None) -> str:
     if isinstance(error, RunCancelled):
         return "cancelled"
     return "timeout" if isinstance(error, RunTimeout) else "failed"
+
+
+@contextmanager
+def told_when_ended(info, observer) -> Iterator[None]:
+    """Around a run: however it ends, its RunInfo gets the end reason and its observer `finished`
+    (with the error that ended it, re-raised)."""
+    error: BaseException | None = None
+    try:
+        yield
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        info.end_reason = end_reason(error)
+        observer.finished(info, error)
 
 
 def terminal_state(error: BaseException) -> RunState:
