@@ -34,6 +34,7 @@ _EXPORTS = {
     "attach": "run.detached", "RunCancelled": "errors",
     "GPUSessionError": "errors", "Infeasible": "errors", "LeaseRevoked": "errors", "Preempted": "errors",
     "QueueTimeout": "errors", "QuotaExceeded": "errors", "RunTimeout": "errors", "WorkerFailed": "errors",
+    "ResultTooLarge": "errors",
     "RunInfo": "events", "PowerSGD": "comm_options", "Lease": "cluster.lease", "lease": "run.lease_api", "Status": "cluster.status",
     "status": "cluster.status",
     "sweep": "sweeps", "SweepFailed": "sweeps", "SweepResult": "sweeps", "choice": "sweeps",
@@ -58,7 +59,7 @@ __all__ = [
     "distributed", "DistributedFunction", "Run", "RunStatus", "runs", "attach", "RunCancelled", "lease", "Lease", "status", "Status", "RunInfo",
     "context", "report", "save_checkpoint", "load_checkpoint", "prepare_model", "prepare_loader",
     "unwrap", "GPUSessionError", "QuotaExceeded", "Infeasible", "QueueTimeout", "LeaseRevoked",
-    "Preempted", "WorkerFailed", "RunTimeout", "should_checkpoint", "step",
+    "Preempted", "WorkerFailed", "ResultTooLarge", "RunTimeout", "should_checkpoint", "step",
     "sweep", "uniform", "loguniform", "choice", "randint", "SweepResult", "SweepFailed", "PowerSGD",
 ]
 

@@ -35,8 +35,7 @@ class RunCancelled(GPUSessionError):
 
 
 class LaunchRefused(GPUSessionError):
-    """The node's launcher would not start a rank as the caller's account (root, the service
-    account, a system account, or one the node does not know); the message names user and node."""
+    """The node's launcher would not start a rank as the caller's account; the message names user and node."""
 
 
 class NotAuthorized(GPUSessionError):
@@ -87,7 +86,7 @@ class WorkerFailed(GPUSessionError):
             remote_message=self.remote_message,
             remote_traceback=self.remote_traceback,
         )
-        return (_rebuild_worker_failed, (self.args[0], kwargs))
+        return (_rebuild_worker_failed, (self.args[0], kwargs, type(self)))
 
     def __str__(self) -> str:
         text = self.args[0]
@@ -100,8 +99,12 @@ class WorkerFailed(GPUSessionError):
         return text
 
 
-def _rebuild_worker_failed(message: str, kwargs: dict) -> WorkerFailed:
-    return WorkerFailed(message, **kwargs)
+class ResultTooLarge(WorkerFailed):
+    """A rank's result or checkpoint did not fit in its node's object store, or a detached run's result in its keep."""
+
+
+def _rebuild_worker_failed(message: str, kwargs: dict, cls: type = WorkerFailed) -> WorkerFailed:
+    return cls(message, **kwargs)
 
 
 ERRORS_BY_NAME = {
@@ -117,6 +120,8 @@ ERRORS_BY_NAME = {
         NotAuthorized,
         LeaseNotFound,
         WorkerFailed,
+        ResultTooLarge,
+        LaunchRefused,
         InvalidRequest,
         BrokerOutdated,
         BrokerFailed,

@@ -72,6 +72,7 @@ SLOW_TESTS = {
     "integration/test_elastic.py": "shrinks a run for a preemption and grows it back (grace periods)",
     "integration/test_queued_caller.py": "waits out the broker's queue heartbeat",
     "integration/test_localhead_ports.py": "starts a Ray head of its own beside the session's",
+    "integration/test_result_too_large.py": "starts a Ray head of its own on a small tmpfs",
     "integration/test_lab_start.py": "runs `gpusession lab`: JupyterLab and a Ray head of its own",
     "integration/test_server_bad_config.py::test_jupyter_lists_the_gpusession_extension_as_enabled_and_valid":
         "runs the jupyter CLI in a subprocess",

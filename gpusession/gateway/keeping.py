@@ -15,7 +15,7 @@ import re
 from numbers import Real
 from typing import Any
 
-from ..errors import GPUSessionError
+from ..errors import ResultTooLarge  # noqa: F401 - a detached run whose result is over RESULT_CAP_BYTES ends with it
 from .runwire import BadRunMessage
 
 DEFAULT_MAX_DURATION_S = 24 * 3600.0  # a detached run's time limit unless the call names one
@@ -26,10 +26,6 @@ MAX_EVENTS = 20_000  # events kept for replay per run (outputs beyond it are dro
 RUNS_PER_USER = 64  # ended runs an account keeps; the oldest ended ones go first
 RESULT_BYTES_PER_USER = 2 * 2**30  # the results an account's ended runs keep in all; the oldest go first
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
-
-
-class ResultTooLarge(GPUSessionError):
-    """A detached run's result is larger than the gateway keeps; the run's other records stay."""
 
 
 def max_duration_of(value: Any, *, where: str = "max_duration") -> float:

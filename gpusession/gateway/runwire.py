@@ -178,13 +178,12 @@ def error_from_json(data: Any) -> BaseException:
     if not isinstance(data, dict):
         return errors.GPUSessionError("The gpusession gateway ended the run without saying why.")
     name, message = str(data.get("type", "")), str(data.get("message", ""))
-    if name == "WorkerFailed":
-        return errors.WorkerFailed(message, rank=data.get("rank"), node=data.get("node"),
-                                   remote_type=data.get("remote_type"), remote_message=data.get("remote_message"),
-                                   remote_traceback=data.get("remote_traceback"))
     if name == "KeyboardInterrupt":
         return KeyboardInterrupt(message) if message else KeyboardInterrupt()
     cls = _ALL_ERRORS.get(name) or _BUILTIN_ERRORS.get(name)
+    if cls is not None and issubclass(cls, errors.WorkerFailed):
+        return cls(message, rank=data.get("rank"), node=data.get("node"), remote_type=data.get("remote_type"),
+                   remote_message=data.get("remote_message"), remote_traceback=data.get("remote_traceback"))
     if cls is not None:
         return cls(message)
     return errors.GPUSessionError(f"{name}: {message}" if name else message)

@@ -145,7 +145,7 @@ def _call(launch: m.Launch, channel: Channel, files: tuple[int | None, int | Non
         data, sizes = bulk.pack_result(result, result_fd if result_fd is not None else bulk.result_path(spec))
     except Exception as exc:
         return _error(TypeError(f"The function's return value could not be pickled: {exc}"), spec)
-    return (*before, m.Result(True), m.Pickled(data, sizes))
+    return (*before, m.Result(True, len(data) + sum(sizes)), m.Pickled(data, sizes))
 
 
 def _error(exc: BaseException, spec) -> m.RankError:

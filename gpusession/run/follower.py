@@ -15,7 +15,7 @@ from typing import Any
 
 import ray
 
-from ..errors import RunTimeout, WorkerFailed
+from ..errors import ResultTooLarge, RunTimeout, WorkerFailed
 from ..events import Observer, RunInfo
 from . import commits, judgements as judge, messages as m
 from .bulk import value_size
@@ -56,6 +56,7 @@ class Follower:
         self.deadline, self.timeout_s, self.attempt = deadline, timeout_s, attempt
         self.launched = launched
         self.payload_kind: dict[int, Payload] = {}
+        self.payload_bytes: dict[int, int] = {}  # rank -> the size its Result announced
         self.results: dict[int, Any] = {}
         self.started: set[int] = set()
         self.started_at: dict[int, float] = {}  # rank -> its own clock when it entered the function
@@ -112,7 +113,14 @@ class Follower:
         if end is not None:
             return end
         fetching = time.perf_counter()
-        values = {rank: ray.get(ref) if ref is not None else None for rank, ref in self.results.items()}
+        values = {}
+        for rank, ref in self.results.items():
+            try:
+                values[rank] = ray.get(ref) if ref is not None else None
+            except ray.exceptions.RayError as exc:  # Ray could not store it: the rank's stream ended there
+                if not _store_refused(exc):
+                    raise
+                return Failed(*self._payload_refused(rank, Payload.RESULT, exc))
         self.info.returned_s = time.perf_counter() - fetching
         self.info.returned_bytes = sum(value_size(value) for value in values.values())
         return Finished(values)
@@ -191,7 +199,11 @@ class Follower:
             return None
         except ray.exceptions.RayError as exc:
             del self.streams[stream]
-            self.losses.lost(rank, exc)
+            pending = self.payload_kind.pop(rank, None)
+            if pending is not None and _store_refused(exc):
+                self._fail(*self._payload_refused(rank, pending, exc), collateral=False)
+            else:
+                self.losses.lost(rank, exc)
             return None
         kind = self.payload_kind.pop(rank, None)
         if kind is Payload.CHECKPOINT:
@@ -249,6 +261,7 @@ class Follower:
         elif isinstance(message, m.Result):
             if message.has_value:
                 self.payload_kind[rank] = Payload.RESULT
+                self.payload_bytes[rank] = message.nbytes
             else:
                 self.results[rank] = None
         elif isinstance(message, m.RankError):
@@ -300,6 +313,25 @@ class Follower:
             remote_message=error.message, remote_traceback=error.traceback,
         ), collateral=collateral)
 
+    def _payload_refused(self, rank: int, kind: Payload, exc: Exception) -> tuple[Fault, ResultTooLarge]:
+        """Ray could not store what the rank sent (its node's object store is full and its disk
+        too full to spill to): the same would happen again, so the run fails now, as a user error
+        (never retried), saying what to do."""
+        host = self.info.rank_hosts.get(rank) or self.losses.where(rank, "")
+        size = self.payload_bytes.get(rank, 0)
+        what = "result" if kind is Payload.RESULT else "checkpoint"
+        said = f"Rank {rank}'s {what}" + (f" ({size / 1e6:,.0f} MB)" if size else "")
+        fix = ("Return less: save big results to storage the notebook can read and return the path"
+               if kind is Payload.RESULT else "Save less in gs.save_checkpoint, or write it to shared storage yourself")
+        refused = "OutOfDiskError" if isinstance(exc, ray.exceptions.OutOfDiskError) else "ObjectStoreFullError"
+        detail = f"{refused}: Ray's object store is full and the node's disk too full to spill to"
+        fault = Fault(FaultKind.USER_ERROR, rank, host, f"ResultTooLarge: {detail}", ("gpusession.errors.ResultTooLarge",))
+        return fault, ResultTooLarge(
+            f"{said} did not fit in Ray's object store on {host} ({detail}). Every worker was stopped and the "
+            f"{self.lease.gpus:g} GPUs released. {fix}, or give that node more object store memory "
+            "(ray start --object-store-memory) or free disk space.",
+            rank=rank, node=host, remote_type="ResultTooLarge", remote_message=detail)
+
     # ----- the broker's notice --------------------------------------------------------------------
     def _on_notice(self) -> Stopped | None:
         notice = self.lease.notice()
@@ -325,6 +357,12 @@ class Follower:
 
     def _stopped(self, notice: Notice) -> Stopped:
         return Stopped(notice_error(self.lease, notice, checkpointed=self.info.checkpoint_ref is not None))
+
+
+def _store_refused(exc: Exception) -> bool:
+    """PURE: Ray refused to store a stream item for lack of object store and disk (a RayTaskError
+    of Ray's is also an instance of the error it wraps)."""
+    return isinstance(exc, (ray.exceptions.ObjectStoreFullError, ray.exceptions.OutOfDiskError))
 
 
 def _is_collateral(error: m.RankError) -> bool:

@@ -71,9 +71,11 @@ class WatchesCheckpoints:
 
 @dataclass(frozen=True)
 class Result:
-    """The function returned; with `has_value` the next stream item is the pickled value."""
+    """The function returned; with `has_value` the next stream item is the pickled value, of
+    `nbytes` bytes in all (its pickle and its out-of-band buffers)."""
 
     has_value: bool
+    nbytes: int = 0
 
 
 @dataclass(frozen=True)

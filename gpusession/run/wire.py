@@ -100,7 +100,7 @@ RANK_MESSAGES: dict[str, tuple[type, dict[str, Callable[[Any], Any]], bool]] = {
     "CheckpointSaved": (m.CheckpointSaved, {"step": _whole}, False),
     "CheckpointData": (m.CheckpointData, {"loader_epochs": _epochs}, True),
     "WatchesCheckpoints": (m.WatchesCheckpoints, {}, False),
-    "Result": (m.Result, {"has_value": _flag}, False),
+    "Result": (m.Result, {"has_value": _flag, "nbytes": _whole}, False),
     "Pickled": (m.Pickled, {"bulk_sizes": _sizes}, True),
     "RankError": (m.RankError, {"rank": _whole, "host": _text, "type": _text, "message": _text,
                                 "traceback": _text, "at": _number, "mro": _strings}, False),

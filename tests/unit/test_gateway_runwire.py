@@ -3,6 +3,7 @@ the service's side, RunInfo and events as they travel, errors rebuilt by name (n
 from __future__ import annotations
 
 import json
+import pickle
 
 import pytest
 
@@ -97,6 +98,12 @@ def test_errors_are_rebuilt_by_name_with_the_remote_account_and_anything_else_is
     rebuilt = error_from_json(_travel(error_to_json(failed)))
     assert type(rebuilt) is errors.WorkerFailed and str(rebuilt) == str(failed)
     assert (rebuilt.rank, rebuilt.remote_type, rebuilt.remote_message) == (1, "ValueError", "bad")
+    too_large = errors.ResultTooLarge("Rank 0's result (315 MB) did not fit", rank=0, node="n2",
+                                      remote_type="ResultTooLarge", remote_message="OutOfDiskError: ...")
+    rebuilt = error_from_json(_travel(error_to_json(too_large)))
+    assert type(rebuilt) is errors.ResultTooLarge and isinstance(rebuilt, errors.WorkerFailed)
+    assert (rebuilt.rank, rebuilt.node, str(rebuilt)) == (0, "n2", str(too_large))
+    assert type(pickle.loads(pickle.dumps(too_large))) is errors.ResultTooLarge  # a background run's thread hands it on
     for error in (errors.QueueTimeout("no GPUs in 30 s"), errors.RunCancelled("cancelled"),
                   errors.GPUSessionError("plain"), ValueError("too big"), TypeError("unpicklable")):
         again = error_from_json(_travel(error_to_json(error)))
