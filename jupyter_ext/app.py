@@ -43,6 +43,8 @@ class GPUSessionApp(ExtensionAppJinjaMixin, ExtensionApp):
             (rf"/{self.name}/api/whoami", handlers.WhoAmIHandler),
             (rf"/{self.name}/api/leases", handlers.LeasesHandler),
             (rf"/{self.name}/api/leases/([^/]+)", handlers.LeaseHandler),
+            (rf"/{self.name}/api/runs", handlers.DetachedRunsHandler),
+            (rf"/{self.name}/api/runs/([^/]+)", handlers.DetachedRunHandler),
             (rf"/{self.name}/api/quotas", handlers.QuotasHandler),
             (rf"/{self.name}/api/quotas/([^/]+)", handlers.QuotaHandler),
             (rf"/{self.name}/api/usage", handlers.UsageHandler),

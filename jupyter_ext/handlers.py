@@ -6,6 +6,8 @@ name per browser), so there every request acts as the server's owner.
 """
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import functools
 import json
 from http.client import responses
@@ -126,3 +128,49 @@ class UsageHandler(GPUSessionHandler):
         since, until, by = params.usage_query(self.get_query_argument)
         return await self.call("usage", await self.auth(), since, until, by)
 
+
+
+class OwnerOnly(GPUSessionHandler):
+    """Routes that act through the server's own account (its gateway connection): for the
+    server's owner only, as a server that names other users must not show them its owner's runs."""
+
+    def owner_only(self) -> None:
+        if self.gs_user != self.backend.owner:
+            raise APIError(403, f"Detached runs on this server are {self.backend.owner}'s; {self.gs_user} sees "
+                                "their own in their own server.")
+
+
+class DetachedRunsHandler(OwnerOnly):
+    """The server owner's detached runs (gs.runs(all=True)), through the gateway that hosts them:
+    {"available": true, "runs": [...]} or, where no gateway hosts detached runs, {"available":
+    false, "message": why, "runs": []}. The server asks as the account it runs as, so only that
+    account's runs are listed (the gateway checks it by the socket's peer)."""
+
+    @api
+    async def get(self):
+        from gpusession.errors import GPUSessionError
+        from gpusession.gateway import reattach
+
+        self.owner_only()
+        try:
+            records = await asyncio.get_running_loop().run_in_executor(None, reattach.list_runs)
+        except GPUSessionError as exc:
+            return {"available": False, "message": str(exc), "runs": []}
+        return {"available": True, "runs": [dataclasses.asdict(record) for record in records]}
+
+
+class DetachedRunHandler(OwnerOnly):
+    @api
+    async def delete(self, run_id: str):
+        """Stop one detached run of the server owner's: {"run_id", "ended": whether it had ended already}."""
+        from gpusession.errors import GPUSessionError, InvalidRequest
+        from gpusession.gateway import reattach
+
+        self.owner_only()
+        try:
+            stopping = await asyncio.get_running_loop().run_in_executor(None, reattach.cancel_run, run_id)
+        except InvalidRequest:
+            raise
+        except GPUSessionError as exc:  # no such run of theirs (or no gateway): nothing changed
+            raise APIError(404, str(exc)) from exc
+        return {"run_id": run_id, "ended": not stopping}

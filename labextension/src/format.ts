@@ -1,5 +1,5 @@
 // PURE: how numbers and runs read in the panels.
-import { LeaseView } from './types';
+import { DetachedRunView, LeaseView } from './types';
 
 export const gpus = (n: number): string => {
   const text = Number.isInteger(n) ? String(n) : n.toFixed(2).replace(/0+$/, '');
@@ -65,3 +65,23 @@ export function statusBarText(lease: LeaseView | undefined): string {
 
 export const notebookName = (path: string | null): string =>
   path ? path.split('/').pop() || path : '(not from a notebook)';
+
+const DETACHED_LIVE = ['submitted', 'queued', 'starting', 'running'];
+
+export const detachedLive = (run: DetachedRunView): boolean => DETACHED_LIVE.includes(run.state);
+
+/** The cell that follows a detached run from the notebook (Python, so it works whether or not the
+ * kernel loaded the extension): its handle named after the run, never after its function (which
+ * it would shadow). */
+export const attachCode = (run: DetachedRunView): string =>
+  `import gpusession as gs\nrun_${run.run_id.slice(0, 8)} = gs.attach("${run.run_id}")`;
+
+/** "running · 3 min 2 s" or "finished · kept 6.9 days more". */
+export function detachedText(run: DetachedRunView, now: number): string {
+  if (detachedLive(run)) {
+    return `${run.state} · ${duration(Math.max(0, now - run.started))}`;
+  }
+  const kept = Math.max(0, run.expires - now);
+  const left = kept >= 86400 ? `${(kept / 86400).toFixed(1)} days` : duration(kept);
+  return `${run.end_reason || run.state} · kept ${left} more`;
+}

@@ -4,7 +4,7 @@
 import { ILabShell, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ICommandPalette, MainAreaWidget } from '@jupyterlab/apputils';
 import { ILauncher } from '@jupyterlab/launcher';
-import { INotebookTracker } from '@jupyterlab/notebook';
+import { INotebookTracker, NotebookActions } from '@jupyterlab/notebook';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 
@@ -60,6 +60,26 @@ async function openAt(app: JupyterFrontEnd, notebooks: INotebookTracker, path: s
   }
 }
 
+/** Insert a code cell running `code` below the current notebook's active cell, and run it. */
+async function insertAndRun(app: JupyterFrontEnd, notebooks: INotebookTracker, code: string): Promise<string | null> {
+  const panel = notebooks.currentWidget;
+  if (!panel) {
+    return `Open a notebook first: Attach adds a cell with \`${code}\` to the current one.`;
+  }
+  await panel.context.ready;
+  const notebook = panel.content;
+  NotebookActions.insertBelow(notebook);
+  NotebookActions.changeCellType(notebook, 'code');
+  const cell = notebook.activeCell;
+  if (!cell) {
+    return 'The notebook has no active cell to attach below.';
+  }
+  cell.model.sharedModel.setSource(code);
+  app.shell.activateById(panel.id);
+  await NotebookActions.run(notebook, panel.sessionContext);
+  return null;
+}
+
 const plugin: JupyterFrontEndPlugin<void> = {
   id: 'gpusession-lab:plugin',
   description: 'GPUs sidebar, status bar item and admin panel for gpusession',
@@ -69,7 +89,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
   activate: (app: JupyterFrontEnd, shell: ILabShell, notebooks: INotebookTracker, statusBar: IStatusBar | null,
     palette: ICommandPalette | null, launcher: ILauncher | null) => {
     const poller = new Poller();
-    const sidebar = new GPUsSidebar(poller, (path, cellId) => void openAt(app, notebooks, path, cellId));
+    const sidebar = new GPUsSidebar(poller, (path, cellId) => void openAt(app, notebooks, path, cellId),
+      code => insertAndRun(app, notebooks, code));
     sidebar.title.icon = gpuIcon;
     shell.add(sidebar, 'left', { rank: 300 });
     statusBar?.registerStatusItem('gpusession-lab:status', {

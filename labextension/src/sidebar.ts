@@ -1,20 +1,25 @@
 // The "GPUs" sidebar: capacity per node, your runs (running, queued, just finished) with a stop
-// button, your quota and GPU-hours this week. Redrawn from the poller's snapshot; a stop that the
+// button, your detached runs (across kernels) with attach and stop, your quota and GPU-hours
+// this week. Redrawn from the poller's snapshot; a stop that the
 // server refuses is shown in words and the panel keeps polling.
 import { Widget } from '@lumino/widgets';
 
 import { api } from './api';
 import { el } from './dom';
-import { duration, elapsed, gpuSeconds, gpus, hours, notebookName, stateText } from './format';
+import {
+  attachCode, detachedLive, detachedText, duration, elapsed, gpuSeconds, gpus, hours, notebookName, stateText
+} from './format';
 import { Poller, Snapshot } from './poller';
-import { ClusterView, LeaseView, QuotaView } from './types';
+import { ClusterView, DetachedRunView, DetachedRunsView, LeaseView, QuotaView } from './types';
 
 export class GPUsSidebar extends Widget {
   private _message = '';
 
   constructor(
     private readonly _poller: Poller,
-    private readonly _open: (path: string, cellId: string | null) => void
+    private readonly _open: (path: string, cellId: string | null) => void,
+    // inserts a cell that runs `code` below the current notebook's active cell; says why it could not
+    private readonly _attach: (code: string) => Promise<string | null>
   ) {
     super();
     this.id = 'gpusession-sidebar';
@@ -34,6 +39,9 @@ export class GPUsSidebar extends Widget {
     if (status) {
       parts.push(this._cluster(status.cluster));
       parts.push(this._runs(status.leases, snapshot.finished, snapshot.at));
+      if (snapshot.detached) {
+        parts.push(this._detached(snapshot.detached, snapshot.at));
+      }
       parts.push(this._quota(status.quota));
     } else if (!snapshot.error) {
       parts.push(el('div', { class: 'gs-muted', text: 'Asking the server…' }));
@@ -96,6 +104,55 @@ export class GPUsSidebar extends Widget {
       el('div', { class: 'gs-run-state', text: `#${lease.lease_id} ${stateText(lease)}` }),
       el('div', { class: 'gs-muted', text: facts })
     ]);
+  }
+
+  private _detached(view: DetachedRunsView, now: number): HTMLElement {
+    const live = view.runs.filter(detachedLive).length;
+    const body = !view.available
+      ? el('div', { class: 'gs-muted', text: view.message || 'Detached runs are not available here.' })
+      : view.runs.length
+        ? el('ul', { class: 'gs-run-list' }, view.runs.map(run => this._detachedRun(run, now)))
+        : el('div', { class: 'gs-muted', text: 'No detached runs. Start one with %%gpu N --bg --detach -o NAME.' });
+    return el('section', { class: 'gs-detached', 'aria-label': 'your detached runs' }, [
+      el('h3', { text: `Detached runs (${live} live)` }),
+      body
+    ]);
+  }
+
+  private _detachedRun(run: DetachedRunView, now: number): HTMLElement {
+    const attach = el('button', {
+      class: 'gs-attach jp-mod-styled', text: 'Attach', 'aria-label': `attach run ${run.run_id}`,
+      title: `Insert and run: ${attachCode(run)}`, 'data-focus-key': `attach-${run.run_id}`,
+      onclick: () => void this._attachTo(run)
+    });
+    const stop = detachedLive(run) ? el('button', {
+      class: 'gs-stop jp-mod-styled jp-mod-warn', text: 'Stop', 'aria-label': `stop run ${run.run_id}`,
+      'data-focus-key': `stop-run-${run.run_id}`, onclick: () => void this._stopDetached(run)
+    }) : '';
+    const facts = `${gpus(run.gpus)} · ${run.reports} report${run.reports === 1 ? '' : 's'} · ${notebookName(run.notebook)}`;
+    return el('li', { class: `gs-run gs-detached-run gs-state-${run.state}`, 'data-run': run.run_id }, [
+      el('div', { class: 'gs-run-head' }, [
+        el('span', { class: 'gs-run-name', text: run.name, title: run.run_id }),
+        el('span', { class: 'gs-buttons' }, [attach, stop])
+      ]),
+      el('div', { class: 'gs-run-state', text: detachedText(run, now) }),
+      el('div', { class: 'gs-muted', text: facts })
+    ]);
+  }
+
+  private async _attachTo(run: DetachedRunView): Promise<void> {
+    this._message = (await this._attach(attachCode(run))) || '';
+    this._render(this._poller.snapshot);
+  }
+
+  private async _stopDetached(run: DetachedRunView): Promise<void> {
+    try {
+      await api(`runs/${encodeURIComponent(run.run_id)}`, { method: 'DELETE' });
+      this._message = '';
+    } catch (error) {
+      this._message = `Could not stop run ${run.run_id.slice(0, 8)}: ${(error as Error).message}`;
+    }
+    await this._poller.refresh(true);
   }
 
   private _quota(quota: QuotaView): HTMLElement {

@@ -70,3 +70,24 @@ export interface UsageRow {
   day: string;
   gpu_seconds: number;
 }
+
+export interface DetachedRunView {
+  run_id: string;
+  name: string;
+  state: string; // submitted, queued, starting, running, finished, failed, cancelled
+  gpus: number;
+  workers: number;
+  started: number;
+  ended: number | null;
+  expires: number;
+  end_reason: string | null;
+  max_duration: number;
+  reports: number;
+  notebook: string | null;
+}
+
+export interface DetachedRunsView {
+  available: boolean; // false where no gateway hosts detached runs (then `message` says why)
+  message?: string;
+  runs: DetachedRunView[];
+}

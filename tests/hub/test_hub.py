@@ -387,3 +387,63 @@ def run_in_lab(page, index: int) -> None:
     accept_kernel_dialog(page)
     lab_cell(page, index).locator(".jp-InputPrompt").click()
     page.keyboard.press("Shift+Enter")
+
+
+DETACH_TWO = """@gs.distributed(gpus=1)
+def quick():
+    return 6 * 7
+
+@gs.distributed(gpus=1)
+def slow():
+    import time
+    while True:
+        time.sleep(0.2)
+
+done = quick.submit(detach=True, max_duration=300)
+assert done.result() == 42
+going = slow.submit(detach=True, max_duration=300)
+print(done.run_id, going.run_id)"""
+
+
+def test_the_lab_sidebar_lists_detached_runs_stops_a_live_one_and_attaches_a_finished_one_in_a_new_cell(hub, browser):
+    _ready(hub.admin, hub.alice)  # the admin's server answers held_lease
+    started = hub.alice.run(DETACH_TWO)
+    assert started.error is None, started
+    finished_id, live_id = started.stdout.split()
+    page = lab_through_login(browser, hub, hub.alice)
+    try:
+        tab = page.locator('.lm-TabBar-tab[data-id="gpusession-sidebar"]')
+        if "lm-mod-current" not in (tab.get_attribute("class") or ""):
+            tab.click()
+        live = page.locator(f'#gpusession-sidebar li.gs-detached-run[data-run="{live_id}"]')
+        finished = page.locator(f'#gpusession-sidebar li.gs-detached-run[data-run="{finished_id}"]')
+        expect(live).to_contain_text("running", timeout=60_000)
+        expect(live).to_contain_text("slow")
+        expect(finished).to_contain_text("finished")
+        expect(finished).to_contain_text("kept")  # how long its result stays
+        assert finished.locator("button.gs-stop").count() == 0  # an ended run offers attach only
+
+        live.locator("button.gs-stop").click()
+        expect(live).to_contain_text("cancelled", timeout=30_000)
+        assert _wait_for(lambda: held_lease(hub, hub.alice) is None, 30), "the stopped run still holds its GPU"
+        states = hub.alice.run("print(sorted((r.run_id, r.state) for r in gs.runs(all=True)))")
+        assert f"('{live_id}', 'cancelled')" in states.stdout, states
+
+        finished.locator("button.gs-attach").click()  # a new cell below the active one, run at once
+        attached = page.locator(".jp-Notebook .jp-Cell", has_text=f'gs.attach("{finished_id}")')
+        try:
+            attached.wait_for(timeout=30_000)
+        except PlaywrightTimeout:
+            page.screenshot(path=str(ROOT / "test-artifacts" / "hub-sidebar-attach.png"))
+            raise AssertionError("no attach cell; the sidebar said: "
+                                 + page.locator("#gpusession-sidebar .gs-error").inner_text()) from None
+        attached.locator(".jp-InputPrompt", has_text=re.compile(r"\[\d+\]")).wait_for(timeout=120_000)
+        attached.locator(".jp-InputPrompt").click()  # select it (command mode), then a cell below it
+        page.keyboard.press("b")
+        page.keyboard.press("Enter")
+        page.keyboard.type(f"print('value', run_{finished_id[:8]}.result())")
+        page.keyboard.press("Shift+Enter")
+        asked = page.locator(".jp-Notebook .jp-Cell", has_text="print('value'")
+        expect(asked.locator(".jp-OutputArea-output")).to_contain_text("value 42", timeout=60_000)
+    finally:
+        page.context.close()

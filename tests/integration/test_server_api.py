@@ -93,6 +93,16 @@ def hold(cluster):
         lease.release()
 
 
+def test_detached_runs_are_only_the_servers_owners_and_a_server_without_a_gateway_says_why_it_lists_none(
+        fetch, gs_app):
+    owner = gs_app.backend.owner
+    said = refused(fetch, "api/runs", 403, user=ALICE)
+    assert said.startswith(f"Detached runs on this server are {owner}'s; alice sees their own"), said
+    refused(fetch, f"api/runs/{'0' * 32}", 403, user=ALICE, method="DELETE")
+    view = fetch("api/runs", user=owner)
+    assert view["available"] is False and view["runs"] == [] and "gateway" in view["message"], view
+
+
 def test_any_user_sees_cluster_capacity_and_requests_without_a_user_are_refused(fetch, cluster):
     view = fetch("api/cluster", user=BOB)
     assert view["gpus_total"] == 4 and view["logical_gpus"] is cluster.logical
