@@ -8,9 +8,12 @@ grace period ran out, and a run that outlived its declared timeout.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .notice import NoticeKind, kind_of
-from .rayview import Snapshot
+
+if TYPE_CHECKING:  # the decisions here are pure: they take a snapshot, and never import Ray
+    from .rayview import Snapshot
 
 # The caller enforces a run's timeout itself; the broker steps in only for a caller that failed to,
 # counting from the placement with room for setup (worker start, a runtime_env's pip install).

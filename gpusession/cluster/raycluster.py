@@ -15,29 +15,22 @@ from pathlib import Path
 import ray
 
 from . import rayprivate
+from .places import (  # noqa: F401 - re-exported: where things are, known without Ray
+    DEFAULT_LOCAL_GPUS, LOCAL_GPUS_ENV, STARTUP_TIMEOUT, local_head_file, machine_gpu_count, state_dir,
+)
+from .places import reachable as _reachable
 from .unreserved import consistent_unreserved
 from ..errors import GPUSessionError
 from ..events import _in_notebook_kernel
 
 log = logging.getLogger("gpusession")
 
-LOCAL_GPUS_ENV = "GPUSESSION_LOCAL_GPUS"
-DEFAULT_LOCAL_GPUS = 4
 HEAD_RESOURCE = "node:__internal_head__"
 # A node started with this custom resource offers its GPUs as logical even on a machine with real
 # ones (`ray start --resources='{"gpusession_logical_gpus": 1}'`): its ranks train on the CPU.
 LOGICAL_GPUS_RESOURCE = "gpusession_logical_gpus"
 NODE_ID_LABEL = "ray.io/node-id"  # the label Ray gives every node: its id (bundle label selectors)
 _connect_lock = threading.Lock()
-
-
-def state_dir() -> Path:
-    """Where this user's gpusession keeps files (the local head's address, the default ledger)."""
-    return Path(os.environ.get("GPUSESSION_HOME", Path.home() / ".gpusession"))
-
-
-def local_head_file() -> Path:
-    return state_dir() / "local-head.json"
 
 
 @dataclass(frozen=True)
@@ -48,23 +41,6 @@ class NodeInfo:
     is_head: bool
     logical: bool  # GPU resource declared with no real accelerator behind it
     raylet_port: int = 0  # the node's raylet (NodeManagerPort): the broker's liveness probe connects to it
-
-
-def machine_gpu_count() -> int:
-    """Real GPUs on this machine, found the way Ray finds them (NVML), without touching CUDA."""
-    try:
-        return rayprivate.accelerator_count("GPU")
-    except Exception:  # no driver, no NVML: no GPUs
-        return 0
-
-
-def _reachable(address: str, timeout: float = 0.5) -> bool:
-    host, _, port = address.rpartition(":")
-    try:
-        with socket.create_connection((host, int(port)), timeout=timeout):
-            return True
-    except (OSError, ValueError):
-        return False
 
 
 def _recorded_head() -> dict | None:
@@ -165,8 +141,6 @@ def start_embedded(*, local_gpus: int | None = None) -> None:
         )
     init_local_head(num_gpus=gpus, include_dashboard=False, logging_level=logging.ERROR, log_to_driver=False)
 
-
-STARTUP_TIMEOUT = "timed out during startup"
 
 
 def init_local_head(*, attempts: int = 3, **init_options) -> None:

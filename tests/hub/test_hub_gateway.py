@@ -204,7 +204,7 @@ print(json.dumps({
     assert ledger(hub) == before
 
 
-def test_status_the_rest_api_and_the_cli_answer_bob_through_the_gateway_without_ray(hub):
+def test_status_the_rest_api_and_the_cli_answer_bob_through_the_gateway_and_his_server_loads_no_ray(hub):
     _ready(hub.bob)
     status = hub.bob.api("GET", "gpusession/api/status")
     assert status.status_code == 200 and status.json()["user"] == hub.bob.name
@@ -219,6 +219,13 @@ def test_status_the_rest_api_and_the_cli_answer_bob_through_the_gateway_without_
     cli = hub.bob.run("import subprocess\nprint(subprocess.run(['gpusession', 'status'], capture_output=True, "
                       "text=True, timeout=60).stdout)")
     assert f"{hub.bob.name}: 0 GPUs in use" in cli.stdout, cli
+    # bob's Jupyter server answered all of that without loading Ray (no _raylet.so in its memory)
+    servers = [p for p in psutil.process_iter(["username", "cmdline"]) if p.info["username"] == hub.bob.name
+               and any(part.endswith("jupyterhub-singleuser") for part in p.info["cmdline"] or ())]
+    assert servers, "bob's server (jupyterhub-singleuser) was not found among his processes"
+    for server in servers:
+        with open(f"/proc/{server.pid}/maps") as maps:
+            assert "_raylet" not in maps.read(), f"bob's server {server.pid} loaded Ray"
 
 
 def test_a_held_lease_in_bobs_kernel_names_the_gateway_and_starts_no_ray_of_his_own(hub):
