@@ -16,6 +16,7 @@ import ray
 
 from . import rayprivate
 from .unreserved import consistent_unreserved
+from .where import LOCAL_HEAD_FILE, state_dir
 from ..errors import GPUSessionError
 from ..events import _in_notebook_kernel
 
@@ -31,13 +32,8 @@ NODE_ID_LABEL = "ray.io/node-id"  # the label Ray gives every node: its id (bund
 _connect_lock = threading.Lock()
 
 
-def state_dir() -> Path:
-    """Where this user's gpusession keeps files (the local head's address, the default ledger)."""
-    return Path(os.environ.get("GPUSESSION_HOME", Path.home() / ".gpusession"))
-
-
 def local_head_file() -> Path:
-    return state_dir() / "local-head.json"
+    return state_dir() / LOCAL_HEAD_FILE
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ from typing import Any
 from ..errors import GPUSessionError
 from ..events import Fanout, Observer, RunInfo
 from . import keeping
-from .acting import ServiceKeys, identity_of
+from .acting import Acting, identity_of
 from .detached import FLUSH_S, REGISTRY, HostedRun, Registry, value_size
 from .chunks import gather, send_chunked
 from .frames import Connection, Message
@@ -262,7 +262,7 @@ def free_when_gone(watch: StopWatch, lease, finished: threading.Event, *, grace_
 
 
 # ----- the session ------------------------------------------------------------------------------------
-def serve_run(conn: Connection, caller: Caller, hello: Message, keys: ServiceKeys, *,
+def serve_run(conn: Connection, caller: Caller, hello: Message, keys: Acting, *,
               shelf: Shelf = SHELF, registry: Registry = REGISTRY) -> None:
     """The handler of the gateway's "run" session (see the module's docstring)."""
     first = conn.receive()
@@ -285,7 +285,7 @@ def serve_run(conn: Connection, caller: Caller, hello: Message, keys: ServiceKey
     _run(conn, caller, request, keys, shelf, registry)
 
 
-def _run(conn: Connection, caller: Caller, request: RunRequest, keys: ServiceKeys, shelf: Shelf,
+def _run(conn: Connection, caller: Caller, request: RunRequest, keys: Acting, shelf: Shelf,
          registry: Registry = REGISTRY) -> None:
     hosted = None
     if request.detach is not None:
@@ -301,7 +301,7 @@ def _run(conn: Connection, caller: Caller, request: RunRequest, keys: ServiceKey
                                                       "can look at its log."}}, [], "failed")
 
 
-def _host(conn: Connection, caller: Caller, request: RunRequest, keys: ServiceKeys, shelf: Shelf,
+def _host(conn: Connection, caller: Caller, request: RunRequest, keys: Acting, shelf: Shelf,
           hosted: HostedRun | None) -> None:
     from ..cluster.lease import Lease
     from ..kernelcell import mark_background
