@@ -104,8 +104,10 @@ def run_request(message: Message) -> RunRequest:
     detach = keeping.detach_from_json(message.get("detach"))
     if options.runtime_env:
         raise BadRunMessage(
-            "runtime_env is not available through the gateway: it would configure the service's own worker "
-            "processes (their environment, their code). Ask an admin to install what the function needs")
+            "runtime_env is not available through the gateway: under the hub it would configure the service's own "
+            "worker processes (their environment, their code); ask an admin to install what the function needs. "
+            "A detached run outside the hub goes through your own gateway, which refuses it too: install what it "
+            "needs where the cluster's workers run, or submit without detach=True")
     return RunRequest(name, cwd, options, message.payload[0],
                       list(message.payload[1:]), checkpoint, step,
                       {k: asking.get(k) for k in ("notebook", "cell_id", "background")}, detach)
