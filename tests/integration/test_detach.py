@@ -243,3 +243,24 @@ def test_a_detached_background_cell_outlives_its_kernel_and_another_kernel_attac
     got = second.result()
     assert kind == "DetachedCellRun"
     assert (got["pulled"], got["later"], got["listed"]) == (21, 20, ["finished"]), got
+
+
+def test_resume_after_a_detached_run_continues_from_the_checkpoint_its_gateway_holds(kernel):
+    k = kernel("""
+        @gs.distributed(gpus=1)
+        def count(until):
+            state = gs.load_checkpoint() or {"n": 0, "runs": 0}
+            state = {"n": state["n"], "runs": state["runs"] + 1}
+            while state["n"] < until:
+                state["n"] += 1
+                gs.save_checkpoint(state)
+            return state
+
+        first = count.submit(3, detach=True, max_duration=300).result(timeout=120)
+        saved = count.last_run.checkpoint
+        resumed = count.resume(5)
+        say(first=first, saved=saved, resumed=resumed, end=count.last_run.end_reason)
+    """)
+    got = k.result()
+    assert got["first"] == got["saved"] == {"n": 3, "runs": 1}, got
+    assert got["resumed"] == {"n": 5, "runs": 2} and got["end"] == "finished", got
