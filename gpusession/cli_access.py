@@ -26,6 +26,7 @@ import urllib.request
 from pathlib import Path
 
 from . import status_endpoint
+from .cluster import where
 from .errors import GPUSessionError, InvalidRequest, LeaseNotFound, NotAuthorized
 
 ANNOUNCE_PREFIX = "gpusession-"
@@ -42,20 +43,8 @@ def announce_path(pid: int | None = None) -> Path:
     return runtime_dir() / f"{ANNOUNCE_PREFIX}{pid or os.getpid()}.json"
 
 
-def gpusession_home() -> Path:
-    """GPUSESSION_HOME as cluster/raycluster.py's state_dir() says it, without importing Ray."""
-    return Path(os.environ.get("GPUSESSION_HOME", Path.home() / ".gpusession"))
-
-
-def target_address() -> str | None:
-    """The cluster the CLI would join, without importing Ray."""
-    if os.environ.get("RAY_ADDRESS"):
-        return os.environ["RAY_ADDRESS"]
-    home = gpusession_home()
-    try:
-        return json.loads((home / "local-head.json").read_text()).get("address")
-    except (OSError, ValueError, AttributeError):
-        return None
+gpusession_home = where.state_dir  # without importing Ray
+target_address = where.target_address  # the cluster the CLI would join
 
 
 def find_server(address: str | None) -> dict | None:

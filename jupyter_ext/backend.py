@@ -30,7 +30,7 @@ from gpusession.identity import SIGNATURE_ENV, USER_ENV, sign
 # This server holds the key itself (it runs beside the broker): its kernels' signatures last as
 # long as a kernel might; the short-lived ones are the Hub's, for servers elsewhere (spawnhook.py).
 SERVER_SIGNED_FOR_S = 365 * 24 * 3600
-from gpusession.cluster.places import state_dir
+from gpusession.cluster.where import state_dir
 
 from . import bringup
 from .brokerlink import BrokerLink, BrokerUnavailable, settle

@@ -139,6 +139,15 @@ class OwnerOnly(GPUSessionHandler):
             raise APIError(403, f"Detached runs on this server are {self.backend.owner}'s; {self.gs_user} sees "
                                 "their own in their own server.")
 
+    async def kernels_cluster(self) -> str | None:
+        """The cluster this server's kernels join (their RAY_ADDRESS), where their detached runs'
+        gateway is found; None behind the hub's gateway, or while the cluster is not up."""
+        try:
+            conn = await self.backend.connection(wait_s=5.0)
+        except Exception:  # not up yet: the gateway (if any) is looked for as this process would
+            return None
+        return conn.ray_env.get("RAY_ADDRESS")
+
 
 class DetachedRunsHandler(OwnerOnly):
     """The server owner's detached runs (gs.runs(all=True)), through the gateway that hosts them:
@@ -153,7 +162,8 @@ class DetachedRunsHandler(OwnerOnly):
 
         self.owner_only()
         try:
-            records = await asyncio.get_running_loop().run_in_executor(None, reattach.list_runs)
+            address = await self.kernels_cluster()
+            records = await asyncio.get_running_loop().run_in_executor(None, reattach.list_runs, address)
         except GPUSessionError as exc:
             return {"available": False, "message": str(exc), "runs": []}
         return {"available": True, "runs": [dataclasses.asdict(record) for record in records]}
@@ -168,7 +178,8 @@ class DetachedRunHandler(OwnerOnly):
 
         self.owner_only()
         try:
-            stopping = await asyncio.get_running_loop().run_in_executor(None, reattach.cancel_run, run_id)
+            address = await self.kernels_cluster()
+            stopping = await asyncio.get_running_loop().run_in_executor(None, reattach.cancel_run, run_id, address)
         except InvalidRequest:
             raise
         except GPUSessionError as exc:  # no such run of theirs (or no gateway): nothing changed

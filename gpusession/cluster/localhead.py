@@ -24,8 +24,8 @@ from typing import Callable
 import psutil
 
 from . import rayprivate
-from .places import DEFAULT_LOCAL_GPUS, STARTUP_TIMEOUT, local_head_file, machine_gpu_count, state_dir
-from .places import reachable as _reachable
+from .where import DEFAULT_LOCAL_GPUS, STARTUP_TIMEOUT, local_head_file, machine_gpu_count, state_dir
+from .where import reachable as _reachable
 
 READY_LINE = "Ray runtime started"
 START_ATTEMPTS = 3  # `ray start` tried again only when its head missed Ray's fixed 30 s start window

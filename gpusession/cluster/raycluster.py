@@ -15,11 +15,11 @@ from pathlib import Path
 import ray
 
 from . import rayprivate
-from .places import (  # noqa: F401 - re-exported: where things are, known without Ray
+from .unreserved import consistent_unreserved
+from .where import (  # noqa: F401 - re-exported: where things are, known without Ray
     DEFAULT_LOCAL_GPUS, LOCAL_GPUS_ENV, STARTUP_TIMEOUT, local_head_file, machine_gpu_count, state_dir,
 )
-from .places import reachable as _reachable
-from .unreserved import consistent_unreserved
+from .where import reachable as _reachable
 from ..errors import GPUSessionError
 from ..events import _in_notebook_kernel
 

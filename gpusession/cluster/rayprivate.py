@@ -71,6 +71,15 @@ def session_dir() -> str:
     return ray._private.worker.global_worker.node.get_session_dir_path()
 
 
+def head_started_here() -> bool:
+    """Whether this connected process started its cluster's head itself (`ray.init()` with no
+    cluster to join: the embedded cluster), so the cluster ends when this process does."""
+    import ray
+
+    node = ray._private.worker._global_node
+    return bool(node is not None and node.head)
+
+
 def kv_get(key: str, *, namespace: str) -> bytes | None:
     """A value of the cluster's key-value store (kept by the GCS; gone with the cluster)."""
     from ray.experimental import internal_kv

@@ -5,6 +5,9 @@ A user's server and kernels hold no Ray address or token: they connect to the ga
 socket, the kernel itself names the caller (SO_PEERCRED), and the service acts for that user.
 A user's functions, arguments and results cross the gateway as opaque bytes.
 
+For one user (`gpusession lab`, RAY_ADDRESS) calls run in the kernel's own process, and the same
+gateway process, run as that user (usergateway.py), hosts only their detached runs.
+
     frames.py   how messages travel: a JSON header frame, then raw byte frames (never a pickle)
     peer.py     who is on the other end of a connection (uid from the kernel, name from passwd)
     server.py   the service's side: accept, learn the peer, hand the connection to its handler
@@ -22,5 +25,7 @@ A user's functions, arguments and results cross the gateway as opaque bytes.
     brokersession.py  the service's side of the "broker" session (status, quotas, the admin page's calls)
     brokerclient.py   the caller's side of it: no Ray, no credentials (servers, kernels, the CLI)
     main.py           the gateway process (`python -m gpusession.gateway.main`), a Ray driver of the service
+                      (or, with --user, of one user's cluster, as that user)
     process.py        start and stop that process (the hub's cluster service does)
+    usergateway.py    a user's own gateway, the caller's side: where it lives per cluster, find, start on a detach
 """

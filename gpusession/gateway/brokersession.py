@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import ERRORS_BY_NAME
 from . import brokercalls
-from .acting import ServiceKeys, admin_token_for, identity_of
+from .acting import Acting, admin_token_for, identity_of
 from .frames import Connection, Message
 from .server import Caller
 
@@ -41,7 +41,7 @@ def error_type(exc: BaseException) -> str:
     return "BrokerFailed"
 
 
-def answer(caller: Caller, keys: ServiceKeys, message: Message, broker_call: BrokerCall) -> dict:
+def answer(caller: Caller, keys: Acting, message: Message, broker_call: BrokerCall) -> dict:
     """The reply (fields of a result or error message) to one call message of `caller`."""
     reply_id = message.get("id") if isinstance(message.get("id"), (int, str)) else None
     try:
@@ -62,7 +62,7 @@ def answer(caller: Caller, keys: ServiceKeys, message: Message, broker_call: Bro
         return {"kind": "error", "id": reply_id, "type": kind, "message": text}
 
 
-def serve_broker(conn: Connection, caller: Caller, hello: Message, keys: ServiceKeys,
+def serve_broker(conn: Connection, caller: Caller, hello: Message, keys: Acting,
                  broker_call: BrokerCall) -> None:
     """Answer `call` messages until the caller closes the connection."""
     log.info("broker session of %s (uid %d, pid %d%s)", caller.user, caller.peer.uid, caller.peer.pid,
@@ -79,7 +79,7 @@ def serve_broker(conn: Connection, caller: Caller, hello: Message, keys: Service
             pool.submit(_reply, conn, caller, keys, message, broker_call, queued)
 
 
-def _reply(conn: Connection, caller: Caller, keys: ServiceKeys, message: Message, broker_call: BrokerCall,
+def _reply(conn: Connection, caller: Caller, keys: Acting, message: Message, broker_call: BrokerCall,
            queued: threading.BoundedSemaphore) -> None:
     try:
         _send(conn, answer(caller, keys, message, broker_call))

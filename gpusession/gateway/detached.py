@@ -207,6 +207,12 @@ class Registry:
             self._sweep(time.time())
             return self._runs.get(run_id)
 
+    def holds_any(self) -> bool:
+        """Whether it keeps any run (live, or ended and not yet expired)."""
+        with self._lock:
+            self._sweep(time.time())
+            return bool(self._runs)
+
     def rows(self, user: str) -> list[dict]:
         """An account's runs, newest first."""
         with self._lock:

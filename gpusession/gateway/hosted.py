@@ -54,7 +54,7 @@ from typing import Any
 from ..errors import GPUSessionError
 from ..events import Fanout, Observer, RunInfo
 from . import keeping
-from .acting import ServiceKeys, identity_of
+from .acting import Acting, identity_of
 from .detached import FLUSH_S, REGISTRY, HostedRun, Registry, value_size
 from .chunks import gather, send_chunked
 from .frames import Connection, Message
@@ -104,8 +104,10 @@ def run_request(message: Message) -> RunRequest:
     detach = keeping.detach_from_json(message.get("detach"))
     if options.runtime_env:
         raise BadRunMessage(
-            "runtime_env is not available through the gateway: it would configure the service's own worker "
-            "processes (their environment, their code). Ask an admin to install what the function needs")
+            "runtime_env is not available through the gateway: under the hub it would configure the service's own "
+            "worker processes (their environment, their code); ask an admin to install what the function needs. "
+            "A detached run outside the hub goes through your own gateway, which refuses it too: install what it "
+            "needs where the cluster's workers run, or submit without detach=True")
     return RunRequest(name, cwd, options, message.payload[0],
                       list(message.payload[1:]), checkpoint, step,
                       {k: asking.get(k) for k in ("notebook", "cell_id", "background")}, detach)
@@ -262,7 +264,7 @@ def free_when_gone(watch: StopWatch, lease, finished: threading.Event, *, grace_
 
 
 # ----- the session ------------------------------------------------------------------------------------
-def serve_run(conn: Connection, caller: Caller, hello: Message, keys: ServiceKeys, *,
+def serve_run(conn: Connection, caller: Caller, hello: Message, keys: Acting, *,
               shelf: Shelf = SHELF, registry: Registry = REGISTRY) -> None:
     """The handler of the gateway's "run" session (see the module's docstring)."""
     first = conn.receive()
@@ -285,7 +287,7 @@ def serve_run(conn: Connection, caller: Caller, hello: Message, keys: ServiceKey
     _run(conn, caller, request, keys, shelf, registry)
 
 
-def _run(conn: Connection, caller: Caller, request: RunRequest, keys: ServiceKeys, shelf: Shelf,
+def _run(conn: Connection, caller: Caller, request: RunRequest, keys: Acting, shelf: Shelf,
          registry: Registry = REGISTRY) -> None:
     hosted = None
     if request.detach is not None:
@@ -301,7 +303,7 @@ def _run(conn: Connection, caller: Caller, request: RunRequest, keys: ServiceKey
                                                       "can look at its log."}}, [], "failed")
 
 
-def _host(conn: Connection, caller: Caller, request: RunRequest, keys: ServiceKeys, shelf: Shelf,
+def _host(conn: Connection, caller: Caller, request: RunRequest, keys: Acting, shelf: Shelf,
           hosted: HostedRun | None) -> None:
     from ..cluster.lease import Lease
     from ..kernelcell import mark_background

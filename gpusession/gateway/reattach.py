@@ -1,5 +1,6 @@
 """Detached runs, kernel's side (issue 32): list this account's runs, attach to one (its events so
 far rendered on this kernel's observer, then live, then its result unpickled here), cancel one.
+The gateway asked is the hub's, else this user's own (usergateway.py; never started from here).
 Imports no Ray. The protocol is in hosted.py; the gateway's records in detached.py.
 """
 from __future__ import annotations
@@ -9,10 +10,11 @@ from typing import Any, Callable
 
 from ..errors import GPUSessionError
 from ..events import Observer, RunInfo
-from .client import connect, gateway_path
+from .client import connect
 from .frames import Connection
 from .remote import _follow
 from .runwire import error_from_json
+from .usergateway import NoUserGateway, detached_gateway
 
 
 @dataclass(frozen=True)
@@ -40,17 +42,8 @@ class DetachedRecord:
                    row.get("notebook") if isinstance(row.get("notebook"), str) else None)
 
 
-def require_gateway(what: str) -> str:
-    path = gateway_path()
-    if not path:
-        raise GPUSessionError(
-            f"{what} needs the gpusession gateway, which hosts detached runs under `gpusession hub` (kernels there "
-            "have GPUSESSION_GATEWAY set). Here runs end with the kernel: use a plain `fn.submit(...)`.")
-    return path
-
-
-def _ask(kind: str, answer_kind: str, **fields: Any) -> Any:
-    conn, _ = connect("run", require_gateway("gs.runs(all=True), gs.attach and detached runs"))
+def _ask(kind: str, answer_kind: str, path: str, **fields: Any) -> Any:
+    conn, _ = connect("run", path)
     try:
         conn.send(kind, **fields)
         answer = conn.receive()
@@ -61,20 +54,27 @@ def _ask(kind: str, answer_kind: str, **fields: Any) -> Any:
     return answer
 
 
-def list_runs() -> list[DetachedRecord]:
-    """This account's detached runs the gateway keeps, newest first."""
-    return [DetachedRecord.from_row(row) for row in _ask("list", "runs").get("runs") or []]
+def list_runs(address: str | None = None) -> list[DetachedRecord]:
+    """This account's detached runs the gateway keeps, newest first (none when no gateway of this
+    user runs outside the hub: it keeps nothing then). `address`: the cluster's, where this process
+    knows it otherwise than by RAY_ADDRESS (a Jupyter server asks for its kernels')."""
+    try:
+        path = detached_gateway("gs.runs(all=True)", address=address)
+    except NoUserGateway:
+        return []
+    return [DetachedRecord.from_row(row) for row in _ask("list", "runs", path).get("runs") or []]
 
 
-def cancel_run(run_id: str) -> bool:
+def cancel_run(run_id: str, address: str | None = None) -> bool:
     """Ask the gateway to stop a detached run; False when it had already ended."""
-    return not _ask("cancel", "cancelling", run_id=str(run_id)).get("ended")
+    path = detached_gateway(f"cancelling the detached run {str(run_id)[:40]}", address=address)
+    return not _ask("cancel", "cancelling", path, run_id=str(run_id)).get("ended")
 
 
 def open_attach(run_id: str) -> tuple[Connection, str, DetachedRecord]:
     """The connection following the run, once the gateway said it is this account's (or the
     error it gave: an unknown id, another account's run)."""
-    path = require_gateway("gs.attach")
+    path = detached_gateway(f"gs.attach({str(run_id)[:40]!r})")
     conn, _ = connect("run", path)
     try:
         conn.send("attach", run_id=str(run_id))

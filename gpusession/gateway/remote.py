@@ -20,6 +20,7 @@ from ..errors import GPUSessionError
 from ..events import Observer, RunInfo
 from .chunks import gather, send_chunked
 from .client import connect, gateway_path
+from .usergateway import detached_gateway
 from .frames import Connection, Message
 from .runwire import add_report, apply_info, error_from_json, options_to_json, stop_reason
 
@@ -69,14 +70,21 @@ def run_remote(fn: Callable, args: tuple, kwargs: dict, options, *, info: RunInf
                detach: float | None = None, on_detached: Callable[[dict], None] | None = None) -> Any:
     """What Lease(...).acquire() + run_function() do in the local path, through the gateway: the
     value, or the error the local path would raise. observer.finished is the caller's to call.
-    detach: the run's max_duration (s), hosted by the gateway past this kernel (issue 32);
-    on_detached is then told {run_id, max_duration, started} once the gateway took it."""
+    detach: the run's max_duration (s), hosted by the gateway past this kernel (issue 32): the
+    hub's, else this user's own (started if none runs: usergateway.py); on_detached is then told
+    {run_id, max_duration, started} once the gateway took it. A resumed run goes to the gateway
+    that holds its checkpoint."""
     if checkpoint_ref is not None and not isinstance(checkpoint_ref, RemoteCheckpoint):
         raise GPUSessionError("This checkpoint was made outside the gpusession gateway and cannot be resumed "
                               "through it; run from the start.")
     observer.requesting(options.lease.gpus, options.lease.workers)  # the status line, before the call travels
-    path = gateway_path()
     try:
+        if checkpoint_ref is not None:
+            path = checkpoint_ref.path
+        elif detach is not None:
+            path = detached_gateway("submit(detach=True)", start=True)
+        else:
+            path = gateway_path()
         header, buffers = pickle_call(fn, args, kwargs)
         conn, _ = connect("run", path)
     except BaseException:

@@ -1,6 +1,8 @@
-"""The gateway's side, run by the service: a Unix socket that any local account may connect to,
-one thread per connection, the peer named by the kernel (peer.py), the connection handed to
-the handler of the session it asked for.
+"""The gateway's side: a Unix socket, one thread per connection, the peer named by the kernel
+(peer.py), the connection handed to the handler of the session it asked for. The hub's gateway
+(run by the service) lets any local account connect; a user's own gateway (usergateway.py,
+`only_uid`) lets only its own account in: its socket lies in a directory only that account may
+enter, and a peer of any other uid is refused all the same.
 
 Every connection begins with the client's hello:
     client -> {"kind": "hello", "version": 1, "session": "broker" | "run"}
@@ -15,6 +17,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,8 +46,13 @@ class Caller:
 Handler = Callable[[Connection, Caller, Message], None]
 
 
-def refusal(peer: Peer, session: object, sessions: dict, open_of_uid: int = 0) -> str | None:
-    """PURE: why this hello is refused, or None (`open_of_uid`: this uid's other open connections)."""
+def refusal(peer: Peer, session: object, sessions: dict, open_of_uid: int = 0,
+            only_uid: int | None = None) -> str | None:
+    """PURE: why this hello is refused, or None (`open_of_uid`: this uid's other open connections;
+    `only_uid`: the one account a user's own gateway serves)."""
+    if only_uid is not None and peer.uid != only_uid:
+        return (f"this gpusession gateway serves uid {only_uid} alone (it is that user's own); uid {peer.uid} "
+                "may not use it.")
     if not peer.name:
         return f"uid {peer.uid} has no account name on this machine; the gateway serves named accounts only."
     if open_of_uid >= MAX_CONNECTIONS_PER_UID:
@@ -58,10 +66,13 @@ def refusal(peer: Peer, session: object, sessions: dict, open_of_uid: int = 0) -
 class GatewayServer:
     """Listens at `path` until stop(); `sessions` maps a session name to its handler."""
 
-    def __init__(self, path: str | Path, sessions: dict[str, Handler], *, admins: frozenset[str] = frozenset()) -> None:
+    def __init__(self, path: str | Path, sessions: dict[str, Handler], *, admins: frozenset[str] = frozenset(),
+                 only_uid: int | None = None) -> None:
         self.path = Path(path)
         self.sessions = dict(sessions)
         self.admins = frozenset(admins)
+        self.only_uid = only_uid
+        self.last_active = time.monotonic()  # when a connection last opened or closed
         self._listener: socket.socket | None = None
         self._stopped = threading.Event()
         self._connections: set[Connection] = set()
@@ -75,11 +86,17 @@ class GatewayServer:
         except FileNotFoundError:
             pass
         listener.bind(str(self.path))
-        os.chmod(self.path, 0o666)  # any local account may knock; who it is comes from the kernel
+        # the hub's: any local account may knock, who it is comes from the kernel; a user's own: only its account
+        os.chmod(self.path, 0o666 if self.only_uid is None else 0o600)
         listener.listen(64)
         self._listener = listener
         threading.Thread(target=self._accept_forever, name="gpusession-gateway", daemon=True).start()
         return self
+
+    def quiet_since(self) -> float | None:
+        """When the last connection closed (time.monotonic()), or None while one is open."""
+        with self._lock:
+            return None if self._connections else self.last_active
 
     def stop(self) -> None:
         self._stopped.set()
@@ -106,6 +123,7 @@ class GatewayServer:
         conn = Connection(sock)
         with self._lock:
             self._connections.add(conn)
+            self.last_active = time.monotonic()
         counted = None
         try:
             caller, hello = self._greet(conn, sock)
@@ -119,6 +137,7 @@ class GatewayServer:
         finally:
             with self._lock:
                 self._connections.discard(conn)
+                self.last_active = time.monotonic()
                 if counted is not None:
                     self._open_by_uid[counted] -= 1
             conn.close()
@@ -132,7 +151,8 @@ class GatewayServer:
             conn.send("refused", message=f"expected a version {VERSION} hello first; got {hello.kind[:40]!r}")
             return None, hello
         with self._lock:
-            problem = refusal(peer, hello.get("session"), self.sessions, self._open_by_uid.get(peer.uid, 0))
+            problem = refusal(peer, hello.get("session"), self.sessions, self._open_by_uid.get(peer.uid, 0),
+                              self.only_uid)
             if not problem:
                 self._open_by_uid[peer.uid] = self._open_by_uid.get(peer.uid, 0) + 1
         if problem:

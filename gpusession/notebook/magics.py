@@ -89,8 +89,9 @@ class GPUMagics(Magics):
     @argument("-o", dest="handle", metavar="NAME",
               help="With --bg: the name the run's handle gets in the notebook (default: _run).")
     @argument("--detach", action="store_true",
-              help="With --bg, under `gpusession hub`: the gateway hosts the run past this kernel (a restart, "
-                   "a crash, the server stopped); NAME.run_id is what gs.attach(run_id) takes in any kernel of yours.")
+              help="With --bg: a gpusession gateway hosts the run past this kernel (a restart, a crash, the "
+                   "server stopped): the hub's, or with `gpusession lab` / RAY_ADDRESS your own; NAME.run_id is "
+                   "what gs.attach(run_id) takes in any kernel of yours. Not with the embedded cluster.")
     @argument("--max-duration", type=_duration, metavar="T",
               help="With --detach: stop the detached run after T (seconds, or 90s, 10m, 2h) and release its "
                    "GPUs. Default: 24h.")
@@ -143,7 +144,7 @@ class GPUMagics(Magics):
     @argument("action", choices=("status", "release", "attach"),
               help="status: cluster capacity, your quota and usage, this kernel's leases. "
                    "release: give back every lease this kernel still holds (from gs.lease blocks). "
-                   "attach ID [-o NAME]: follow your detached run ID from this kernel (under gpusession hub).")
+                   "attach ID [-o NAME]: follow your detached run ID from this kernel.")
     @argument("run_id", nargs="?", metavar="ID",
               help="With attach: the detached run's id, as gs.runs(all=True) lists it.")
     @argument("-o", dest="handle", metavar="NAME",
@@ -163,7 +164,7 @@ class GPUMagics(Magics):
               <gpusession.Lease 7: 1 GPUs, 1 workers, held>
             In [3]: %gpu release
             Released 1 lease of this kernel (1 GPUs); Ray shows them free.
-            In [4]: %gpu attach 3f2a9c... -o r1        # a detached run of yours (gpusession hub)
+            In [4]: %gpu attach 3f2a9c... -o r1        # a detached run of yours
             gpusession: r1 follows the detached run 3f2a9c... (train); r1.result() or r1.pull().
         """
         args = parse_argstring(self.gpu_line, line)
@@ -274,11 +275,10 @@ def _detach_limit(args: argparse.Namespace) -> float | None:
         return None
     if not args.bg:
         raise UsageError("--detach needs --bg (e.g. %%gpu 2 --bg --detach -o run1). Nothing was leased.")
-    from ..gateway.client import gateway_path
     from ..run.detached import detach_limit
 
     try:
-        return detach_limit(args.max_duration, gateway=gateway_path())
+        return detach_limit(args.max_duration)
     except (GPUSessionError, ValueError) as exc:
         raise UsageError(f"{exc} Nothing was leased.") from None
 

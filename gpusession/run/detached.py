@@ -1,10 +1,12 @@
 """Runs that outlive the kernel (issue 32), the notebook's side: `fn.submit(..., detach=True)`
-hands the run to the gpusession gateway, which hosts it past this kernel; `gs.attach(run_id)`
+hands the run to a gpusession gateway, which hosts it past this kernel; `gs.attach(run_id)`
 follows one from any kernel of the same account; `gs.runs(all=True)` lists them.
 
-Only the gateway (`gpusession hub`) hosts detached runs; elsewhere `detach=True` is refused
-(a run there ends with its kernel). The gateway keeps what a run leaves in memory (see
-gpusession/gateway/keeping.py): lost when the gateway restarts.
+Under `gpusession hub` the hub's gateway hosts them; for one user (`gpusession lab`, a kernel or
+script with RAY_ADDRESS) a gateway of that user's own, started by the first detach
+(gpusession/gateway/usergateway.py). The embedded cluster (a head inside the kernel) ends with its
+kernel: `detach=True` is refused there. A gateway keeps what a run leaves in memory (see
+gpusession/gateway/keeping.py): lost when it exits.
 """
 from __future__ import annotations
 
@@ -15,19 +17,23 @@ from ..errors import GPUSessionError
 from ..events import Observer, RunInfo
 from .background import Run
 
-RUN_ID_WAIT_S = 30.0  # how long `run.run_id` waits for the gateway to take a just-submitted run
+# how long `run.run_id` waits for a gateway to take a just-submitted run (a user's own gateway may
+# have to start first); the run's end, taken or not, ends the wait
+RUN_ID_WAIT_S = 360.0
 
 
-def detach_limit(max_duration: Any, *, gateway: str | None) -> float:
-    """The max_duration (s) of a detached run, or the error that says why it cannot be detached."""
+def detach_limit(max_duration: Any) -> float:
+    """The max_duration (s) of a detached run, or the error that says why it cannot be detached
+    here (ValueError: the limit; GPUSessionError: the embedded cluster, which ends with this kernel)."""
+    from ..gateway.client import gateway_path
     from ..gateway.keeping import DEFAULT_MAX_DURATION_S, max_duration_of
+    from ..gateway.usergateway import cluster_address, detach_refusal
 
-    if not gateway:
-        raise GPUSessionError(
-            "submit(detach=True) needs the gpusession gateway, which hosts detached runs under `gpusession hub` "
-            "(its kernels have GPUSESSION_GATEWAY set); one-user setups (`gpusession lab`, RAY_ADDRESS) cannot "
-            "detach yet, and a run there ends with its kernel. Submit without detach=True.")
-    return max_duration_of(DEFAULT_MAX_DURATION_S if max_duration is None else max_duration)
+    limit = max_duration_of(DEFAULT_MAX_DURATION_S if max_duration is None else max_duration)
+    refusal = None if gateway_path() else detach_refusal(cluster_address())
+    if refusal:
+        raise GPUSessionError(refusal)
+    return limit
 
 
 class DetachedRun(Run):

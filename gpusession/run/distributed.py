@@ -13,6 +13,7 @@ from ..stepreport import StepToBroker
 from .background import Run
 from .endings import told_when_ended
 from ..gateway.client import gateway_path
+from ..gateway.remote import RemoteCheckpoint
 from ..options import RunOptions, validate_run_options
 
 OPTION_NAMES = tuple(inspect.signature(validate_run_options).parameters)
@@ -61,17 +62,19 @@ class DistributedFunction:
         stays in the cell that submitted it. `run.result()` waits and returns the value (or
         raises the error the blocking call would); `run.cancel()` stops it; `gs.runs()` lists them.
 
-        detach=True (under `gpusession hub` only): the gateway hosts the run past this kernel (a
-        restart, a crash, the server stopped) for at most `max_duration` seconds (default 24 h;
-        then it is stopped and its GPUs released); `run.run_id` is what `gs.attach` takes in any
-        kernel of yours. `detach` and `max_duration` are submit()'s own: not passed to the function."""
+        detach=True: a gpusession gateway hosts the run past this kernel (a restart, a crash, the
+        server stopped) for at most `max_duration` seconds (default 24 h; then it is stopped and
+        its GPUs released): the hub's, or with `gpusession lab` / RAY_ADDRESS a gateway of your own
+        that the first detach starts; `run.run_id` is what `gs.attach` takes in any kernel of yours.
+        Not with the embedded cluster, which ends with this kernel. `detach` and `max_duration`
+        are submit()'s own: not passed to the function."""
         if not detach:
             if max_duration is not None:
                 raise TypeError("submit(max_duration=...) is the time limit of a detached run: pass detach=True too.")
             return self.start_background(args, kwargs)
         from .detached import detach_limit
 
-        return self.start_background(args, kwargs, detach=detach_limit(max_duration, gateway=gateway_path()))
+        return self.start_background(args, kwargs, detach=detach_limit(max_duration))
 
     def start_background(self, args: tuple, kwargs: dict, *, handle: type[Run] = Run, detach: float | None = None,
                          **extra: Any) -> Run:
@@ -114,12 +117,12 @@ class DistributedFunction:
         info = info if info is not None else RunInfo()
         self._note(info, (args, kwargs))
         observer = observer or self.observer or default_observer(self.options.lease.workers)
-        if gateway_path():  # a hub kernel: the run is hosted by the service's gateway (no Ray here)
+        # a hub kernel (no Ray here): the service's gateway hosts every run. Elsewhere a detached run
+        # (or a resume from a checkpoint a gateway holds) goes to this user's own gateway; the rest runs here.
+        if gateway_path() or detach is not None or isinstance(checkpoint_ref, RemoteCheckpoint):
             return self._run_through_gateway(args, kwargs, observer=observer, info=info,
                                              checkpoint_ref=checkpoint_ref, checkpoint_step=checkpoint_step,
                                              detach=detach, on_detached=on_detached)
-        if detach is not None:  # submit() refuses first; this is for callers of _run
-            raise GPUSessionError("A detached run needs the gpusession gateway (gpusession hub).")
         from ..cluster.lease import Lease
         from .bulk import ship
         from .controller import run_function

@@ -2,15 +2,62 @@
 kernel is SIGKILLed, another kernel of the same account lists it, attaches (the history and output
 so far, then live) and gets the value; a cancel from another kernel frees its GPUs; another
 account can neither list, attach nor cancel it; its time limit ends it and frees its GPUs with no
-kernel attached. One gateway host for the module (test_gateway_runs.py's)."""
+kernel attached.
+
+Each test runs in both hostings (issue 28 item 3): "hub", kernels behind the hub-style gateway
+host (test_gateway_runs.py's, as the service); "user", kernels of `gpusession lab` (RAY_ADDRESS,
+Ray in their own process, this test's account) whose first detach starts that user's own gateway
+(usergateway.py), which then outlives the kernel that started it."""
 from __future__ import annotations
 
+import os
 import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
 
 from gpusession.broker import client
+from gpusession.gateway.usergateway import IDLE_ENV, SOCKET_NAME, directory_for
 
-from ..conftest import CLUSTER_GPUS, free_gpus, wait_for
-from .test_gateway_runs import gateway, kernel, other_account  # noqa: F401 - the fixtures
+from ..conftest import CLUSTER_GPUS, free_gpus, process_running, wait_for
+from .test_gateway_runs import (Kernel, gateway, other_account, user_gateway_pids, user_home,  # noqa: F401
+                                user_kernel_env)
+
+
+def socket_path(home: str, address: str) -> Path:
+    return directory_for(Path(home), address) / SOCKET_NAME
+
+USER_IDLE_S = "3"  # the user's gateway may exit 3 s after it keeps no run and no kernel is connected
+
+
+@dataclass(frozen=True)
+class Hosting:
+    name: str  # "hub" or "user"
+    env: dict  # what its kernels have in their environment
+    gateway: str | None  # the hub's socket (a user's own starts with the first detach)
+
+
+@pytest.fixture(scope="module", params=["hub", "user"])
+def hosting(request, cluster, user_home):
+    if request.param == "hub":
+        path = request.getfixturevalue("gateway")
+        return Hosting("hub", {"GPUSESSION_GATEWAY": path}, path)
+    return Hosting("user", user_kernel_env(cluster, user_home, **{IDLE_ENV: USER_IDLE_S}), None)
+
+
+@pytest.fixture
+def kernel(hosting):
+    started: list[Kernel] = []
+
+    def start(code: str, account=None, env: dict | None = None) -> Kernel:
+        started.append(Kernel(None, code, account, env=hosting.env if env is None else env))
+        return started[-1]
+
+    yield start
+    for k in started:
+        if k.proc.poll() is None:
+            k.kill()
 
 FREE_WITHIN_S = 5.0
 
@@ -24,7 +71,7 @@ def _run_id(line: str) -> str:
 
 
 def test_a_detached_run_outlives_its_killed_kernel_and_another_kernel_attaches_to_history_output_and_value(
-        kernel, broker, admin):
+        hosting, kernel, broker, admin):
     first = kernel("""
         import time
 
@@ -51,6 +98,9 @@ def test_a_detached_run_outlives_its_killed_kernel_and_another_kernel_attaches_t
     first.wait_for_line("TRAINING")
     first.kill()
     assert free_gpus() == CLUSTER_GPUS - 2, "the detached run should still hold its GPUs"
+    if hosting.name == "user":  # the gateway the killed kernel started runs on, in a session of its own
+        pids = user_gateway_pids(hosting.env["GPUSESSION_HOME"])
+        assert len(pids) == 1 and process_running(pids[0]) and os.getsid(pids[0]) == pids[0], pids
     second = kernel(f"""
         listed = [r for r in gs.runs(all=True) if r.run_id == {run_id!r}]
         run = gs.attach({run_id!r})
@@ -94,24 +144,31 @@ FOREVER = """
 
 
 def test_another_account_cannot_list_attach_or_cancel_and_a_cancel_from_another_kernel_frees_the_gpus(
-        kernel, other_account, broker, admin):
+        hosting, kernel, other_account, broker, admin, cluster):
     starter = kernel(FOREVER.format(limit=300) + "    say(done=True)\n")  # its kernel leaves; the run goes on
     run_id = _run_id(starter.wait_for_line("RUNID "))
     starter.result()
     assert free_gpus() == CLUSTER_GPUS - 2
+    # the hub's gateway serves every account (each sees its own runs); a user's own lets no other in:
+    # the stranger aims at its socket
+    target = hosting.gateway or str(socket_path(hosting.env["GPUSESSION_HOME"], cluster.address))
     stranger = kernel(f"""
         from gpusession.gateway.reattach import cancel_run
-        def refused(call):
+        def attempt(call):
             try:
-                call()
+                return {{"value": call()}}
             except gs.GPUSessionError as exc:
-                return str(exc)
-            return None
-        say(listed=[r.run_id for r in gs.runs(all=True)], attach=refused(lambda: gs.attach({run_id!r})),
-            cancel=refused(lambda: cancel_run({run_id!r})))
-    """, account=other_account)
+                return {{"error": str(exc)}}
+        say(listed=attempt(lambda: [r.run_id for r in gs.runs(all=True)]),
+            attach=attempt(lambda: gs.attach({run_id!r}).run_id), cancel=attempt(lambda: cancel_run({run_id!r})))
+    """, account=other_account, env={"GPUSESSION_GATEWAY": target})
     got = stranger.result()
-    assert got["listed"] == [] and "keeps no detached run" in got["attach"] and "keeps no detached run" in got["cancel"]
+    if hosting.name == "hub":
+        assert got["listed"] == {"value": []}, got
+        assert "keeps no detached run" in got["attach"]["error"] and "keeps no detached run" in got["cancel"]["error"]
+    else:
+        for refused in got.values():
+            assert "does not answer (Permission denied)" in refused["error"], got
     assert free_gpus() == CLUSTER_GPUS - 2, "another account's cancel stopped the run"
     owner = kernel(f"""
         import time
@@ -186,3 +243,24 @@ def test_a_detached_background_cell_outlives_its_kernel_and_another_kernel_attac
     got = second.result()
     assert kind == "DetachedCellRun"
     assert (got["pulled"], got["later"], got["listed"]) == (21, 20, ["finished"]), got
+
+
+def test_resume_after_a_detached_run_continues_from_the_checkpoint_its_gateway_holds(kernel):
+    k = kernel("""
+        @gs.distributed(gpus=1)
+        def count(until):
+            state = gs.load_checkpoint() or {"n": 0, "runs": 0}
+            state = {"n": state["n"], "runs": state["runs"] + 1}
+            while state["n"] < until:
+                state["n"] += 1
+                gs.save_checkpoint(state)
+            return state
+
+        first = count.submit(3, detach=True, max_duration=300).result(timeout=120)
+        saved = count.last_run.checkpoint
+        resumed = count.resume(5)
+        say(first=first, saved=saved, resumed=resumed, end=count.last_run.end_reason)
+    """)
+    got = k.result()
+    assert got["first"] == got["saved"] == {"n": 3, "runs": 1}, got
+    assert got["resumed"] == {"n": 5, "runs": 2} and got["end"] == "finished", got

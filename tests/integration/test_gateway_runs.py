@@ -1,6 +1,8 @@
 """Runs through the gateway (issue 28): a kernel with GPUSESSION_GATEWAY and no Ray address calls
 `@gs.distributed`; the run path runs in a gateway process (a Ray driver of the session's cluster)
-that never unpickles what the kernel sent. One gateway host for the module."""
+that never unpickles what the kernel sent. One gateway host for the module, as the hub's service
+runs it; a few key tests run against a user's own gateway too (usergateway.py: the same process,
+run as the kernel's own account), the other hosting of the same run path (issue 28 item 3)."""
 from __future__ import annotations
 
 import json
@@ -13,6 +15,7 @@ import tempfile
 import textwrap
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -114,11 +117,14 @@ def gateway(cluster):
 
 
 class Kernel:
-    """A kernel-like process: GPUSESSION_GATEWAY set, no Ray address, no gpusession home."""
+    """A kernel-like process: by default a hub user's (GPUSESSION_GATEWAY set, no Ray address, no
+    gpusession home); `env` may name another hosting's variables instead (a Ray address)."""
 
-    def __init__(self, gateway: str, code: str, account: pwd.struct_passwd | None = None) -> None:
-        env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "GPUSESSION_HOME")}
-        env.update(GPUSESSION_GATEWAY=gateway, PYTHONUNBUFFERED="1")
+    def __init__(self, gateway: str | None, code: str, account: pwd.struct_passwd | None = None,
+                 env: dict | None = None) -> None:
+        hosting = {"GPUSESSION_GATEWAY": gateway} if env is None else env
+        env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "GPUSESSION_HOME", "GPUSESSION_GATEWAY")}
+        env.update(hosting, PYTHONUNBUFFERED="1")
         prefix = ""
         if account is not None:  # another account's kernel: it drops to that account before it connects
             env.update(GS_TEST_ACCOUNT=account.pw_name, PYTHONDONTWRITEBYTECODE="1")
@@ -157,6 +163,72 @@ def kernel(gateway):
 
     def start(code: str, account: pwd.struct_passwd | None = None) -> Kernel:
         started.append(Kernel(gateway, code, account))
+        return started[-1]
+
+    yield start
+    for k in started:
+        if k.proc.poll() is None:
+            k.kill()
+
+
+# ----- a user's own gateway (usergateway.py): the other hosting of the same run path -----------------
+def user_kernel_env(cluster, home: str, **extra: str) -> dict:
+    """What a kernel of `gpusession lab` has: the cluster's address, its own gpusession home."""
+    return {"RAY_ADDRESS": cluster.address, "GPUSESSION_HOME": home, **extra}
+
+
+def start_user_gateway(cluster, home: str, **extra: str) -> str:
+    """This account's own gateway for the session cluster, started as a first detach starts it
+    (usergateway.ensure()) by a process that then exits; its socket."""
+    env = {k: v for k, v in os.environ.items() if k != "GPUSESSION_GATEWAY"}
+    env.update(user_kernel_env(cluster, home, **extra))
+    done = subprocess.run([sys.executable, "-c", "from gpusession.gateway import usergateway\n"
+                           "print('SOCKET', usergateway.ensure(), flush=True)"], env=env, cwd=str(ROOT),
+                          capture_output=True, text=True, timeout=400)
+    if done.returncode != 0 or not done.stdout.startswith("SOCKET "):
+        pytest.fail(f"the user's gateway did not start: {done.stdout}{done.stderr}")
+    return done.stdout.split()[1]
+
+
+def user_gateway_pids(home: str) -> list[int]:
+    from gpusession.gateway import usergateway
+
+    found = [usergateway.record(folder) for folder in (Path(home) / usergateway.GATEWAYS_DIR).glob("*")]
+    return [int(r["pid"]) for r in found if r]
+
+
+def stop_user_gateways(home: str) -> None:
+    """End the gateways a test's kernels started under `home` (by the pid each recorded)."""
+    from gpusession.cluster.localhead import terminate
+
+    for pid in user_gateway_pids(home):
+        terminate(pid, timeout_s=15)
+
+
+@pytest.fixture(scope="module")
+def user_home():
+    """A gpusession home of this account's for the user's own gateway (removed with what it holds)."""
+    home = tempfile.mkdtemp(prefix="gs-user-home-")
+    yield home
+    stop_user_gateways(home)
+    shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="module", params=["hub", "user"])
+def hosted_gateway(request, cluster, user_home):
+    """The socket of either hosting: the hub's (the module's gateway host, as the service, for any
+    account) or a user's own (usergateway.py, run as this account, root, for it alone)."""
+    if request.param == "hub":
+        return request.getfixturevalue("gateway")
+    return start_user_gateway(cluster, user_home)
+
+
+@pytest.fixture
+def any_kernel(hosted_gateway):
+    started: list[Kernel] = []
+
+    def start(code: str) -> Kernel:
+        started.append(Kernel(hosted_gateway, code))
         return started[-1]
 
     yield start
@@ -205,8 +277,8 @@ def test_a_call_returns_its_value_streams_output_and_reports_moves_100_mb_each_w
     assert rows[got["lease_id"]]["state"] == "ended"
 
 
-def test_a_user_exception_keeps_its_type_message_and_traceback(kernel):
-    k = kernel("""
+def test_a_user_exception_keeps_its_type_message_and_traceback(any_kernel):
+    k = any_kernel("""
         @gs.distributed(gpus=2)
         def broken():
             raise ValueError("no good value: 42")
@@ -247,8 +319,8 @@ def test_stop_mid_run_ends_it_as_interrupted_and_releases_its_lease(kernel, brok
     assert row["state"] == "ended", row
 
 
-def test_killing_the_kernel_mid_run_frees_its_gpus_within_5_s(kernel, broker, admin):
-    k = kernel("""
+def test_killing_the_kernel_mid_run_frees_its_gpus_within_5_s(any_kernel, broker, admin):
+    k = any_kernel("""
         import time
 
         @gs.distributed(gpus=2)
@@ -396,8 +468,8 @@ def test_a_malformed_message_mid_run_ends_the_connection_and_frees_the_gpus(gate
         conn.close()
 
 
-def test_a_gpu_cell_and_a_background_cell_run_through_the_gateway(kernel):
-    k = kernel("""
+def test_a_gpu_cell_and_a_background_cell_run_through_the_gateway(any_kernel):
+    k = any_kernel("""
         from IPython.core.interactiveshell import InteractiveShell
 
         shell = InteractiveShell.instance()

@@ -52,3 +52,16 @@ def test_every_node_carries_its_id_as_the_label_a_group_can_avoid(cluster):
     from gpusession.cluster.raycluster import NODE_ID_LABEL
 
     assert all(node["Labels"].get(NODE_ID_LABEL) == node["NodeID"] for node in ray.nodes() if node["Alive"])
+
+
+def test_a_driver_knows_whether_it_started_its_clusters_head(cluster, driver):
+    """This test process started the session's head (the embedded cluster ends with it); a driver
+    that joined it by address did not (a user's own gateway may outlive it)."""
+    assert rayprivate.head_started_here() is True
+    joined = driver("""
+        import ray
+        from gpusession.cluster import rayprivate
+        ray.init(logging_level="ERROR")
+        print("STARTED", rayprivate.head_started_here(), flush=True)
+    """)
+    assert joined.wait_for_line("STARTED ", timeout=120) == "STARTED False"

@@ -4,6 +4,8 @@ check, and that a rejected request changes nothing."""
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -93,14 +95,32 @@ def hold(cluster):
         lease.release()
 
 
-def test_detached_runs_are_only_the_servers_owners_and_a_server_without_a_gateway_says_why_it_lists_none(
+def test_detached_runs_are_only_the_servers_owners_and_with_no_gateway_of_theirs_running_none_are_listed(
         fetch, gs_app):
     owner = gs_app.backend.owner
     said = refused(fetch, "api/runs", 403, user=ALICE)
     assert said.startswith(f"Detached runs on this server are {owner}'s; alice sees their own"), said
     refused(fetch, f"api/runs/{'0' * 32}", 403, user=ALICE, method="DELETE")
-    view = fetch("api/runs", user=owner)
-    assert view["available"] is False and view["runs"] == [] and "gateway" in view["message"], view
+    assert fetch("api/runs", user=owner) == {"available": True, "runs": []}  # listing starts no gateway
+    said = refused(fetch, f"api/runs/{'0' * 32}", 404, user=owner, method="DELETE")
+    assert "gateway" in said, said
+
+
+def test_a_servers_detached_runs_are_asked_of_its_users_own_gateway_for_the_cluster_its_kernels_join(
+        fetch, gs_app, cluster, monkeypatch):
+    from .test_gateway_runs import start_user_gateway, stop_user_gateways
+
+    home = tempfile.mkdtemp(prefix="gs-api-home-")
+    try:
+        start_user_gateway(cluster, home)  # as a first detach of the owner's kernels starts it
+        monkeypatch.setenv("GPUSESSION_HOME", home)
+        owner = gs_app.backend.owner
+        assert fetch("api/runs", user=owner) == {"available": True, "runs": []}
+        said = refused(fetch, f"api/runs/{'0' * 32}", 404, user=owner, method="DELETE")
+        assert said.startswith(f"The gateway keeps no detached run '{'0' * 32}' of {owner}"), said  # it answered
+    finally:
+        stop_user_gateways(home)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def test_any_user_sees_cluster_capacity_and_requests_without_a_user_are_refused(fetch, cluster):

@@ -1,6 +1,7 @@
 """Detached runs (issue 32) without Ray: the rules (keeping.py), a run's record (detached.py), and
 the run session's list / attach / cancel against a real gateway socket whose registry holds runs
-of this account and of another; detach refused outside a gateway."""
+of this account and of another; detach refused with the embedded cluster, and nothing to list or
+attach where no gateway of the user runs."""
 from __future__ import annotations
 
 import getpass
@@ -217,21 +218,36 @@ def test_a_malformed_run_id_is_refused_by_name(hosting):
         gs.attach("../etc")
 
 
-def test_detach_without_a_gateway_is_refused_and_says_where_it_works(monkeypatch):
+def test_detach_with_the_embedded_cluster_is_refused_and_says_where_it_works(monkeypatch, tmp_path):
     monkeypatch.delenv(GATEWAY_ENV, raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # no cluster to join: the embedded one, inside the kernel
+    monkeypatch.setenv("GPUSESSION_HOME", str(tmp_path))
 
     @gs.distributed(gpus=1)
     def f():
         return 1
 
-    with pytest.raises(errors.GPUSessionError, match="gpusession hub"):
+    with pytest.raises(errors.GPUSessionError, match="none to join .* embedded cluster, a Ray head inside the kernel"):
         f.submit(detach=True)
     with pytest.raises(TypeError, match="detach=True"):
         f.submit(max_duration=10)
-    with pytest.raises(errors.GPUSessionError, match="gateway"):
-        gs.runs(all=True)
-    with pytest.raises(errors.GPUSessionError, match="gateway"):
+    assert gs.runs(all=True) == []  # nothing is kept anywhere
+    with pytest.raises(errors.GPUSessionError, match="embedded cluster"):
         gs.attach("a" * 32)
+
+
+def test_with_a_cluster_but_no_gateway_of_the_user_there_is_nothing_to_list_or_attach(monkeypatch, tmp_path):
+    from gpusession.gateway.reattach import cancel_run
+
+    monkeypatch.delenv(GATEWAY_ENV, raising=False)
+    monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:1")  # `gpusession lab`'s kernels have one; no gateway ran for it
+    monkeypatch.setenv("GPUSESSION_HOME", str(tmp_path))
+    assert gs.runs(all=True) == []
+    for call in (lambda: gs.attach("a" * 32), lambda: cancel_run("a" * 32)):
+        with pytest.raises(errors.GPUSessionError, match="no detached run of yours is kept on the cluster at "
+                                                         "127.0.0.1:1: your gateway .* is not running"):
+            call()
+    assert not (tmp_path / "gateways").exists(), "listing or attaching started or made something"
 
 
 def test_detach_with_an_infinite_limit_is_refused(monkeypatch):

@@ -119,14 +119,16 @@ def test_a_background_cell_gets_its_handle_name_or_the_default():
 @pytest.mark.parametrize("line, gateway, says", [
     ("2 --detach", "/g.sock", "--detach needs --bg"),
     ("2 --bg --max-duration 1h", "/g.sock", "use it with --bg --detach"),
-    ("2 --bg --detach", None, "gpusession hub"),
+    ("2 --bg --detach", None, "embedded cluster"),
     ("2 --bg --detach --max-duration 0", "/g.sock", "more than 0"),
     ("2 --bg --detach --max-duration 90d", "/g.sock", "at most"),
 ])
-def test_detach_mistakes_are_usage_errors_before_anything_is_leased(monkeypatch, line, gateway, says):
+def test_detach_mistakes_are_usage_errors_before_anything_is_leased(monkeypatch, tmp_path, line, gateway, says):
     from gpusession.gateway.client import GATEWAY_ENV
     from gpusession.notebook.magics import _detach_limit
 
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)  # no hub gateway and no cluster: the embedded one
+    monkeypatch.setenv("GPUSESSION_HOME", str(tmp_path))
     if gateway:
         monkeypatch.setenv(GATEWAY_ENV, gateway)
     else:
