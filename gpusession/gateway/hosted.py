@@ -17,6 +17,8 @@ The messages (JSON header + raw frames, frames.py; after the hello of session "r
                                     run: row}, the events so far, the live ones, then done
                                     (a stop on this connection stops the run)
       cancel      {run_id}          stop a detached run (its owner, or an admin) -> cancelling {run_id}
+      lease       {options, asking} hold GPUs for several runs (gs.lease): the rest of the session
+                                    is heldlease.py's
     kernel -> gateway, while a run goes on
       stop        {reason: "interrupted" | "cancelled", message}: end it as the local path would
     gateway -> kernel
@@ -58,6 +60,7 @@ from .chunks import gather
 from .following import (GONE_GRACE_S, Forwarder, StopWatch, free_when_gone, note_failure, result_frames,
                         send_done)
 from .frames import Connection, Message
+from .heldlease import serve_lease
 from .runrequest import RunRequest, run_request
 from .runwire import BadRunMessage, error_to_json, stop_error
 from .server import Caller
@@ -121,9 +124,11 @@ def serve_run(conn: Connection, caller: Caller, hello: Message, keys: ServiceKey
         return _send_checkpoint(conn, caller, first, shelf)
     if first.kind in ("list", "attach", "cancel"):
         return _serve_detached(conn, caller, first, registry)
+    if first.kind == "lease":
+        return serve_lease(conn, caller, first, keys, shelf)
     if first.kind != "run":
         conn.send("failed", error={"type": "InvalidRequest",
-                                   "message": f"a run session begins with run or checkpoint, not {first.kind[:40]!r}"})
+                                   "message": f"a run session begins with run, lease or checkpoint, not {first.kind[:40]!r}"})
         return
     try:
         request = run_request(first)
