@@ -26,9 +26,10 @@ class StopWatch:
     """Reads what the kernel sends while its run goes on: a stop, or the end of the connection
     (or anything malformed), turns into the error the run's next poll raises.
 
-    `requests` (a held lease's session): a `run` or `release` is put there, in order, and the end
-    of the connection too (as None); a run clears the stop left by the run before it. Without it,
-    anything but a stop is malformed."""
+    `requests` (a held lease's session): a `run` or `release` is put there, and the end of the
+    connection too (as None); a run clears the stop left by the run before it. One request at a
+    time: one sent before the last was answered (answered()) is malformed, so a kernel cannot
+    pile calls up in the gateway's memory. Without `requests`, anything but a stop is malformed."""
 
     def __init__(self, conn: Connection, *, requests: queue.Queue | None = None) -> None:
         self.conn = conn
@@ -36,6 +37,8 @@ class StopWatch:
         self.error: BaseException | None = None
         self.gone = False
         self.ended = threading.Event()  # the kernel is gone, or asked to stop
+        self.asked = threading.Event()  # a request is being answered (a held lease's first: its lease)
+        self.asked.set()
         self._thread = threading.Thread(target=self._read, name="gpusession-gateway-run-stop", daemon=True)
 
     def start(self) -> "StopWatch":
@@ -46,20 +49,22 @@ class StopWatch:
         while True:
             try:
                 message = self.conn.receive()
-                if self.requests is not None and message.kind == "run":
+                request = self.requests is not None and message.kind in REQUESTS and not self.asked.is_set()
+                if request and message.kind == "run":
                     message = gather(self.conn, message)
             except Exception as exc:  # Closed, FrameError, OSError: the kernel is gone or broken
                 return self._lost(KeyboardInterrupt(f"the caller's connection ended ({type(exc).__name__})"))
             if message.kind == "stop":
                 if self.error is None:
                     self.error = stop_error(message.get("reason"), message.get("message"))
-            elif self.requests is not None and message.kind in REQUESTS:
+            elif request:
+                self.asked.set()
                 if message.kind == "run" and not self.gone:
                     self.error = None  # a stop sent before this run was for the run before it
                 self.requests.put(message)
             else:  # anything else is malformed here: end the run, drop the kernel
                 self.conn.close()
-                return self._lost(KeyboardInterrupt(f"the caller sent {message.kind[:40]!r} mid-run"))
+                return self._lost(KeyboardInterrupt(f"the caller sent {message.kind[:40]!r} out of turn"))
 
     def _lost(self, error: BaseException) -> None:
         self.gone = True
@@ -67,6 +72,10 @@ class StopWatch:
         self.ended.set()
         if self.requests is not None:
             self.requests.put(None)
+
+    def answered(self) -> None:
+        """The request being answered is done (said before its answer is sent): the next may come."""
+        self.asked.clear()
 
     def check(self) -> None:
         if self.error is not None:

@@ -15,6 +15,8 @@ The messages, in a run session (after the hello of session "run"; hosted.py has 
                                       (a malformed one -> failed {error}; the lease stays held)
       stop     {reason, message}      while the lease is asked for or a run goes on: end that
       release  {reason}               give the GPUs back -> events, done {info}; the session ends
+    One request at a time: a run or release sent before the last request was answered (or
+    anything else) ends the connection, and with it the lease.
 
 Nothing names the lease: only this connection reaches it, so no other account (nor another
 kernel of the same account) can run on it or release it. The connection's end (the kernel died)
@@ -91,6 +93,7 @@ def _run_on(conn: Connection, caller: Caller, lease, message: Message, forward: 
     try:
         call = call_of(message)
     except BadRunMessage as exc:
+        watch.answered()
         conn.send("failed", error={"type": "InvalidRequest", "message": f"The gateway refused the run: {exc}."})
         return
     del message  # the call's bytes live on in `call` (and in the object store once shipped)
@@ -107,6 +110,7 @@ def _run_on(conn: Connection, caller: Caller, lease, message: Message, forward: 
         log.info("run %s on lease %s of %s ended after its kernel left", call.name, lease.lease_id, caller.user)
         return
     frames, items = result_frames(values, lease.options.return_all) if error is None else ([], None)
+    watch.answered()
     send_done(conn, forward, lease.info, error, frames=frames, items=items, return_all=lease.options.return_all)
 
 
@@ -114,6 +118,7 @@ def _tell(conn: Connection, watch: StopWatch, forward: Forwarder, lease, error: 
     """The end of the lease request or of the release, told unless the kernel is gone."""
     if watch.gone:
         return
+    watch.answered()
     try:
         send_done(conn, forward, lease.info, error)
     except OSError:

@@ -152,16 +152,22 @@ def _named(name):
 
 
 # ----- the service's reader of a held lease's connection ---------------------------------------------------
-def test_the_lease_sessions_reader_queues_runs_and_releases_in_order_and_a_run_clears_the_stop_before_it():
+def _reader() -> tuple[Connection, queue.Queue, StopWatch]:
     ours, theirs = socket.socketpair()
-    kernel, requests = Connection(theirs), queue.Queue()
-    watch = StopWatch(Connection(ours), requests=requests).start()
+    requests = queue.Queue()
+    return Connection(theirs), requests, StopWatch(Connection(ours), requests=requests).start()
+
+
+def test_the_lease_sessions_reader_queues_runs_and_releases_in_turn_and_a_run_clears_the_stop_before_it():
+    kernel, requests, watch = _reader()
     try:
-        kernel.send("stop", reason="interrupted", message="the stop button")
+        kernel.send("stop", reason="interrupted", message="the stop button")  # while the lease was asked for
+        watch.answered()  # the lease is held: the kernel may ask for a run
         send_chunked(kernel, "run", [b"pickle", b"buffer"], name="f", cwd="/", buffers=1)
         run = requests.get(timeout=5)
         assert run.kind == "run" and run.payload == [b"pickle", b"buffer"] and watch.error is None
         kernel.send("stop", reason="cancelled", message="cancelled")
+        watch.answered()
         kernel.send("release", reason="finished")
         assert requests.get(timeout=5).kind == "release"
         assert isinstance(watch.error, gs.RunCancelled) and not watch.gone
@@ -170,11 +176,16 @@ def test_the_lease_sessions_reader_queues_runs_and_releases_in_order_and_a_run_c
     assert requests.get(timeout=5) is None and watch.gone  # the kernel left: the session releases
 
 
-def test_anything_but_a_stop_run_or_release_ends_a_lease_sessions_connection():
-    ours, theirs = socket.socketpair()
-    kernel, requests = Connection(theirs), queue.Queue()
-    watch = StopWatch(Connection(ours), requests=requests).start()
-    kernel.send("cancel", run_id="x")
+@pytest.mark.parametrize("sent", ["a second run before the first was answered", "a message of no lease session"])
+def test_a_request_out_of_turn_ends_a_lease_sessions_connection(sent):
+    kernel, requests, watch = _reader()
+    watch.answered()
+    if sent.startswith("a second run"):
+        kernel.send("run", [b"pickle"], name="f", cwd="/", buffers=0)
+        assert requests.get(timeout=5).kind == "run"
+        kernel.send("run", [b"pickle"], name="f", cwd="/", buffers=0)
+    else:
+        kernel.send("cancel", run_id="x")
     assert requests.get(timeout=5) is None and watch.gone and isinstance(watch.error, KeyboardInterrupt)
     kernel.close()
 
