@@ -50,7 +50,6 @@ def serve_lease(conn: Connection, caller: Caller, first: Message, keys: ServiceK
         conn.send("failed", error={"type": "InvalidRequest", "message": f"The gateway refused the lease: {exc}."})
         return
     from ..cluster.lease import Lease
-    from ..run.idle_resize import resize_while_idle
     from ..stepreport import StepToBroker
 
     identity = identity_of(caller, keys)
@@ -62,27 +61,37 @@ def serve_lease(conn: Connection, caller: Caller, first: Message, keys: ServiceK
     releasing = threading.Event()
     threading.Thread(target=free_when_gone, args=(watch, lease, releasing), daemon=True,
                      name="gpusession-gateway-lease-gone").start()
+    try:
+        lease.acquire()
+    except BaseException as exc:  # noqa: BLE001 - told to the kernel; acquire released what it held
+        releasing.set()
+        watch.ended.set()
+        note_failure(exc, "a lease", caller.user)
+        _tell(conn, watch, forward, lease, exc)
+        return
     reason = GONE
     try:
-        try:
-            lease.acquire()
-        except BaseException as exc:  # noqa: BLE001 - told to the kernel; acquire released what it held
-            note_failure(exc, "a lease", caller.user)
-            _tell(conn, watch, forward, lease, exc)
-            return
-        resize_while_idle(lease)
-        log.info("lease %s of %s: %g GPUs held for its kernel", lease.lease_id, caller.user, lease.gpus)
-        _tell(conn, watch, forward, lease, None)
-        while (message := requests.get()) is not None and message.kind == "run":
-            _run_on(conn, caller, lease, message, forward, watch)
-        if message is not None:  # a release
-            reason = _reason(message.get("reason"))
+        reason = _hold(conn, caller, lease, requests, forward, watch)
     finally:
         releasing.set()
         lease.release(reason)
         watch.ended.set()  # free_when_gone's thread ends with the session
     log.info("lease %s of %s released (%s)", lease.lease_id, caller.user, reason)
     _tell(conn, watch, forward, lease, None)
+
+
+def _hold(conn: Connection, caller: Caller, lease, requests: queue.Queue, forward: Forwarder,
+          watch: StopWatch) -> str:
+    """The lease is held: tell the kernel, then run what it asks until it releases the lease or
+    leaves. The release's reason."""
+    from ..run.idle_resize import resize_while_idle
+
+    resize_while_idle(lease)  # an elastic lease gives GPUs up (and takes them back) between runs
+    log.info("lease %s of %s: %g GPUs held for its kernel", lease.lease_id, caller.user, lease.gpus)
+    _tell(conn, watch, forward, lease, None)
+    while (message := requests.get()) is not None and message.kind == "run":
+        _run_on(conn, caller, lease, message, forward, watch)
+    return GONE if message is None else _reason(message.get("reason"))
 
 
 def _run_on(conn: Connection, caller: Caller, lease, message: Message, forward: Forwarder,
