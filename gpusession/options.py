@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from numbers import Real
 from typing import Any
 
@@ -84,6 +84,12 @@ class RunOptions:
     runtime_env: dict | None = None
     retry_exceptions: bool | tuple[str, ...] = False  # qualified class names when a tuple
     comm: CommOptions = field(default_factory=CommOptions)  # what gs.prepare_model applies
+
+
+def for_held_lease(options: RunOptions) -> RunOptions:
+    """The options of a held lease (gs.lease): `timeout` bounds each run on it, not the lease, so
+    the broker is told of no hold limit."""
+    return replace(options, lease=replace(options.lease, max_hold_s=None))
 
 
 def validate_lease_options(

@@ -105,6 +105,7 @@ SLOW_TESTS = {
     "integration/test_ray_guard.py": "runs a fresh interpreter that imports Ray",
     "integration/test_gateway_runs.py": "starts a gateway process that joins the cluster, and kernels beside it",
     "integration/test_detach.py": "starts a gateway process that joins the cluster, and kernels it outlives",
+    "integration/test_gateway_lease.py": "starts a gateway process that joins the cluster, and kernels that hold leases",
     "integration/test_recovery.py::test_a_survivor_blocked_in_a_collective_is_torn_down_when_its_peer_dies":
         "kills a rank",
     "integration/test_call_endings.py::test_a_worker_process_that_dies_raises_worker_failed_naming_its_rank":

@@ -23,6 +23,7 @@ from .bundles import Slot, probe_slots, remove_group_and_wait, warm_probe_proces
 from ..broker.request import LeaseRequest, cell_label, notebook_label
 from ..errors import GPUSessionError, Infeasible, QueueTimeout
 from ..events import Observer, RunInfo
+from ..holding import HeldLease
 from ..identity import Identity, current_identity
 from ..interrupts import deferred_interrupts
 from ..kernelcell import asking_cell_id, asking_in_background, asking_notebook
@@ -40,7 +41,7 @@ PLACE_TIMEOUT_S = 30.0  # Ray should place a granted group at once; longer means
 RELEASE_WAITS_FOR_RESIZE_S = 30.0  # a release lets a resize between runs finish, up to this
 
 
-class Lease:
+class Lease(HeldLease):
     """GPUs held from the broker. Use `gs.lease(...)` to get one."""
 
     def __init__(self, options: RunOptions, *, observer: Observer | None = None,
@@ -90,6 +91,11 @@ class Lease:
 
     def run(self, fn: Callable, *args: Any, **kwargs: Any) -> Any:
         """Run fn on every worker of this lease; returns rank 0's value (or all with return_all)."""
+        return self.run_call(fn, args, kwargs)
+
+    def run_call(self, fn: Callable | None, args: tuple, kwargs: dict, **how: Any) -> Any:
+        """run(), with run_function's own keywords in `how` (the gateway's runs on a lease it holds
+        for a kernel: the call's shipment made from its bytes, raw results, the caller's place)."""
         from ..run.controller import run_function
         from ..run.resize import check_between_runs
 
@@ -101,7 +107,7 @@ class Lease:
             check_between_runs(self)
             error: BaseException | None = None
             try:
-                return run_function(self, fn, args, kwargs, info=self.info, observer=self.observer)
+                return run_function(self, fn, args, kwargs, info=self.info, observer=self.observer, **how)
             except BaseException as exc:
                 error = exc
                 raise
@@ -124,16 +130,6 @@ class Lease:
                 if resizing:
                     self.run_lock.release()
                 self.observer.released(self.info)
-
-    def __enter__(self) -> "Lease":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        self.release(end_reason(exc))
-
-    def __repr__(self) -> str:
-        state = "released" if self._released else "held"
-        return f"<gpusession.Lease {self.lease_id}: {self.gpus:g} GPUs, {self.workers} workers, {state}>"
 
     # ----- acquiring ----------------------------------------------------------------------------
     def acquire(self, *, before_request: Callable[[], None] | None = None) -> "Lease":

@@ -14,8 +14,12 @@ gateway process, run as that user (usergateway.py), hosts only their detached ru
     acting.py   how the service acts for a caller at the broker (signed name, admin token)
     client.py   the caller's side: connect, say hello, send and receive messages
     runwire.py  PURE: the run session's JSON (options re-validated, RunInfo, events, errors by name)
+    runrequest.py PURE: the run session's requests checked field by field (a call, a run, a lease)
     remote.py   the run session, kernel's side: pickle, send, render events, unpickle the result
     hosted.py   the run session, service's side: the one run path (Lease, controller) for a caller
+    following.py  a hosted run and its kernel: its stop and death, its events, its end told
+    heldlease.py  gs.lease through the gateway, service's side: a lease held while the connection lives
+    remotelease.py  gs.lease through the gateway, kernel's side: the lease object a hub kernel holds
     shelf.py    the checkpoints hosted runs left, per account, under handles
     keeping.py  PURE: detached runs' rules: time limit, retention, result cap, who may see or cancel
     detached.py the detached runs the gateway hosts past their kernels, per account, in memory

@@ -17,6 +17,8 @@ The messages (JSON header + raw frames, frames.py; after the hello of session "r
                                     run: row}, the events so far, the live ones, then done
                                     (a stop on this connection stops the run)
       cancel      {run_id}          stop a detached run (its owner, or an admin) -> cancelling {run_id}
+      lease       {options, asking} hold GPUs for several runs (gs.lease): the rest of the session
+                                    is heldlease.py's
     kernel -> gateway, while a run goes on
       stop        {reason: "interrupted" | "cancelled", message}: end it as the local path would
     gateway -> kernel
@@ -45,168 +47,29 @@ any kernel of the same account that attaches, for keeping.RETENTION_S after it e
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from ..errors import GPUSessionError
-from ..events import Fanout, Observer, RunInfo
+from ..events import Fanout, RunInfo
 from . import keeping
 from .acting import Acting, identity_of
 from .detached import FLUSH_S, REGISTRY, HostedRun, Registry, value_size
-from .chunks import gather, send_chunked
+from .chunks import gather
+from .following import (GONE_GRACE_S, Forwarder, StopWatch, free_when_gone, note_failure, result_frames,
+                        send_done)
 from .frames import Connection, Message
-from .runwire import BadRunMessage, error_to_json, info_to_json, options_from_json, plain, stop_error
+from .heldlease import serve_lease
+from .runrequest import RunRequest, run_request
+from .runwire import BadRunMessage, error_to_json, stop_error
 from .server import Caller
 from .shelf import SHELF, Shelf
 
 log = logging.getLogger("gpusession.gateway")
-MAX_NAME = 200
-GONE_GRACE_S = 2.0  # a run polls every 0.2 s while it runs: one that has not ended by then cannot poll
 
 
-# ----- a run request --------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class RunRequest:
-    name: str
-    cwd: str
-    options: Any  # RunOptions, validated here
-    header: bytes
-    buffers: list
-    checkpoint: str | None
-    checkpoint_step: Any
-    asking: dict
-    detach: float | None = None  # a detached run's max_duration (s); None: the run ends with its connection
-
-
-def run_request(message: Message) -> RunRequest:
-    """PURE: a `run` message checked field by field (BadRunMessage names the one that is wrong)."""
-    name, cwd = message.get("name"), message.get("cwd")
-    if not isinstance(name, str) or not 0 < len(name) <= MAX_NAME:
-        raise BadRunMessage(f"name must be the function's name (1 to {MAX_NAME} characters)")
-    if not isinstance(cwd, str) or not os.path.isabs(cwd) or "\0" in cwd:
-        raise BadRunMessage("cwd must be the kernel's working directory, an absolute path")
-    count = message.get("buffers")
-    if isinstance(count, bool) or not isinstance(count, int) or count != len(message.payload) - 1:
-        raise BadRunMessage("buffers must be the number of payload frames after the call's pickle")
-    checkpoint = message.get("checkpoint")
-    if checkpoint is not None and not isinstance(checkpoint, str):
-        raise BadRunMessage("checkpoint must be a handle the gateway gave, or null")
-    step = message.get("checkpoint_step")
-    if step is not None and (isinstance(step, bool) or not isinstance(step, (int, float))):
-        raise BadRunMessage("checkpoint_step must be a number or null")
-    asking = message.get("asking", {})
-    if not isinstance(asking, dict):
-        raise BadRunMessage("asking must be an object {notebook, cell_id, background}")
-    options = options_from_json(message.get("options"))
-    detach = keeping.detach_from_json(message.get("detach"))
-    if options.runtime_env:
-        raise BadRunMessage(
-            "runtime_env is not available through the gateway: under the hub it would configure the service's own "
-            "worker processes (their environment, their code); ask an admin to install what the function needs. "
-            "A detached run outside the hub goes through your own gateway, which refuses it too: install what it "
-            "needs where the cluster's workers run, or submit without detach=True")
-    return RunRequest(name, cwd, options, message.payload[0],
-                      list(message.payload[1:]), checkpoint, step,
-                      {k: asking.get(k) for k in ("notebook", "cell_id", "background")}, detach)
-
-
-# ----- the kernel's stop, its death --------------------------------------------------------------------
-class StopWatch:
-    """Reads what the kernel sends while its run goes on: a stop, or the end of the connection
-    (or anything malformed), turns into the error the run's next poll raises."""
-
-    def __init__(self, conn: Connection) -> None:
-        self.conn = conn
-        self.error: BaseException | None = None
-        self.gone = False
-        self.ended = threading.Event()  # the kernel is gone, or asked to stop
-        self._thread = threading.Thread(target=self._read, name="gpusession-gateway-run-stop", daemon=True)
-
-    def start(self) -> "StopWatch":
-        self._thread.start()
-        return self
-
-    def _read(self) -> None:
-        while True:
-            try:
-                message = self.conn.receive()
-            except Exception as exc:  # Closed, FrameError, OSError: the kernel is gone or broken
-                self.gone = True
-                if self.error is None:
-                    self.error = KeyboardInterrupt(f"the caller's connection ended ({type(exc).__name__})")
-                self.ended.set()
-                return
-            if message.kind != "stop":
-                self.gone = True  # anything but a stop is malformed here: end the run, drop the kernel
-                self.error = self.error or KeyboardInterrupt(f"the caller sent {message.kind[:40]!r} mid-run")
-                self.ended.set()
-                self.conn.close()
-                return
-            if self.error is None:
-                self.error = stop_error(message.get("reason"), message.get("message"))
-
-    def check(self) -> None:
-        if self.error is not None:
-            raise self.error
-
-
-class Forwarder(Observer):
-    """Every event of the run, sent to the kernel as it happens (no round trip: a send each);
-    poll() raises the kernel's stop. A send that fails means the kernel is gone: the run stops."""
-
-    def __init__(self, conn: Connection, watch: StopWatch, user: str, shelf: Shelf) -> None:
-        self.conn, self.watch, self.user, self.shelf = conn, watch, user, shelf
-        self._ref: Any = None
-        self.handle: str | None = None
-
-    def info(self, info: RunInfo) -> dict:
-        ref = info.checkpoint_ref
-        if ref is not self._ref:
-            self._ref = ref
-            self.handle = (self.shelf.keep(self.user, ref, replacing=self.handle) if ref is not None else None)
-        return info_to_json(info, checkpoint=self.handle)
-
-    def _send(self, event: str, **fields: Any) -> None:
-        if self.watch.gone:
-            return
-        try:
-            self.conn.send("event", event=event, **fields)
-        except OSError as exc:
-            self.watch.gone = True
-            self.watch.error = self.watch.error or KeyboardInterrupt(f"the caller's connection ended ({exc})")
-            self.watch.ended.set()
-
-    def requesting(self, gpus, workers):
-        self._send("requesting", gpus=gpus, workers=workers)
-
-    def queued(self, view, elapsed_s):
-        self._send("queued", view=plain(view), elapsed_s=elapsed_s)
-
-    def granted(self, info):
-        self._send("granted", info=self.info(info))
-
-    def output(self, rank, stream, text):
-        self._send("output", rank=rank, stream=stream, text=text)
-
-    def report(self, metrics, info):
-        self._send("report", metrics=metrics, info=self.info(info))  # wire.plain_metric: JSON-safe
-
-    def running(self, info):
-        self._send("running", info=self.info(info))
-
-    def transition(self, info, line):
-        self._send("transition", info=self.info(info), line=line)
-
-    def released(self, info):
-        self._send("released", info=self.info(info))
-
-    def poll(self):
-        self.watch.check()
-
-
+# ----- detached runs' stops and limit -----------------------------------------------------------------
 class DetachedForwarder(Forwarder):
     """A detached run's events go to its record (kept, sent to whoever follows); its poll raises a
     stop or cancel from any following kernel, or RunTimeout at its max_duration."""
@@ -250,19 +113,6 @@ def drop_when_stuck(hosted: HostedRun, lease, finished: threading.Event, *, grac
     return True
 
 
-def free_when_gone(watch: StopWatch, lease, finished: threading.Event, *, grace_s: float = GONE_GRACE_S) -> bool:
-    """In a thread of its own: once the kernel is gone, give the run grace_s to end by its poll;
-    a run that cannot poll then (placing its group, starting workers) loses its placement group,
-    as a local run does when its kernel dies (Ray removes the dead job's groups). True: dropped."""
-    watch.ended.wait()
-    if not watch.gone or finished.wait(grace_s):
-        return False
-    log.warning("lease %s: its kernel left and the run did not end within %.0f s; its group is removed",
-                getattr(lease, "lease_id", None), grace_s)
-    lease.drop_group()
-    return True
-
-
 # ----- the session ------------------------------------------------------------------------------------
 def serve_run(conn: Connection, caller: Caller, hello: Message, keys: Acting, *,
               shelf: Shelf = SHELF, registry: Registry = REGISTRY) -> None:
@@ -274,9 +124,11 @@ def serve_run(conn: Connection, caller: Caller, hello: Message, keys: Acting, *,
         return _send_checkpoint(conn, caller, first, shelf)
     if first.kind in ("list", "attach", "cancel"):
         return _serve_detached(conn, caller, first, registry)
+    if first.kind == "lease":
+        return serve_lease(conn, caller, first, keys, shelf)
     if first.kind != "run":
         conn.send("failed", error={"type": "InvalidRequest",
-                                   "message": f"a run session begins with run or checkpoint, not {first.kind[:40]!r}"})
+                                   "message": f"a run session begins with run, lease or checkpoint, not {first.kind[:40]!r}"})
         return
     try:
         request = run_request(first)
@@ -307,7 +159,7 @@ def _host(conn: Connection, caller: Caller, request: RunRequest, keys: Acting, s
           hosted: HostedRun | None) -> None:
     from ..cluster.lease import Lease
     from ..kernelcell import mark_background
-    from ..run.bulk import shipment_of, value_frames
+    from ..run.bulk import shipment_of
     from ..run.controller import CallerPlace, run_function
     from ..run.endings import end_reason
     from ..stepreport import StepToBroker
@@ -359,23 +211,11 @@ def _host(conn: Connection, caller: Caller, request: RunRequest, keys: Acting, s
         finished.set()
         watch.ended.set()  # the watchdog's thread ends with the run
     info.end_reason = end_reason(error)
-    if error is not None and not isinstance(error, (GPUSessionError, KeyboardInterrupt)):
-        log.warning("run %s of %s failed in the gateway", request.name, caller.user, exc_info=error)
+    note_failure(error, f"run {request.name}", caller.user)
     if hosted is None and watch.gone:
         log.info("run %s of %s ended (%s) after its kernel left", request.name, caller.user, info.end_reason)
         return
-    frames, items = [], None
-    if error is None:
-        listed = values if request.options.return_all else [values]
-        items = []
-        for value in listed:
-            if value is None:
-                items.append(None)
-                continue
-            header, buffers = value_frames(value)
-            frames.append(header)
-            frames.extend(buffers)
-            items.append(len(buffers))
+    frames, items = result_frames(values, request.options.return_all) if error is None else ([], None)
     if hosted is not None:
         refusal = keeping.result_refusal(value_size(frames))
         if refusal is not None:
@@ -385,8 +225,7 @@ def _host(conn: Connection, caller: Caller, request: RunRequest, keys: Acting, s
                       frames, info.end_reason)
         origin.join(FLUSH_S)  # the end sent to the kernel that started it (if it is still there)
         return
-    send_chunked(conn, "done", frames, info=forward.info(info), error=error_to_json(error) if error is not None else None,
-              values=None if items is None else {"all": request.options.return_all, "items": items})
+    send_done(conn, forward, info, error, frames=frames, items=items, return_all=request.options.return_all)
 
 
 def _send_checkpoint(conn: Connection, caller: Caller, message: Message, shelf: Shelf) -> None:

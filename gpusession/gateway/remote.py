@@ -58,6 +58,12 @@ def pickle_call(fn: Callable, args: tuple, kwargs: dict) -> tuple[bytes, list]:
     return header, [buffer.raw() for buffer in buffers]
 
 
+def call_fields(fn: Callable, buffers: list, name: str = "") -> dict:
+    """What a `run` message says of its call beside the pickle: the function's name, this
+    kernel's working directory (the ranks start there), how many buffers follow the pickle."""
+    return {"name": name or getattr(fn, "__name__", "function"), "cwd": os.getcwd(), "buffers": len(buffers)}
+
+
 def asking() -> dict:
     """The labels of the lease request, as this kernel knows them (the sidebar's notebook and cell)."""
     from ..kernelcell import asking_cell_id, asking_in_background, asking_notebook
@@ -91,8 +97,8 @@ def run_remote(fn: Callable, args: tuple, kwargs: dict, options, *, info: RunInf
         observer.released(info)  # nothing was asked for: what began with `requesting` ends
         raise
     try:
-        send_chunked(conn, "run", [header, *buffers], name=name or getattr(fn, "__name__", "function"),
-                     cwd=os.getcwd(), options=options_to_json(options), buffers=len(buffers),
+        send_chunked(conn, "run", [header, *buffers], **call_fields(fn, buffers, name),
+                     options=options_to_json(options),
                      checkpoint=checkpoint_ref.handle if checkpoint_ref is not None else None,
                      checkpoint_step=checkpoint_step, asking=asking(),
                      detach=None if detach is None else {"max_duration": detach})

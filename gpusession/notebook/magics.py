@@ -191,8 +191,8 @@ def warm_up() -> None:
 
 # ----- %gpu ------------------------------------------------------------------------------------------
 def show_status() -> str:
-    from ..cluster.held import held_leases
     from ..cluster.status import status
+    from ..holding import held_leases
 
     held = held_leases()
     mine = "\n".join(f"  {lease!r}" for lease in held) or "  (none)"
@@ -200,7 +200,7 @@ def show_status() -> str:
 
 
 def release_kernel_leases() -> str:
-    from ..cluster.held import held_leases, release_all  # imports Ray: only where leases can be held
+    from ..holding import held_leases, release_all
 
     gpus = sum(lease.gpus for lease in held_leases())
     count = release_all("released")

@@ -17,7 +17,11 @@ IDLE_WATCH_S = 1.0  # the watcher looks again this often (and at once on a notic
 
 
 def resize_while_idle(lease) -> None:
-    """Start the watcher of this held lease; it ends when the lease is released or taken back."""
+    """Start the watcher of this held lease if it is elastic (min_gpus < gpus); it ends when the
+    lease is released or taken back."""
+    bounds = lease.options.lease
+    if bounds.min_workers is None or bounds.min_workers >= bounds.workers:
+        return
     lease.watched_while_idle = True
     threading.Thread(target=_watch, args=(lease,), name=f"gpusession-lease-{lease.lease_id}-idle",
                      daemon=True).start()

@@ -228,14 +228,25 @@ def test_status_the_rest_api_and_the_cli_answer_bob_through_the_gateway_and_his_
             assert "_raylet" not in maps.read(), f"bob's server {server.pid} loaded Ray"
 
 
-def test_a_held_lease_in_bobs_kernel_names_the_gateway_and_starts_no_ray_of_his_own(hub):
-    """Held leases (gs.lease) are not offered through the gateway: asking for one from a hub kernel
-    fails at once, saying why and what to use; it never falls back to starting a Ray head as bob
-    (his own cluster, outside the hub's quotas)."""
+HELD_LEASE = """import getpass
+def who():
+    return getpass.getuser(), gs.context().lease_id
+with gs.lease(gpus=1) as held:
+    first, second = held.run(who), held.run(who)
+    status = gs.status()
+print(first[0], first[1] == second[1] == held.lease_id, [l["lease_id"] for l in status.leases] == [held.lease_id],
+      held.released)"""
+
+
+def test_a_held_lease_in_bobs_kernel_runs_as_bob_through_the_gateway_and_starts_no_ray_of_his_own(hub):
+    """gs.lease in a hub kernel: the gateway holds the lease for bob (his quota, his ranks), two runs
+    use it, the block's end releases it; it never falls back to starting a Ray head as bob."""
     _ready(hub.bob)
-    tried = hub.bob.run("held = gs.lease(gpus=1)\nheld.__enter__()", timeout_s=60)
-    assert tried.error and "not available through the gpusession gateway" in tried.error, tried
-    assert "@gs.distributed or %%gpu" in tried.error, tried
+    ran = hub.bob.run(HELD_LEASE, timeout_s=240)
+    assert ran.error is None, ran
+    assert ran.stdout.split()[-4:] == [hub.bob.name, "True", "True", "True"], ran
+    leases = hub.bob.api("GET", "gpusession/api/leases")  # his own, as the Lab sidebar reads them
+    assert leases.status_code == 200 and [l for l in leases.json() if l["state"] != "ended"] == [], leases.text
     bobs = [p.info["cmdline"] for p in psutil.process_iter(["username", "cmdline"])
             if p.info["username"] == hub.bob.name
             and any(part in " ".join(p.info["cmdline"] or ()) for part in ("raylet", "gcs_server", "ray start"))]

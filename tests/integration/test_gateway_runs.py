@@ -130,8 +130,14 @@ class Kernel:
             env.update(GS_TEST_ACCOUNT=account.pw_name, PYTHONDONTWRITEBYTECODE="1")
             prefix = DROP_TO_ACCOUNT
         self.proc = subprocess.Popen([sys.executable, "-c", prefix + PRELUDE + textwrap.dedent(code)], env=env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(ROOT))
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True, cwd=str(ROOT))
         self.lines: list[str] = []
+
+    def tell(self, line: str = "go") -> None:
+        """A line on the kernel's stdin: what a script waiting in sys.stdin.readline() goes on at."""
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
 
     def wait_for_line(self, prefix: str, timeout: float = 90.0) -> str:
         deadline = time.monotonic() + timeout
@@ -237,8 +243,16 @@ def any_kernel(hosted_gateway):
             k.kill()
 
 
-def _gpus_free_everywhere(broker, admin) -> bool:
+def gpus_free_everywhere(broker, admin) -> bool:
     return free_gpus() == CLUSTER_GPUS and not client.call(broker.leases, admin)
+
+
+def kill_and_see_gpus_freed(k: Kernel, broker, admin, *, what: str) -> None:
+    """SIGKILL the kernel: its GPUs must be free in Ray and in the broker within FREE_WITHIN_S."""
+    killed_at = k.kill()
+    wait_for(lambda: gpus_free_everywhere(broker, admin), timeout=FREE_WITHIN_S,
+             message=f"GPUs free in Ray and the broker after {what}'s SIGKILL")
+    assert time.monotonic() - killed_at < FREE_WITHIN_S
 
 
 def test_a_call_returns_its_value_streams_output_and_reports_moves_100_mb_each_way_and_imports_no_ray(
@@ -314,7 +328,7 @@ def test_stop_mid_run_ends_it_as_interrupted_and_releases_its_lease(kernel, brok
     """)
     got = k.result()
     assert got["raised"] == "KeyboardInterrupt" and got["end"] == "interrupted" and got["released"], got
-    wait_for(lambda: _gpus_free_everywhere(broker, admin), timeout=FREE_WITHIN_S, message="GPUs free after the stop")
+    wait_for(lambda: gpus_free_everywhere(broker, admin), timeout=FREE_WITHIN_S, message="GPUs free after the stop")
     row = next(r for r in client.call(broker.leases, admin, True) if r["lease_id"] == got["lease_id"])
     assert row["state"] == "ended", row
 
@@ -333,10 +347,7 @@ def test_killing_the_kernel_mid_run_frees_its_gpus_within_5_s(any_kernel, broker
     """)
     k.wait_for_line("[rank 0] RUNNING")
     assert free_gpus() == CLUSTER_GPUS - 2
-    killed_at = k.kill()
-    wait_for(lambda: _gpus_free_everywhere(broker, admin), timeout=FREE_WITHIN_S,
-             message="GPUs free in Ray and the broker after the kernel's SIGKILL")
-    assert time.monotonic() - killed_at < FREE_WITHIN_S
+    kill_and_see_gpus_freed(k, broker, admin, what="the kernel")
 
 
 def test_a_background_run_leaves_a_checkpoint_the_kernel_reads_resume_continues_from_and_cancel_stops(kernel):
@@ -461,7 +472,7 @@ def test_a_malformed_message_mid_run_ends_the_connection_and_frees_the_gpus(gate
         assert free_gpus() == CLUSTER_GPUS - 2
         conn.sock.sendall(b"\x00\x00\x00\x00\x00\x00\x00\x05hello")  # a frame that is not JSON
         sent_at = time.monotonic()
-        wait_for(lambda: _gpus_free_everywhere(broker, admin), timeout=FREE_WITHIN_S,
+        wait_for(lambda: gpus_free_everywhere(broker, admin), timeout=FREE_WITHIN_S,
                  message="GPUs free after a malformed message")
         assert time.monotonic() - sent_at < FREE_WITHIN_S
     finally:
