@@ -41,6 +41,9 @@ nb_execution_mode = os.environ.get("GPUSESSION_DOCS_EXECUTE", "force")
 nb_execution_timeout = int(os.environ.get("GPUSESSION_DOCS_CELL_TIMEOUT", "300"))
 nb_execution_raise_on_error = True
 nb_execution_show_tb = True
+# but the one that restarts its kernel halfway and needs a cluster outliving it (the embedded one
+# does not): shown as code; tests/integration/test_kernel_examples.py runs it with a restart
+nb_execution_excludepatterns = ["examples/detach.ipynb"]
 nb_merge_streams = True
 
 autodoc_member_order = "bysource"
