@@ -48,6 +48,7 @@ import logging
 import os
 import threading
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,8 +58,10 @@ from . import keeping
 from .acting import ServiceKeys, identity_of
 from .detached import FLUSH_S, REGISTRY, HostedRun, Registry, value_size
 from .chunks import gather, send_chunked
+from .following import FOLLOWING
 from .frames import Connection, Message
 from .runwire import BadRunMessage, error_to_json, info_to_json, options_from_json, plain, stop_error
+from .peer import Peer
 from .server import Caller
 from .shelf import SHELF, Shelf
 
@@ -220,19 +223,20 @@ class DetachedForwarder(Forwarder):
         self.hosted.check(time.time())
 
 
-def read_stops(conn: Connection, hosted: HostedRun) -> None:
+def read_stops(conn: Connection, hosted: HostedRun, peer: Peer) -> None:
     """A kernel following a detached run: its stop stops the run; its leaving (or anything
-    malformed) only stops it following."""
-    try:
-        while True:
-            message = conn.receive()
-            if message.kind != "stop":
-                break
-            hosted.request_stop(stop_error(message.get("reason"), message.get("message")))
-    except Exception:  # noqa: BLE001 - Closed, FrameError, OSError: the kernel left
-        pass
-    finally:
-        hosted.unfollow(conn)
+    malformed) only stops it following. While it follows the live run, the run is its activity."""
+    with FOLLOWING.live(peer, going=lambda: hosted.ended_at is None):
+        try:
+            while True:
+                message = conn.receive()
+                if message.kind != "stop":
+                    break
+                hosted.request_stop(stop_error(message.get("reason"), message.get("message")))
+        except Exception:  # noqa: BLE001 - Closed, FrameError, OSError: the kernel left
+            pass
+        finally:
+            hosted.unfollow(conn)
 
 
 def drop_when_stuck(hosted: HostedRun, lease, finished: threading.Event, *, grace_s: float = GONE_GRACE_S) -> bool:
@@ -318,7 +322,7 @@ def _host(conn: Connection, caller: Caller, request: RunRequest, keys: ServiceKe
         except OSError:
             pass  # the kernel left already: the run goes on (gs.runs(all=True) lists it)
         origin = hosted.follow(conn)
-        threading.Thread(target=read_stops, args=(conn, hosted), daemon=True,
+        threading.Thread(target=read_stops, args=(conn, hosted, caller.peer), daemon=True,
                          name="gpusession-gateway-detached-stop").start()
         watch = StopWatch(conn)  # never started: the connection's end does not end a detached run
         forward = DetachedForwarder(hosted, caller.user, shelf)
@@ -332,6 +336,9 @@ def _host(conn: Connection, caller: Caller, request: RunRequest, keys: ServiceKe
     finished = threading.Event()
     if request.asking.get("background"):
         mark_background()
+    following = ExitStack()  # the kernel's run is its activity until it ends (a detached one: read_stops)
+    if hosted is None:
+        following.enter_context(FOLLOWING.live(caller.peer, going=lambda: not watch.gone))
     try:
         if request.checkpoint and checkpoint_ref is None:
             raise GPUSessionError(
@@ -356,6 +363,7 @@ def _host(conn: Connection, caller: Caller, request: RunRequest, keys: ServiceKe
     finally:
         finished.set()
         watch.ended.set()  # the watchdog's thread ends with the run
+        following.close()
     info.end_reason = end_reason(error)
     if error is not None and not isinstance(error, (GPUSessionError, KeyboardInterrupt)):
         log.warning("run %s of %s failed in the gateway", request.name, caller.user, exc_info=error)
@@ -438,4 +446,4 @@ def _serve_detached(conn: Connection, caller: Caller, message: Message, registry
     if hosted.ended_at is not None:
         follower.join(FLUSH_S)  # the records so far and the end, sent before the session closes
         return
-    read_stops(conn, hosted)  # until the kernel leaves (after the end, or before)
+    read_stops(conn, hosted, caller.peer)  # until the kernel leaves (after the end, or before)
