@@ -49,9 +49,10 @@ class GPUSession(LoggingConfigurable):
         when one does, the server counts as active at that moment (what jupyterhub-singleuser reports
         to the Hub, so the hub's idle culler leaves it alone). A run counts while it goes on: a
         foreground or background run of a kernel, or a detached run a kernel started or attached to
-        and still follows. 0 turns this off: a live run then counts only through what Jupyter sees
-        itself (requests, terminal use, kernel messages such as a live view's updates). Only behind
-        a gateway (`gpusession hub`); it never stops or keeps a run going.""").tag(config=True)
+        and still follows. 60 (the default); `gpusession hub` sets it from its culler's timeout.
+        0: off, a live run then counts only through what Jupyter sees itself (requests, terminal
+        use, kernel messages such as a live view's updates). Only behind a gateway (`gpusession
+        hub`); it never stops or keeps a run going.""").tag(config=True)
     db_path = Unicode("", help="""Path of the broker's SQLite ledger on the head node, e.g.
         "/var/lib/gpusession/ledger.db"; used only when this server starts the embedded head and
         broker (ray_address "local"). Empty: $GPUSESSION_DB_PATH, else the cluster's own directory
