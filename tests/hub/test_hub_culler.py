@@ -49,7 +49,8 @@ with open(os.path.expanduser("~/script.result"), "w") as out:
     json.dump(train(), out)
 '''
 START_SCRIPT = (f"import subprocess, sys\nscript = subprocess.Popen([sys.executable, '-c', {SCRIPT!r}], "
-                "stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=open(os.path.expanduser('~/script.err'), 'w'))")
+                "stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,\n"
+                "                          stderr=open(os.path.expanduser('~/script.err'), 'w'))")
 
 
 def _home(user) -> Path:
