@@ -8,6 +8,7 @@ At shutdown it stops what it started.
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 from jupyter_core.utils import ensure_async
@@ -19,6 +20,7 @@ from gpusession.kernelcell import NOTEBOOK_ROOT_ENV
 from . import announce, handlers, kernelenv, pages
 from .backend import Backend
 from .config import GPUSession
+from .runactivity import RunActivity
 
 HERE = Path(__file__).parent
 
@@ -35,6 +37,8 @@ class GPUSessionApp(ExtensionAppJinjaMixin, ExtensionApp):
         self.options = GPUSession(parent=self)  # bad c.GPUSession values raise here, at load
         self.backend = Backend(self.options, owner=current_user(), log=self.log, announce=self._announce)
         kernelenv.install(self.serverapp.kernel_manager, self._kernel_env)
+        self.run_activity = RunActivity(self.backend, self.serverapp.web_app.settings,
+                                        interval_s=self.options.run_activity_s, server_pid=os.getpid(), log=self.log)
 
     def initialize_handlers(self) -> None:
         self.handlers.extend([
@@ -61,8 +65,10 @@ class GPUSessionApp(ExtensionAppJinjaMixin, ExtensionApp):
         announce.write(self.serverapp, ray_env.get("RAY_ADDRESS", ""))
 
     async def _start_jupyter_server_extension(self, serverapp) -> None:
-        """The server runs (it passed its own checks, e.g. --allow-root): bring the cluster up now."""
+        """The server runs (it passed its own checks, e.g. --allow-root): bring the cluster up now,
+        and (behind a gateway) count its kernels' live runs as its activity."""
         self.backend.start()
+        self.run_activity.start()
 
     async def stop_extension(self) -> None:
         """Called by the server at shutdown, before it stops the kernels itself: stop the kernels
@@ -71,6 +77,7 @@ class GPUSessionApp(ExtensionAppJinjaMixin, ExtensionApp):
         backend = getattr(self, "backend", None)  # None when bad config stopped the extension loading
         if backend is None:
             return
+        self.run_activity.stop()
         announce.remove()
         if backend.head is not None:
             kernels = self.serverapp.kernel_manager

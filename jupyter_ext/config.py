@@ -44,6 +44,15 @@ class GPUSession(LoggingConfigurable):
         answers without Jupyter authentication, e.g. True so Prometheus can scrape it without a
         token. False (the default): any logged-in Jupyter user may read it. When True anyone who
         reaches the server sees per-user GPU-seconds; it does not rate-limit scrapes.""").tag(config=True)
+    run_activity_s = Float(60.0, help="""How often (seconds) this server asks the gpusession gateway
+        whether any process under it (a kernel, a terminal's script) follows a live run, e.g. 30.0;
+        when one does, the server counts as active at that moment (what jupyterhub-singleuser reports
+        to the Hub, so the hub's idle culler leaves it alone). A run counts while it goes on: a
+        foreground or background run of a kernel, or a detached run a kernel started or attached to
+        and still follows. 60 (the default); `gpusession hub` sets it from its culler's timeout.
+        0: off, a live run then counts only through what Jupyter sees itself (requests, terminal
+        use, kernel messages such as a live view's updates). Only behind a gateway (`gpusession
+        hub`); it never stops or keeps a run going.""").tag(config=True)
     db_path = Unicode("", help="""Path of the broker's SQLite ledger on the head node, e.g.
         "/var/lib/gpusession/ledger.db"; used only when this server starts the embedded head and
         broker (ray_address "local"). Empty: $GPUSESSION_DB_PATH, else the cluster's own directory
@@ -103,6 +112,13 @@ class GPUSession(LoggingConfigurable):
         except ValueError as exc:
             raise TraitError(f"GPUSession.default_quota: {exc}") from None
         return proposal.value
+
+    @validate("run_activity_s")
+    def _check_run_activity(self, proposal) -> float:
+        value = proposal.value
+        if not math.isfinite(value) or value < 0 or 0 < value < 1:
+            raise TraitError(f"GPUSession.run_activity_s must be 0 (off) or seconds >= 1; got {value}.")
+        return value
 
     @validate("preemption_grace_s")
     def _check_grace(self, proposal) -> float | None:

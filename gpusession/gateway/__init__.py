@@ -23,6 +23,7 @@ gateway process, run as that user (usergateway.py), hosts only their detached ru
     shelf.py    the checkpoints hosted runs left, per account, under handles
     keeping.py  PURE: detached runs' rules: time limit, retention, result cap, who may see or cancel
     detached.py the detached runs the gateway hosts past their kernels, per account, in memory
+    following.py which processes follow a live run, per account (a server's kernels count as active)
     reattach.py detached runs, kernel's side: list, attach (replay then live), cancel
     chunks.py   a message with more raw frames than one message carries
     brokercalls.py    PURE: the broker session's methods, request checks, the broker call it makes

@@ -73,6 +73,7 @@ def _p(name: str, check: Callable[[Any], bool], expected: str, default: Any = ..
 # The broker method's positional parameters, in order; AUTH where the service puts the caller.
 SIGNATURES: dict[str, tuple[Param | str, ...]] = {
     "whoami": (),  # answered by the gateway itself: {"user", "admin"}
+    "following": (),  # answered by the gateway itself: {"pids": the caller's processes following a live run}
     "info": (),
     "cluster": (),
     "status": (AUTH,),

@@ -20,6 +20,7 @@ from typing import Any
 from ..errors import ERRORS_BY_NAME
 from . import brokercalls
 from .acting import Acting, admin_token_for, identity_of
+from .activity import FOLLOWING
 from .frames import Connection, Message
 from .server import Caller
 
@@ -48,6 +49,8 @@ def answer(caller: Caller, keys: Acting, message: Message, broker_call: BrokerCa
         call = brokercalls.check(message.fields, len(message.payload))
         if call.method == "whoami":
             return {"kind": "result", "id": reply_id, "result": {"user": caller.user, "admin": caller.admin}}
+        if call.method == "following":  # the caller's own account only: its server's kernels among them
+            return {"kind": "result", "id": reply_id, "result": {"pids": FOLLOWING.pids(caller.peer.uid)}}
         auth = brokercalls.auth_for(caller.user, identity_of(caller, keys).signature, admin_token_for(caller, keys))
         result = broker_call(call.method, brokercalls.broker_args(call, auth))
         plain = json.loads(json.dumps(brokercalls.scrub(call.method, result), default=str))

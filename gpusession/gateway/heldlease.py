@@ -31,6 +31,7 @@ import threading
 
 from ..events import Fanout, RunInfo
 from .acting import Acting, identity_of
+from .activity import FOLLOWING
 from .following import Forwarder, StopWatch, free_when_gone, note_failure, result_frames, send_done
 from .frames import Connection, Message
 from .runrequest import call_of, lease_request
@@ -90,7 +91,8 @@ def _hold(conn: Connection, caller: Caller, lease, requests: queue.Queue, forwar
     log.info("lease %s of %s: %g GPUs held for its kernel", lease.lease_id, caller.user, lease.gpus)
     _tell(conn, watch, forward, lease, None)
     while (message := requests.get()) is not None and message.kind == "run":
-        _run_on(conn, caller, lease, message, forward, watch)
+        with FOLLOWING.live(caller.peer, going=lambda: not watch.gone):  # a run on it is its kernel's activity
+            _run_on(conn, caller, lease, message, forward, watch)
     return GONE if message is None else _reason(message.get("reason"))
 
 

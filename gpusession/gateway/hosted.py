@@ -49,17 +49,20 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from contextlib import ExitStack
 from typing import Any
 
 from ..errors import GPUSessionError
 from ..events import Fanout, RunInfo
 from . import keeping
 from .acting import Acting, identity_of
+from .activity import FOLLOWING
 from .detached import FLUSH_S, REGISTRY, HostedRun, Registry, value_size
 from .chunks import gather
 from .following import (GONE_GRACE_S, Forwarder, StopWatch, free_when_gone, note_failure, result_frames,
                         send_done)
 from .frames import Connection, Message
+from .peer import Peer
 from .heldlease import serve_lease
 from .runrequest import RunRequest, run_request
 from .runwire import BadRunMessage, error_to_json, stop_error
@@ -85,19 +88,20 @@ class DetachedForwarder(Forwarder):
         self.hosted.check(time.time())
 
 
-def read_stops(conn: Connection, hosted: HostedRun) -> None:
+def read_stops(conn: Connection, hosted: HostedRun, peer: Peer) -> None:
     """A kernel following a detached run: its stop stops the run; its leaving (or anything
-    malformed) only stops it following."""
-    try:
-        while True:
-            message = conn.receive()
-            if message.kind != "stop":
-                break
-            hosted.request_stop(stop_error(message.get("reason"), message.get("message")))
-    except Exception:  # noqa: BLE001 - Closed, FrameError, OSError: the kernel left
-        pass
-    finally:
-        hosted.unfollow(conn)
+    malformed) only stops it following. While it follows the live run, the run is its activity."""
+    with FOLLOWING.live(peer, going=lambda: hosted.ended_at is None):
+        try:
+            while True:
+                message = conn.receive()
+                if message.kind != "stop":
+                    break
+                hosted.request_stop(stop_error(message.get("reason"), message.get("message")))
+        except Exception:  # noqa: BLE001 - Closed, FrameError, OSError: the kernel left
+            pass
+        finally:
+            hosted.unfollow(conn)
 
 
 def drop_when_stuck(hosted: HostedRun, lease, finished: threading.Event, *, grace_s: float = GONE_GRACE_S) -> bool:
@@ -172,7 +176,7 @@ def _host(conn: Connection, caller: Caller, request: RunRequest, keys: Acting, s
         except OSError:
             pass  # the kernel left already: the run goes on (gs.runs(all=True) lists it)
         origin = hosted.follow(conn)
-        threading.Thread(target=read_stops, args=(conn, hosted), daemon=True,
+        threading.Thread(target=read_stops, args=(conn, hosted, caller.peer), daemon=True,
                          name="gpusession-gateway-detached-stop").start()
         watch = StopWatch(conn)  # never started: the connection's end does not end a detached run
         forward = DetachedForwarder(hosted, caller.user, shelf)
@@ -186,6 +190,9 @@ def _host(conn: Connection, caller: Caller, request: RunRequest, keys: Acting, s
     finished = threading.Event()
     if request.asking.get("background"):
         mark_background()
+    following = ExitStack()  # the kernel's run is its activity until it ends (a detached one: read_stops)
+    if hosted is None:
+        following.enter_context(FOLLOWING.live(caller.peer, going=lambda: not watch.gone))
     try:
         if request.checkpoint and checkpoint_ref is None:
             raise GPUSessionError(
@@ -210,6 +217,7 @@ def _host(conn: Connection, caller: Caller, request: RunRequest, keys: Acting, s
     finally:
         finished.set()
         watch.ended.set()  # the watchdog's thread ends with the run
+        following.close()
     info.end_reason = end_reason(error)
     note_failure(error, f"run {request.name}", caller.user)
     if hosted is None and watch.gone:
@@ -279,4 +287,4 @@ def _serve_detached(conn: Connection, caller: Caller, message: Message, registry
     if hosted.ended_at is not None:
         follower.join(FLUSH_S)  # the records so far and the end, sent before the session closes
         return
-    read_stops(conn, hosted)  # until the kernel leaves (after the end, or before)
+    read_stops(conn, hosted, caller.peer)  # until the kernel leaves (after the end, or before)

@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import socket
 from pathlib import Path
 
-from .plan import DEFAULT_PREFIX, DEFAULT_SERVICE_USER, DEFAULT_STATE, HubLayout, HubOptions, listen_refusal
+from ..options import parse_duration
+from .plan import (DEFAULT_CULL_IDLE_AFTER_S, DEFAULT_PREFIX, DEFAULT_SERVICE_USER, DEFAULT_STATE,
+                   MIN_CULL_IDLE_AFTER_S, Culling, HubLayout, HubOptions, listen_refusal)
 
 QUICK_START = """quick start (as root, on the GPU machine):
   scripts/setup --hub && useradd -m alice && passwd alice
@@ -49,6 +52,16 @@ def register(subparsers) -> None:
                      help=f"the account that runs Ray and the broker, made if missing (default {DEFAULT_SERVICE_USER})")
     hub.add_argument("--min-uid", type=_min_uid, default=1000, metavar="UID",
                      help="the lowest uid whose ranks the launcher starts; system accounts lie below (default 1000)")
+    hub.add_argument("--cull-idle-after", type=_idle_after, default=None, metavar="TIME",
+                     help="stop a user's server after this long without activity: seconds or e.g. 30m, 2h, at "
+                          f"least {MIN_CULL_IDLE_AFTER_S} s (default 1h; jupyterhub-idle-culler). A live run of "
+                          "one of its kernels counts as activity; a detached run goes on when its server stops")
+    hub.add_argument("--no-cull", action="store_true",
+                     help="run no idle culler: users' servers run until their users (or an admin) stop them")
+    hub.add_argument("--no-run-activity", action="store_true",
+                     help="do not count a live run as its server's activity: a server with a run going is then "
+                          "culled when Jupyter itself sees no activity (requests, terminals, kernel messages; a "
+                          "notebook's live view of a run sends some every second)")
     hub.set_defaults(handler=_hub)
 
 
@@ -66,7 +79,28 @@ def options_from(args: argparse.Namespace) -> tuple[HubLayout, HubOptions]:
     layout = HubLayout(args.prefix, args.state_dir, args.service_user)
     return layout, HubOptions(args.ip, args.port, admins, args.gpus, _free_port(), _free_port(), policy,
                               ssl_cert=args.ssl_cert, ssl_key=args.ssl_key, insecure_http=args.insecure_http,
-                              min_uid=args.min_uid)
+                              min_uid=args.min_uid, culling=culling_from(args))
+
+
+def culling_from(args: argparse.Namespace) -> Culling:
+    """The culler's settings the arguments ask for; ValueError when they contradict each other."""
+    if args.no_cull and args.cull_idle_after is not None:
+        raise ValueError("--no-cull and --cull-idle-after contradict each other: keep one (--no-cull runs no "
+                         "culler; --cull-idle-after sets when it stops an idle server).")
+    idle_after = 0 if args.no_cull else (args.cull_idle_after or DEFAULT_CULL_IDLE_AFTER_S)
+    return Culling(idle_after_s=idle_after, run_activity=not args.no_run_activity)
+
+
+def _idle_after(text: str) -> int:
+    try:
+        seconds = parse_duration(text, field_name="--cull-idle-after")
+    except ValueError:
+        seconds = None
+    if seconds is None or seconds < MIN_CULL_IDLE_AFTER_S:
+        raise argparse.ArgumentTypeError(
+            f"must be a time of at least {MIN_CULL_IDLE_AFTER_S} seconds, in seconds or e.g. 30m, 2h; got {text!r}. "
+            "To run no culler, use --no-cull.")
+    return math.ceil(seconds)
 
 
 def _min_uid(text: str) -> int:

@@ -84,6 +84,40 @@ class HubLayout:
         return [str(p) for p in (self.python, self.proxy)]
 
 
+DEFAULT_CULL_IDLE_AFTER_S = 3600  # z2jh's default: a server nobody used for an hour is stopped
+MIN_CULL_IDLE_AFTER_S = 10
+
+
+@dataclass(frozen=True)
+class Culling:
+    """jupyterhub-idle-culler's settings, and how fresh the activity it reads must be.
+
+    idle_after_s: a server inactive that long is stopped (0: no culler). A live run of one of its
+    kernels counts as activity unless run_activity is False. The intervals follow from it: the
+    culler looks every sixth of it (at most every 10 min), servers report their activity to the
+    Hub as often (at most every 5 min, JupyterHub's default), and ask the gateway for live runs
+    twice as often as they report."""
+
+    idle_after_s: int = DEFAULT_CULL_IDLE_AFTER_S
+    run_activity: bool = True
+
+    @property
+    def on(self) -> bool:
+        return self.idle_after_s > 0
+
+    @property
+    def every_s(self) -> int:
+        return max(1, min(600, self.idle_after_s // 6))
+
+    @property
+    def report_every_s(self) -> int:
+        return max(1, min(300, self.idle_after_s // 6)) if self.on else 300
+
+    @property
+    def run_check_s(self) -> float:
+        return max(1.0, self.report_every_s / 2) if self.run_activity else 0.0
+
+
 @dataclass(frozen=True)
 class HubOptions:
     ip: str
@@ -97,6 +131,7 @@ class HubOptions:
     ssl_key: Path | None = None
     insecure_http: bool = False  # plain HTTP on a non-loopback address, asked for by name
     min_uid: int = 1000  # the launcher starts no rank as an account below this uid (system accounts)
+    culling: Culling = field(default_factory=lambda: Culling())
 
     @property
     def url(self) -> str:
@@ -171,13 +206,17 @@ def jupyterhub_config(layout: HubLayout, options: HubOptions, *, user_env: dict[
         "JupyterHub.cleanup_proxy": True,
         "Spawner.cmd": [str(layout.bin_dir / "jupyterhub-singleuser")],
         "Spawner.default_url": "/lab",
-        "Spawner.environment": user_env,
+        # how often a server tells the Hub its last activity (the culler reads the Hub's record)
+        "Spawner.environment": {**user_env, "JUPYTERHUB_ACTIVITY_INTERVAL": str(options.culling.report_every_s)},
         # one flag per admin: jupyterhub-singleuser reads a JSON list as one name
-        "Spawner.args": [f"--GPUSession.admin_users={name}" for name in admins],
+        "Spawner.args": [f"--GPUSession.admin_users={name}" for name in admins]
+                        + [f"--GPUSession.run_activity_s={options.culling.run_check_s:g}"],
         "Spawner.start_timeout": 300, "Spawner.http_timeout": 300,  # a loaded machine starts servers slowly
     }
     if options.ssl_cert is not None:
         settings.update({"JupyterHub.ssl_cert": str(options.ssl_cert), "JupyterHub.ssl_key": str(options.ssl_key)})
+    if options.culling.on:
+        settings.update(culler_settings(layout, options.culling))
     lines = ["# Written by `gpusession hub` at each start; edit its options instead.",
              "from gpusession.hub.spawnhook import pre_spawn_hook", ""]
     for name, value in settings.items():
@@ -187,3 +226,34 @@ def jupyterhub_config(layout: HubLayout, options: HubOptions, *, user_env: dict[
                  f"admin_token_path={str(layout.admin_token_path)!r}, admins=[], "
                  f"owner={layout.service_user!r})")
     return "\n".join(lines) + "\n"
+
+
+CULLER = "idle-culler"
+CULLER_SCOPES = ["list:users", "read:users:activity", "read:servers", "delete:servers"]  # its README's
+
+
+def culler_settings(layout: HubLayout, culling: Culling) -> dict:
+    """jupyterhub-idle-culler as a service of the Hub, run as the service account (not root: it
+    needs only its Hub token, whose scopes are the four its README names), from "/" so that no
+    account's idle_culler_config.py is read."""
+    command = [str(layout.python), "-m", "jupyterhub_idle_culler", f"--timeout={culling.idle_after_s}",
+               f"--cull-every={culling.every_s}"]
+    return {"JupyterHub.services": [{"name": CULLER, "command": command, "user": layout.service_user, "cwd": "/"}],
+            "JupyterHub.load_roles": [{"name": CULLER, "scopes": CULLER_SCOPES, "services": [CULLER]}]}
+
+
+def culling_line(culling: Culling) -> str:
+    """PURE: what the hub says at start about stopping idle servers."""
+    if not culling.on:
+        return "no idle culler (--no-cull): servers run until their users or an admin stop them"
+    runs = ("a live run counts as activity" if culling.run_activity
+            else "a live run does not count as activity (--no-run-activity)")
+    return (f"idle culler: a server with no activity for {_duration(culling.idle_after_s)} is stopped; {runs}; "
+            "detached runs go on")
+
+
+def _duration(seconds: int) -> str:
+    for unit, size in (("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds // size} {unit}"
+    return f"{seconds} s"

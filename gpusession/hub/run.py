@@ -17,8 +17,8 @@ from pathlib import Path
 from ..cluster.localhead import first_line, terminate
 from . import accounts, rootfs
 from .launching import LauncherFailed, start_launcher, stop_launcher
-from .plan import (INSECURE_WARNING, NOT_SET_UP, HubLayout, HubOptions, broker_policy, gateway_settings,
-                   jupyterhub_config, user_environment)
+from .plan import (INSECURE_WARNING, NOT_SET_UP, HubLayout, HubOptions, broker_policy, culling_line,
+                   gateway_settings, jupyterhub_config, user_environment)
 
 STOP_TIMEOUT_S = 60.0
 
@@ -51,6 +51,7 @@ def run_hub(layout: HubLayout, options: HubOptions, *, ready_timeout_s: float = 
         say(f"cluster ready: {ready['gpus']} {kind}, Ray at {ready['address']}, run as {layout.service_user}")
         layout.config_path.write_text(jupyterhub_config(
             layout, options, user_env=user_environment(layout)))
+        say(culling_line(options.culling))
         if options.insecure_http:
             say(INSECURE_WARNING.format(ip=options.ip))
         hub = start_jupyterhub(layout)

@@ -38,9 +38,12 @@ class HubUser:
         self.hub_api("POST", f"users/{self.name}/server")
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.hub_api("GET", f"users/{self.name}").json().get("server"):
+            model = self.hub_api("GET", f"users/{self.name}").json()
+            if model.get("server"):
                 if self.api("GET", "api/status").status_code == 200:
                     return
+            elif not model.get("pending"):  # refused while a stop was pending (the culler's): ask again
+                self.hub_api("POST", f"users/{self.name}/server")
             time.sleep(1)
         raise TimeoutError(f"the server of {self.name} did not start within {timeout_s:.0f} s")
 
@@ -64,6 +67,24 @@ class HubUser:
         """A request to a user server (this user's by default) with this user's token."""
         return requests.request(method, f"{self.url}{self.server_path(user)}/{path}", timeout=60,
                                 allow_redirects=False, headers={"Authorization": f"token {self.token}"}, **kwargs)
+
+    def restart_kernel(self) -> None:
+        """Restart this user's kernel through the Jupyter API, as the notebook's Restart does."""
+        self.api("POST", f"api/kernels/{self.kernel_id}/restart").raise_for_status()
+
+    def shut_down_kernel(self) -> None:
+        """Shut this user's kernel down through the Jupyter API; the next run() starts a new one."""
+        self.api("DELETE", f"api/kernels/{self.kernel_id}").raise_for_status()
+        self.kernel_id = None
+
+    def server_running(self) -> bool:
+        """Whether the Hub lists this user's server as running (asks the Hub, not the server)."""
+        return bool(self.hub_api("GET", f"users/{self.name}").json().get("server"))
+
+    def server_stopped(self) -> bool:
+        """Whether the Hub lists this user's server as stopped, no stop pending (asks the Hub)."""
+        model = self.hub_api("GET", f"users/{self.name}").json()
+        return not model.get("server") and not model.get("pending")
 
     def run(self, code: str, timeout_s: float = 300.0) -> Ran:
         """Execute `code` in this user's kernel (started at the first call) and collect its output."""

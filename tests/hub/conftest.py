@@ -147,7 +147,8 @@ def _remove_everything(prefix: str, names: list[str], state: Path, layout: HubLa
 
 
 @pytest.fixture(scope="module")
-def hub():
+def hub(request):
+    """A module may set HUB_ARGS (a list of `gpusession hub` options) for its hub."""
     reason = needs_root_and_setup()
     if reason:
         pytest.skip(reason)
@@ -170,7 +171,8 @@ def hub():
             proc = subprocess.Popen(
                 [sys.executable, "-m", "gpusession.cli", "hub", "--ip", "127.0.0.1", "--port", str(port),
                  "--admin", names[0], "--config", str(config), "--prefix", str(PREFIX), "--state-dir", str(layout.state),
-                 "--service-user", layout.service_user], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+                 "--service-user", layout.service_user, *getattr(request.module, "HUB_ARGS", ())],
+                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
         wait_for_line(output, "gpusession hub: ready:", proc, READY_TIMEOUT_S)
         url = f"http://127.0.0.1:{port}"
         users = [HubUser(url, name, password) for name, password in zip(names, passwords)]

@@ -23,14 +23,16 @@ def test_every_trait_says_its_example_its_default_and_what_it_does_not_enforce(n
     assert re.search(r"\bnot\b|\bnever\b|\bNever\b|\bcannot\b", text), f"{name}: does not say what it does not do"
 
 
-def test_the_spec_names_every_trait():
+def test_the_server_has_exactly_these_eleven_settings():
     assert set(TRAITS) == {"ray_address", "local_gpus", "admin_users", "admin_token", "metrics_public", "db_path",
-                           "default_quota", "allow_borrowing", "preemption_grace_s", "require_signed_identity"}
+                           "default_quota", "allow_borrowing", "preemption_grace_s", "require_signed_identity",
+                           "run_activity_s"}  # issue 32: a live run keeps its server from the hub's culler
 
 
 @pytest.mark.parametrize("name, value", [
     ("ray_address", "my laptop"), ("ray_address", "10.0.0.5"), ("local_gpus", -1), ("default_quota", {"max_gpus": -2}),
     ("default_quota", {"gpus": 2}), ("default_quota", {"max_priority": "urgent"}), ("preemption_grace_s", -1.0),
+    ("run_activity_s", 0.5),
 ])
 def test_bad_config_is_refused_when_the_server_loads_it_naming_the_trait(name, value):
     with pytest.raises(TraitError, match=f"GPUSession.{name}"):

@@ -120,3 +120,56 @@ def test_the_hub_counts_as_ready_only_when_its_own_api_answers_through_the_proxy
         server.shutdown()
         server.server_close()
     assert seen == [404, 503, 200, 200], "ready came before the Hub's own answer"
+
+
+def _hub_config(options: HubOptions) -> dict:
+    c = _Config()
+    exec(jupyterhub_config(LAYOUT, options, user_env=user_environment(LAYOUT)).replace(
+        "from gpusession.hub.spawnhook import pre_spawn_hook", ""), {"c": c, "pre_spawn_hook": lambda **kw: None})
+    return c.values
+
+
+def _culling(*flags: str):
+    return options_from(build_parser().parse_args(["hub", *flags]))[1].culling
+
+
+def test_the_hub_runs_the_idle_culler_by_default_as_the_service_account_with_a_one_hour_timeout():
+    options = HubOptions("127.0.0.1", 8000, (), 4, 8081, 8001, culling=_culling())
+    values = _hub_config(options)
+    [culler] = values["JupyterHub.services"]
+    assert culler["command"] == ["/opt/gsh/venv/bin/python", "-m", "jupyterhub_idle_culler", "--timeout=3600",
+                                 "--cull-every=600"]
+    assert (culler["user"], culler["cwd"]) == ("gpusvc", "/")  # not root
+    assert values["JupyterHub.load_roles"] == [{"name": "idle-culler", "services": ["idle-culler"], "scopes": [
+        "list:users", "read:users:activity", "read:servers", "delete:servers"]}]
+    # servers tell the Hub their activity every 5 min, and ask the gateway for live runs twice as often
+    assert values["Spawner.environment"]["JUPYTERHUB_ACTIVITY_INTERVAL"] == "300"
+    assert "--GPUSession.run_activity_s=150" in values["Spawner.args"]
+
+
+def test_a_short_timeout_makes_the_culler_look_and_servers_report_as_often_as_it_needs():
+    values = _hub_config(HubOptions("127.0.0.1", 8000, (), 4, 8081, 8001, culling=_culling("--cull-idle-after", "30")))
+    assert values["JupyterHub.services"][0]["command"][-2:] == ["--timeout=30", "--cull-every=5"]
+    assert values["Spawner.environment"]["JUPYTERHUB_ACTIVITY_INTERVAL"] == "5"
+    assert "--GPUSession.run_activity_s=2.5" in values["Spawner.args"]
+    assert _culling("--cull-idle-after", "2h").idle_after_s == 7200
+
+
+def test_no_cull_runs_no_culler_and_no_run_activity_turns_off_the_servers_report_of_live_runs():
+    values = _hub_config(HubOptions("127.0.0.1", 8000, (), 4, 8081, 8001, culling=_culling("--no-cull")))
+    assert "JupyterHub.services" not in values and "JupyterHub.load_roles" not in values
+    values = _hub_config(HubOptions("127.0.0.1", 8000, (), 4, 8081, 8001, culling=_culling("--no-run-activity")))
+    assert "--GPUSession.run_activity_s=0" in values["Spawner.args"] and values["JupyterHub.services"]
+
+
+@pytest.mark.parametrize("value", ["5", "0", "-30", "soon", "9.5s"])
+def test_a_culler_timeout_under_ten_seconds_or_not_a_time_is_refused_naming_the_option(value, capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["hub", "--cull-idle-after", value])
+    err = capsys.readouterr().err
+    assert "--cull-idle-after" in err and "at least 10 seconds" in err and "--no-cull" in err
+
+
+def test_no_cull_with_a_culler_timeout_is_refused_as_a_contradiction():
+    with pytest.raises(ValueError, match="--no-cull and --cull-idle-after contradict"):
+        _culling("--no-cull", "--cull-idle-after", "1h")
