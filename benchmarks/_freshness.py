@@ -37,6 +37,7 @@ EXTRA_MEASURES = {
     "sweep": ("gpusession/sweeps",),
     "cli_status": ("gpusession/cli.py", "gpusession/status_endpoint.py"),
     "hub": ("gpusession/hub", "jupyter_ext"),
+    "attach": ("gpusession/gateway",),
     "utilization_replay": ("benchmarks/_replay_world.py", "benchmarks/_kueue_baseline.py"),
 }
 
