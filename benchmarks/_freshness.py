@@ -21,7 +21,8 @@ DEFAULT_MEASURES = ("gpusession/run", "gpusession/cluster", "gpusession/broker")
 # What each script measures besides DEFAULT_MEASURES: its helpers and the code its figures depend
 # on (a results file records the whole list when written; older files are judged by this).
 EXTRA_MEASURES = {
-    "call_overhead": ("benchmarks/_call_phases.py", "benchmarks/_ray_pool.py"),
+    "call_overhead": ("benchmarks/_call_phases.py", "benchmarks/_ray_pool.py", "benchmarks/_gateway_side.py",
+                      "gpusession/gateway"),
     "recovery": ("benchmarks/_ray_pool.py",),
     "multihost": ("benchmarks/_multihost_driver.py", "benchmarks/_ray_pool.py", "tests/multihost/simcluster.py"),
     "elastic": ("benchmarks/_elastic_hosts.py", "benchmarks/_elastic_hosts_driver.py", "tests/multihost/simcluster.py",
