@@ -35,8 +35,7 @@ class RunCancelled(GPUSessionError):
 
 
 class LaunchRefused(GPUSessionError):
-    """The node's launcher would not start a rank as the caller's account (root, the service
-    account, a system account, or one the node does not know); the message names user and node."""
+    """A node's launcher would not start a rank as the caller's account; the message names user, node and why."""
 
 
 class NotAuthorized(GPUSessionError):
@@ -117,6 +116,7 @@ ERRORS_BY_NAME = {
         NotAuthorized,
         LeaseNotFound,
         WorkerFailed,
+        LaunchRefused,
         InvalidRequest,
         BrokerOutdated,
         BrokerFailed,
