@@ -64,7 +64,7 @@ def _register_node(subparsers) -> None:
         "node", help="join this GPU machine to a hub's cluster (as root, on each extra node)",
         description="Join a `gpusession hub --ray-ip ...` cluster: start root's launcher (each rank runs as its "
                     "user, so the same accounts must exist on every node), then this machine's Ray node as the "
-                    "service account. Runs as root; Ctrl-C (or SIGTERM) leaves the cluster and stops both.",
+                    "service account. Runs as root; Ctrl-C (or SIGTERM, SIGHUP) leaves the cluster and stops both.",
         epilog=NODE_QUICK_START, formatter_class=argparse.RawDescriptionHelpFormatter)
     node.add_argument("--address", required=True, type=_head_address, metavar="HOST:PORT",
                       help="the hub's Ray head, as `gpusession hub --ray-ip` printed it")

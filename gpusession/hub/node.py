@@ -3,10 +3,12 @@
 It reads Ray's token (from a file only root may read, or its stdin), starts root's launcher with a
 clean environment (the ranks' warm parent: each rank runs as its user), then the node's Ray as the
 service account (`ray start --address`, GPUSESSION_LAUNCHER naming this node's launcher), and
-serves until Ctrl-C or SIGTERM, or until its Ray node ends (the hub stopped): then it stops the
-Ray node and the launcher by their pids, on every path."""
+serves until Ctrl-C or SIGTERM, or until its Ray node ends (the hub stopped) or its launcher does:
+then it stops the Ray node (and whatever of it is left) and the launcher by their pids, on every
+path."""
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -27,11 +29,16 @@ from .plan import NOT_SET_UP, HubLayout
 TOKEN_MAX_BYTES = 4096
 STOP_TIMEOUT_S = 30.0
 LEFTOVER_WAIT_S = 5.0  # for the node's processes to follow its `ray start` out
+PR_SET_CHILD_SUBREAPER = 36
+WATCH_S = 0.5  # how often the command looks whether its Ray node and its launcher still run
 PRIVATE_FILES = Path(__file__).parent / "private_files"  # its sitecustomize: workers use umask 077
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # systemd's stop; the terminal (or SSH session) gone
+
+
 class NodeStopped(Exception):
-    """SIGTERM arrived: stop as on Ctrl-C."""
+    """SIGTERM or SIGHUP arrived: stop as on Ctrl-C."""
 
 
 class NodeFailed(RuntimeError):
@@ -47,7 +54,9 @@ def run_node(layout: HubLayout, options: NodeOptions, *, ready_timeout_s: float 
     if problem:
         say(problem)
         return 2
-    signal.signal(signal.SIGTERM, _raise_stopped)
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, _raise_stopped)
+    become_subreaper()
     launcher = ray = None
     try:
         token = read_token(options.token_file, stdin or sys.stdin)
@@ -56,12 +65,18 @@ def run_node(layout: HubLayout, options: NodeOptions, *, ready_timeout_s: float 
         launcher, launcher_socket = start_launcher(layout, account.pw_name, options.min_uid, ready_timeout_s)
         say(f"the launcher runs (pid {launcher.pid}): ranks on {socket.gethostname()} run as their users "
             f"(uid {options.min_uid} and up)")
-        ray = start_ray_node(layout, options, account, token, launcher_socket, ready_timeout_s)
+        ray = start_ray_node(layout, options, account, token, launcher_socket)
+        wait_joined(ray, layout.hub_dir / "node.log", options.address, ready_timeout_s)
         say(f"joined the hub's cluster at {options.address} as {layout.service_user} (Ray node pid {ray.pid}, its "
             f"log: {layout.hub_dir / 'node.log'}). Ctrl-C leaves the cluster.")
-        status = ray.wait()
-        say(f"the Ray node ended (exit status {status}): the hub's head stopped or cannot be reached. Its log: "
-            f"{layout.hub_dir / 'node.log'}")
+        while ray.poll() is None and launcher.poll() is None:
+            time.sleep(WATCH_S)
+        if launcher.poll() is not None:
+            say(f"the launcher ended (exit status {launcher.returncode}): no rank can start here without it, so "
+                f"the node leaves the cluster. Its log: {layout.hub_dir / 'launcher.log'}")
+        else:
+            say(f"the Ray node ended (exit status {ray.returncode}): the hub's head stopped or cannot be reached. "
+                f"Its log: {layout.hub_dir / 'node.log'}")
         return 1
     except (KeyboardInterrupt, NodeStopped):
         say("leaving the cluster: stopping the Ray node, then the launcher...")
@@ -70,12 +85,14 @@ def run_node(layout: HubLayout, options: NodeOptions, *, ready_timeout_s: float 
         say(str(exc))
         return 1
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the cleanup short
+        for signum in STOP_SIGNALS:  # a second one must not cut the cleanup short
+            signal.signal(signum, signal.SIG_IGN)
         try:
-            stop_ray_node(ray)
+            stop_ray_node(ray, keep={launcher.pid} if launcher is not None else set())
         finally:
             stop_launcher(launcher)  # by its pid, after Ray: no rank is asked for any more
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, signal.SIG_DFL)
 
 
 def read_token(source: str, stdin) -> str:
@@ -117,53 +134,74 @@ def prepare_node_directories(layout: HubLayout, account) -> None:
     rootfs.ensure_directory(layout.ray_tmp, uid=account.pw_uid, gid=account.pw_gid, mode=0o700)
 
 
-def start_ray_node(layout: HubLayout, options: NodeOptions, account, token: str, launcher_socket: str,
-                   timeout_s: float) -> subprocess.Popen:
-    """The node's Ray as the service account, up and joined; NodeFailed (and it stopped) if not."""
+def start_ray_node(layout: HubLayout, options: NodeOptions, account, token: str,
+                   launcher_socket: str) -> subprocess.Popen:
+    """The node's Ray as the service account (`ray start --address --block`), starting."""
     from ..cluster.raycluster import machine_gpu_count
 
     command = ray_node_command(layout.python, options, temp_dir=layout.ray_tmp, real_gpus=machine_gpu_count(),
                                free_port=_free_port)
     env = node_environment(layout, account.pw_name, token=token, launcher_socket=launcher_socket,
                            private_files=PRIVATE_FILES, inherited=os.environ)
-    log_path = layout.hub_dir / "node.log"
-    with open(log_path, "w") as log:  # root's file; the node writes through the descriptor
-        proc = subprocess.Popen(command, env=env, cwd=str(layout.cluster_dir), user=account.pw_uid,
+    with open(layout.hub_dir / "node.log", "w") as log:  # root's file; the node writes through the descriptor
+        return subprocess.Popen(command, env=env, cwd=str(layout.cluster_dir), user=account.pw_uid,
                                 group=account.pw_gid, extra_groups=[], umask=0o077, stdin=subprocess.DEVNULL,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_joined(proc: subprocess.Popen, log_path: Path, address: str, timeout_s: float) -> None:
+    """Until the node's Ray says it runs; NodeFailed, naming why from its log, if it ends first or
+    is not up within timeout_s (the caller stops it)."""
     deadline = time.monotonic() + timeout_s
     while READY_LINE not in _read(log_path):
         if proc.poll() is not None or time.monotonic() > deadline:
             text = _read(log_path)
-            stop_ray_node(proc)
             why = f"it exited (status {proc.returncode})" if proc.returncode is not None else \
                 f"it was not up within {timeout_s:.0f} s"
             cause = failure_cause(text) or "\n".join(text.splitlines()[-15:])
-            raise NodeFailed(f"The Ray node did not join the hub's cluster at {options.address}: {why}. Is the "
-                             f"address right, the token this start's, the head's port reachable from here? Its "
-                             f"log ({log_path}) says:\n{cause}")
+            raise NodeFailed(f"The Ray node did not join the hub's cluster at {address}: {why}. Is the address "
+                             f"right, the token this start's, the head's port reachable from here? Its log "
+                             f"({log_path}) says:\n{cause}")
         time.sleep(0.2)
-    return proc
 
 
-def stop_ray_node(proc: subprocess.Popen | None) -> None:
+def stop_ray_node(proc: subprocess.Popen | None, *, keep: set[int] = frozenset()) -> None:
     """SIGTERM to `ray start --block` (it stops this node's Ray processes), then SIGKILL to whatever
-    it had started that outlives it (its raylet's workers): nothing of the node is left on return."""
-    if proc is None or proc.poll() is not None:
-        return
-    try:
-        family = psutil.Process(proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        family = []
-    terminate(proc.pid, timeout_s=STOP_TIMEOUT_S)
-    proc.wait()
+    of the node outlives it: what it had started (its raylet's workers), and what was orphaned when
+    it ended by itself (this command is their subreaper). `keep`: our other children (the launcher)."""
+    family: list[psutil.Process] = []
+    if proc is not None and proc.poll() is None:
+        try:
+            family = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            pass
+        terminate(proc.pid, timeout_s=STOP_TIMEOUT_S)
+    if proc is not None:
+        proc.wait()
     _, alive = psutil.wait_procs(family, timeout=LEFTOVER_WAIT_S)
-    for leftover in alive:
+    orphans = [child for child in psutil.Process().children() if child.pid not in keep]
+    for leftover in [*alive, *orphans, *(grandchild for child in orphans for grandchild in _descendants(child))]:
         try:
             leftover.kill()
         except psutil.NoSuchProcess:
             pass
-    psutil.wait_procs(alive, timeout=LEFTOVER_WAIT_S)
+    psutil.wait_procs([*alive, *orphans], timeout=LEFTOVER_WAIT_S)
+
+
+def _descendants(proc: psutil.Process) -> list[psutil.Process]:
+    try:
+        return proc.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def become_subreaper() -> None:
+    """Orphans of the node's Ray (its workers, once `ray start` has ended) become our children, so
+    that stop_ray_node finds them: nothing of the node outlives this command."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the descendants found at the stop are all there is
+        pass
 
 
 def _refusal(layout: HubLayout) -> str | None:
