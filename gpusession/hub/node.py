@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import signal
 import socket
 import stat
@@ -158,11 +159,19 @@ def wait_joined(proc: subprocess.Popen, log_path: Path, address: str, timeout_s:
             text = _read(log_path)
             why = f"it exited (status {proc.returncode})" if proc.returncode is not None else \
                 f"it was not up within {timeout_s:.0f} s"
-            cause = failure_cause(text) or "\n".join(text.splitlines()[-15:])
+            cause = failure_cause(text) or last_error(text) or "\n".join(text.splitlines()[-15:])
             raise NodeFailed(f"The Ray node did not join the hub's cluster at {address}: {why}. Is the address "
                              f"right, the token this start's, the head's port reachable from here? Its log "
                              f"({log_path}) says:\n{cause}")
         time.sleep(0.2)
+
+
+def last_error(log_text: str) -> str | None:
+    """PURE: the last line of a log that states an error ("RuntimeError: Failed to connect to GCS
+    ...", Ray's "Unauthenticated" status), not a traceback's frames."""
+    found = [line.strip() for line in log_text.splitlines()
+             if re.match(r"\s*[\w.]*(Error|Exception)\b.*:", line) or "nauthenticated" in line]
+    return found[-1][-600:] if found else None
 
 
 def stop_ray_node(proc: subprocess.Popen | None, *, keep: set[int] = frozenset()) -> None:

@@ -297,3 +297,22 @@ def test_a_node_that_leaves_stops_its_ray_node_and_its_launcher(hub_hosts):
     assert stop_node(proc) == 0
     assert "leaving the cluster" in hub_hosts.output("host1").read_text()
     assert [psutil.Process(pid).name() for pid in namespace_pids(host1.netns) if psutil.pid_exists(pid)] == []
+
+
+def test_a_node_with_another_starts_token_fails_naming_the_address_and_leaves_nothing(hub_hosts):
+    """A token of an earlier start of the hub (here, a made-up one): Ray refuses the node, and the
+    command says why from its log and stops its launcher."""
+    hub_hosts.only()
+    host = hub_hosts.cluster.host("host1")
+    layout = hub_hosts.layout("host1")
+    with open(hub_hosts.output("host1"), "w") as out:
+        proc = hub_hosts.cluster.popen(
+            host, [sys.executable, "-m", "gpusession.cli", "hub", "node", "--address", hub_hosts.address,
+                   "--token-file", "-", "--node-ip", host.ip, "--prefix", str(PREFIX), "--state-dir", str(layout.state),
+                   "--service-user", hub_hosts.service, "--temp-dir", str(layout.ray_tmp)],
+            env=hub_hosts.env(host), stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT, text=True)
+    proc.communicate("0" * 64 + "\n", timeout=READY_TIMEOUT_S)
+    said = hub_hosts.output("host1").read_text()
+    assert proc.returncode == 1 and f"did not join the hub's cluster at {hub_hosts.address}" in said, said
+    assert "token is missing or incorrect" in said  # Ray's own words, from the node's log
+    assert namespace_pids(host.netns) == []

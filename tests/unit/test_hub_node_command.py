@@ -11,7 +11,7 @@ import pytest
 
 from gpusession.cli import build_parser
 from gpusession.hub.cli import node_options_from, options_from
-from gpusession.hub.node import NodeFailed, read_token
+from gpusession.hub.node import NodeFailed, last_error, read_token
 from gpusession.hub.nodeplan import NodeOptions, join_command, node_environment, ray_node_command
 from gpusession.hub.plan import HubLayout
 
@@ -110,3 +110,11 @@ def test_the_token_file_must_be_roots_alone(tmp_path):
     empty.chmod(0o600)
     with pytest.raises(NodeFailed, match="holds no token"):
         read_token(str(empty), None)
+
+
+def test_a_node_that_did_not_join_names_the_error_line_of_its_log_not_the_traceback():
+    log = ("Traceback (most recent call last):\n  File \"node.py\", line 996, in _init_gcs_client\n"
+           "    raise RuntimeError(\nRuntimeError: Failed to connect to GCS.\n  File \"x.pyx\", line 3\n"
+           "ray.exceptions.AuthenticationError: RPC error: InvalidAuthToken: Authentication token is missing\n")
+    assert last_error(log).startswith("ray.exceptions.AuthenticationError: RPC error: InvalidAuthToken")
+    assert last_error("Ray runtime started.\n") is None
