@@ -35,7 +35,7 @@ class RunCancelled(GPUSessionError):
 
 
 class LaunchRefused(GPUSessionError):
-    """The node's launcher would not start a rank as the caller's account; the message names user and node."""
+    """A node's launcher would not start a rank as the caller's account; the message names user, node and why."""
 
 
 class NotAuthorized(GPUSessionError):

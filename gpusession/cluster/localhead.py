@@ -71,9 +71,10 @@ def status() -> LocalHead | None:
     return head if _is_head_process(head) and _reachable(head.address) else None
 
 
-def start(*, gpus: int | None = None, timeout_s: float = 120.0,
+def start(*, gpus: int | None = None, timeout_s: float = 120.0, node_ip: str | None = None,
           spawned: Callable[[LocalHead], None] | None = None) -> tuple[LocalHead, bool]:
     """Start a head unless one is already recorded and alive; returns (head, started_by_us).
+    node_ip: the address it advertises (other nodes join it there); default Ray's choice.
     spawned(head) is called as soon as the process runs, before it is ready (a caller that may
     be told to stop meanwhile then knows what to stop), again for each new try.
 
@@ -84,7 +85,7 @@ def start(*, gpus: int | None = None, timeout_s: float = 120.0,
     if running is not None:
         return running, False
     for attempt in range(START_ATTEMPTS):
-        head, proc = _spawn(gpus)
+        head, proc = _spawn(gpus, node_ip)
         if spawned is not None:
             spawned(head)
         try:
@@ -138,10 +139,10 @@ def retry_start(log_text: str, attempt: int) -> bool:
     return STARTUP_TIMEOUT in log_text and attempt < START_ATTEMPTS - 1
 
 
-def _spawn(gpus: int | None) -> tuple[LocalHead, subprocess.Popen]:
+def _spawn(gpus: int | None, node_ip: str | None = None) -> tuple[LocalHead, subprocess.Popen]:
     real = machine_gpu_count()
     count = real or int(gpus or os.environ.get("GPUSESSION_LOCAL_GPUS") or DEFAULT_LOCAL_GPUS)
-    address = f"{rayprivate.node_ip_address()}:{_free_port()}"
+    address = f"{node_ip or rayprivate.node_ip_address()}:{_free_port()}"
     home = state_dir()
     home.mkdir(parents=True, exist_ok=True)
     log_path = home / "local-head.log"

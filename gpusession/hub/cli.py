@@ -8,6 +8,8 @@ import socket
 from pathlib import Path
 
 from ..options import parse_duration
+from .nodeplan import NodeOptions, head_address, ray_ip_refusal
+from ..options import parse_duration
 from .plan import (DEFAULT_CULL_IDLE_AFTER_S, DEFAULT_PREFIX, DEFAULT_SERVICE_USER, DEFAULT_STATE,
                    MIN_CULL_IDLE_AFTER_S, Culling, HubLayout, HubOptions, listen_refusal)
 
@@ -62,7 +64,65 @@ def register(subparsers) -> None:
                      help="do not count a live run as its server's activity: a server with a run going is then "
                           "culled when Jupyter itself sees no activity (requests, terminals, kernel messages; a "
                           "notebook's live view of a run sends some every second)")
+    hub.add_argument("--ray-ip", default=None, metavar="ADDRESS",
+                     help="this machine's address on the network the GPU nodes share: the Ray head advertises it, "
+                          "Ray's token of each start is kept for root in STATE/hub/ray_token, and the hub prints the "
+                          "`gpusession hub node` command other machines join with (default: one machine, no node "
+                          "joins)")
     hub.set_defaults(handler=_hub)
+    _register_node(hub.add_subparsers(title="on the other GPU machines", metavar="node", dest="hub_command"))
+
+
+def _register_node(subparsers) -> None:
+    node = subparsers.add_parser(
+        "node", help="join this GPU machine to a hub's cluster (as root, on each extra node)",
+        description="Join a `gpusession hub --ray-ip ...` cluster: start root's launcher (each rank runs as its "
+                    "user, so the same accounts must exist on every node), then this machine's Ray node as the "
+                    "service account. Runs as root; Ctrl-C (or SIGTERM, SIGHUP) leaves the cluster and stops both.",
+        epilog=NODE_QUICK_START, formatter_class=argparse.RawDescriptionHelpFormatter)
+    node.add_argument("--address", required=True, type=_head_address, metavar="HOST:PORT",
+                      help="the hub's Ray head, as `gpusession hub --ray-ip` printed it")
+    node.add_argument("--token-file", required=True, metavar="FILE",
+                      help="Ray's token of the hub's current start: a file of root's, mode 0600 (never a command "
+                           "line argument), or - to read it from stdin")
+    node.add_argument("--node-ip", default=None, metavar="ADDRESS",
+                      help="this machine's address on the network the hosts share (default: Ray's choice)")
+    node.add_argument("--gpus", type=_gpus, default=4, metavar="N",
+                      help="logical GPUs when the machine has none, at least 1 (default 4); a machine's real GPUs "
+                           "are all used")
+    node.add_argument("--prefix", type=Path, default=DEFAULT_PREFIX,
+                      help=f"where scripts/setup --hub installed the hub's environment (default {DEFAULT_PREFIX})")
+    node.add_argument("--state-dir", type=Path, default=DEFAULT_STATE,
+                      help=f"this node's logs and the service account's directory (default {DEFAULT_STATE})")
+    node.add_argument("--service-user", default=DEFAULT_SERVICE_USER,
+                      help=f"the hub's service account, made if missing (default {DEFAULT_SERVICE_USER})")
+    node.add_argument("--min-uid", type=_min_uid, default=1000, metavar="UID",
+                      help="the lowest uid whose ranks the launcher starts; system accounts lie below (default 1000)")
+    node.add_argument("--temp-dir", type=Path, default=None, metavar="DIR",
+                      help="Ray's temporary directory on this node, made the service account's (0700) "
+                           "(default /tmp/gsh-SERVICE_USER)")
+    node.set_defaults(handler=_node)
+
+
+NODE_QUICK_START = """example (as root on each extra GPU node, after scripts/setup --hub there):
+  gpusession hub node --address 10.0.0.1:41234 --token-file - < ray_token
+  (the hub with --ray-ip prints this line, and keeps ray_token in STATE/hub/, root's alone)"""
+
+
+def node_options_from(args: argparse.Namespace) -> tuple[HubLayout, NodeOptions]:
+    """The layout and options of `gpusession hub node`; ValueError names the bad field."""
+    refusal = ray_ip_refusal(args.node_ip)
+    if refusal:
+        raise ValueError(f"--node-ip {refusal}")
+    layout = HubLayout(args.prefix, args.state_dir, args.service_user, args.temp_dir)
+    return layout, NodeOptions(args.address, args.token_file, args.gpus, args.node_ip, args.min_uid)
+
+
+def _head_address(text: str) -> str:
+    try:
+        return head_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def options_from(args: argparse.Namespace) -> tuple[HubLayout, HubOptions]:
@@ -73,13 +133,16 @@ def options_from(args: argparse.Namespace) -> tuple[HubLayout, HubOptions]:
     refusal = listen_refusal(args.ip, args.ssl_cert, args.ssl_key, args.insecure_http)
     if refusal:
         raise ValueError(refusal)
+    ray_ip = ray_ip_refusal(args.ray_ip)
+    if ray_ip:
+        raise ValueError(f"--ray-ip {ray_ip}")
     for flag, path in (("--ssl-cert", args.ssl_cert), ("--ssl-key", args.ssl_key)):
         if path is not None and not path.is_file():
             raise ValueError(f"{flag} {path}: no such file. Give the path of a PEM file.")
     layout = HubLayout(args.prefix, args.state_dir, args.service_user)
     return layout, HubOptions(args.ip, args.port, admins, args.gpus, _free_port(), _free_port(), policy,
                               ssl_cert=args.ssl_cert, ssl_key=args.ssl_key, insecure_http=args.insecure_http,
-                              min_uid=args.min_uid, culling=culling_from(args))
+                              min_uid=args.min_uid, culling=culling_from(args), ray_ip=args.ray_ip)
 
 
 def culling_from(args: argparse.Namespace) -> Culling:
@@ -164,3 +227,14 @@ def _hub(args: argparse.Namespace) -> int:
         say(str(exc))
         return 2
     return run_hub(layout, options)
+
+
+def _node(args: argparse.Namespace) -> int:
+    from .node import run_node, say
+
+    try:
+        layout, options = node_options_from(args)
+    except ValueError as exc:
+        say(str(exc))
+        return 2
+    return run_node(layout, options)

@@ -11,6 +11,8 @@
                                                             secret, the logs
     /tmp/gsh-<service account>                     Ray's temp and session directories (the account's, 0700:
                                                    no user reaches Ray's sockets)
+    STATE/hub/ray_token                            with --ray-ip only: Ray's token of this start (root's,
+                                                   0600), for `gpusession hub node` on other machines
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ class HubLayout:
     prefix: Path
     state: Path
     service_user: str
+    temp_dir: Path | None = None  # Ray's temporary directory, when not /tmp/gsh-<service account>
 
     @property
     def python(self) -> Path:
@@ -53,7 +56,11 @@ class HubLayout:
     @property
     def ray_tmp(self) -> Path:
         # Short: Ray puts unix sockets under it, whose paths may not exceed 107 bytes.
-        return Path("/tmp") / f"gsh-{self.service_user}"
+        return self.temp_dir or Path("/tmp") / f"gsh-{self.service_user}"
+
+    @property
+    def ray_token_path(self) -> Path:
+        return self.hub_dir / "ray_token"
 
     @property
     def gateway_dir(self) -> Path:
@@ -132,6 +139,7 @@ class HubOptions:
     insecure_http: bool = False  # plain HTTP on a non-loopback address, asked for by name
     min_uid: int = 1000  # the launcher starts no rank as an account below this uid (system accounts)
     culling: Culling = field(default_factory=lambda: Culling())
+    ray_ip: str | None = None  # the address the Ray head advertises for other nodes; None: one machine
 
     @property
     def url(self) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 from ..cluster.localhead import first_line, terminate
 from . import accounts, rootfs
 from .launching import LauncherFailed, start_launcher, stop_launcher
+from .nodeplan import join_command
 from .plan import (INSECURE_WARNING, NOT_SET_UP, HubLayout, HubOptions, broker_policy, culling_line,
                    gateway_settings, jupyterhub_config, user_environment)
 
@@ -49,6 +50,9 @@ def run_hub(layout: HubLayout, options: HubOptions, *, ready_timeout_s: float = 
         service, ready = start_service(layout, options, account, token, ready_timeout_s, launcher=launcher_socket)
         kind = "logical GPUs (training runs on the CPU)" if ready["logical"] else "GPUs"
         say(f"cluster ready: {ready['gpus']} {kind}, Ray at {ready['address']}, run as {layout.service_user}")
+        if options.ray_ip:
+            keep_ray_token(layout, token)
+            say(f"other GPU nodes join with:\n  {join_command(layout, ready['address'])}")
         layout.config_path.write_text(jupyterhub_config(
             layout, options, user_env=user_environment(layout)))
         say(culling_line(options.culling))
@@ -76,7 +80,18 @@ def run_hub(layout: HubLayout, options: HubOptions, *, ready_timeout_s: float = 
             stop(hub, service)
         finally:
             stop_launcher(launcher)  # by its pid, after the service: no rank is asked for any more
+            if options.ray_ip:
+                layout.ray_token_path.unlink(missing_ok=True)  # this start's token is useless now
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def keep_ray_token(layout: HubLayout, token: str) -> None:
+    """Ray's token of this start, for `gpusession hub node` on other machines: root's alone (0600 in
+    root's 0700 hub/, checked at the start), written anew without following a symlink."""
+    layout.ray_token_path.unlink(missing_ok=True)
+    fd = os.open(layout.ray_token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(token + "\n")
 
 
 class ServiceFailed(RuntimeError):
@@ -92,7 +107,8 @@ def start_service(layout: HubLayout, options: HubOptions, account, ray_token: st
         env["GPUSESSION_LAUNCHER"] = launcher
     log = open(layout.hub_dir / "service.log", "w")
     command = [str(layout.python), "-m", "gpusession.hub.service", str(options.gpus),
-               json.dumps(broker_policy(layout, options)), json.dumps(gateway_settings(layout, options))]
+               json.dumps(broker_policy(layout, options)), json.dumps(gateway_settings(layout, options)),
+               *([options.ray_ip] if options.ray_ip else [])]
     # umask 077: Ray's files and sockets are the service account's alone (users reach the gateway)
     proc = subprocess.Popen(command, env=env, cwd=str(layout.cluster_dir), user=account.pw_uid,
                             group=account.pw_gid, extra_groups=[], umask=0o077, stdin=subprocess.PIPE,

@@ -1,8 +1,9 @@
-"""`python -m gpusession.hub.service GPUS POLICY_JSON GATEWAY_JSON`: the hub's cluster service,
+"""`python -m gpusession.hub.service GPUS POLICY_JSON GATEWAY_JSON [RAY_IP]`: the hub's cluster service,
 one process run as the service account (never root, never a user): a local Ray head (its worker
 actors ask root's launcher, GPUSESSION_LAUNCHER, for each rank, which runs as its user), the
 broker (created here with the hub's policy before any user can reach it), then the gateway
 (gpusession.gateway.main), the one door users have: GATEWAY_JSON = {"socket": ..., "admins": [...]}.
+RAY_IP: the address the head advertises, where other nodes join (`gpusession hub node`).
 
     stdout, one line once all are up:  {"ready": {"address": ..., "gpus": 4, "logical": true, "db_path": ...,
                                                   "gateway": "/var/lib/gpusession-hub/gateway/gateway.sock"}}
@@ -34,7 +35,7 @@ log = logging.getLogger("gpusession.hub.service")
 PRIVATE_FILES = Path(__file__).parent / "private_files"  # its sitecustomize: workers use umask 077
 
 
-def serve(gpus: int, policy: dict, gateway_settings: dict) -> int:
+def serve(gpus: int, policy: dict, gateway_settings: dict, node_ip: str | None = None) -> int:
     stop, close_now = threading.Event(), threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
@@ -44,7 +45,7 @@ def serve(gpus: int, policy: dict, gateway_settings: dict) -> int:
     try:
         os.environ["PYTHONPATH"] = str(PRIVATE_FILES)  # Ray's workers create files for this account only
         make_private_tmp(Path(os.environ["GPUSESSION_HOME"]))
-        head = _start_head(gpus)
+        head = _start_head(gpus, node_ip)
         link = BrokerLink(env={**os.environ, **head.client_env()}, policy=policy, log=log)
         info = link.start()
         gateway = gatewayproc.start(env={**os.environ, **head.client_env()}, db_path=policy["db_path"],
@@ -91,12 +92,12 @@ def _wait_for_stop(stop: threading.Event, close_now: threading.Event, link: Brok
             _close_leases(link, db_path)
 
 
-def _start_head(gpus: int, attempts: int = 3) -> localhead.LocalHead:
+def _start_head(gpus: int, node_ip: str | None, attempts: int = 3) -> localhead.LocalHead:
     """The head; `ray start` gives its raylet a fixed 30 s to register, which a loaded machine
     sometimes misses: try again (each failure is logged with the head's log tail)."""
     for attempt in range(1, attempts + 1):
         try:
-            return localhead.start(gpus=gpus)[0]
+            return localhead.start(gpus=gpus, node_ip=node_ip)[0]
         except localhead.LocalHeadError as exc:
             if attempt == attempts:
                 raise
@@ -127,4 +128,5 @@ def _say(message: dict) -> None:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
-    raise SystemExit(serve(int(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3])))
+    raise SystemExit(serve(int(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[3]),
+                           sys.argv[4] if len(sys.argv) > 4 else None))

@@ -15,7 +15,7 @@ from typing import Any
 
 import ray
 
-from ..errors import ResultTooLarge, RunTimeout, WorkerFailed
+from ..errors import LaunchRefused, ResultTooLarge, RunTimeout, WorkerFailed
 from ..events import Observer, RunInfo
 from . import commits, judgements as judge, messages as m
 from .bulk import value_size
@@ -34,6 +34,9 @@ FAILURE_GRACE_S = 1.0  # after a rank's communication error, how long to wait fo
 # "rank 3 died (exit code None)", then found the host lost). A death alone restarts this later.
 DEATH_GATHER_S = 0.5
 DRAIN_S = 0.3  # after a failure, how long to keep taking what the other ranks already sent
+
+
+LAUNCH_REFUSED = "gpusession.errors.LaunchRefused"  # in a RankError's mro (run/worker.py)
 
 
 class Payload(enum.Enum):
@@ -126,7 +129,7 @@ class Follower:
         return Finished(values)
 
     # ----- failures -------------------------------------------------------------------------------
-    def _fail(self, fault: Fault, error: WorkerFailed, *, collateral: bool) -> None:
+    def _fail(self, fault: Fault, error: WorkerFailed | LaunchRefused, *, collateral: bool) -> None:
         now = time.monotonic()
         self.failures.append((collateral, fault, error, now))
         self.failing_since = self.failing_since or now
@@ -151,7 +154,8 @@ class Follower:
         others = [e for _, _, e, _ in self.failures if e is not error]
         if collateral and others:  # no root cause found: show what every rank reported
             error.args = (error.args[0] + " Other ranks: " + "; ".join(
-                f"rank {e.rank}: {e.remote_type}: {(e.remote_message or '')[:300]}" for e in others),)
+                f"rank {e.rank}: {e.remote_type}: {(e.remote_message or '')[:300]}" if isinstance(e, WorkerFailed)
+                else str(e)[:300] for e in others),)
         return Failed(fault, error)
 
     def _drain(self, budget_s: float) -> AttemptEnd | None:
@@ -306,6 +310,10 @@ class Follower:
         kind = FaultKind.COLLECTIVE if collateral else FaultKind.USER_ERROR
         fault = Fault(kind, error.rank, self.losses.where(error.rank, error.host), f"{error.type}: {error.message[:200]}",
                       error.mro)
+        if LAUNCH_REFUSED in error.mro:  # the node's launcher would not start this user's rank: no user code ran
+            self._fail(fault, LaunchRefused(f"{error.message} Every worker was stopped and the "
+                                            f"{self.lease.gpus:g} GPUs released."), collateral=False)
+            return
         self._fail(fault, WorkerFailed(
             f"Rank {error.rank} on {error.host} raised {error.type}: {error.message}. "
             f"Every worker was stopped and the {self.lease.gpus:g} GPUs released.",

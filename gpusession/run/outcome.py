@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from ..broker.notice import Notice
-from ..errors import GPUSessionError, RunTimeout, WorkerFailed
+from ..errors import GPUSessionError, LaunchRefused, RunTimeout, WorkerFailed
 from .policies import Fault
 
 
@@ -27,7 +27,7 @@ class Failed:
     """A rank failed (its root cause): `fault` for the failure policy, `error` for the user."""
 
     fault: Fault
-    error: WorkerFailed
+    error: WorkerFailed | LaunchRefused  # LaunchRefused: a node's launcher would not start the user's rank
 
 
 @dataclass(frozen=True)
