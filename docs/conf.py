@@ -36,14 +36,12 @@ myst_heading_anchors = 3
 suppress_warnings = ["myst.header"]
 
 # The examples run top to bottom in a real kernel at every build: what the pages show is what
-# the code does today. Each starts its own embedded Ray head with logical GPUs.
+# the code does today. They share the local head scripts/docs starts (4 logical GPUs), which
+# outlives each kernel as `gpusession lab`'s does.
 nb_execution_mode = os.environ.get("GPUSESSION_DOCS_EXECUTE", "force")
 nb_execution_timeout = int(os.environ.get("GPUSESSION_DOCS_CELL_TIMEOUT", "300"))
 nb_execution_raise_on_error = True
 nb_execution_show_tb = True
-# but the one that restarts its kernel halfway and needs a cluster outliving it (the embedded one
-# does not): shown as code; tests/integration/test_kernel_examples.py runs it with a restart
-nb_execution_excludepatterns = ["examples/detach.ipynb"]
 nb_merge_streams = True
 
 autodoc_member_order = "bysource"
