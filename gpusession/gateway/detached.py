@@ -101,6 +101,7 @@ class HostedRun:
     workers: int
     max_duration_s: float
     notebook: str | None = None  # the submitting kernel's notebook, when it knew it
+    retention_s: float = keeping.RETENTION_S  # how long its records stay after it ended (the registry's)
     started_at: float = field(default_factory=time.time)
     state: str = "submitted"
     ended_at: float | None = None
@@ -177,25 +178,25 @@ class HostedRun:
         return {"run_id": self.run_id, "name": self.name, "user": self.user, "state": self.state,
                 "gpus": self.gpus, "workers": self.workers, "started": self.started_at, "ended": self.ended_at,
                 "end_reason": self.end_reason, "max_duration": self.max_duration_s, "notebook": self.notebook,
-                "expires": keeping.expires_at(self.started_at, self.max_duration_s, self.ended_at),
+                "expires": keeping.expires_at(self.started_at, self.max_duration_s, self.ended_at, self.retention_s),
                 "reports": sum(1 for e in self.events if e.get("event") == "report")}
 
 
 class Registry:
-    """The detached runs of every account, by id; ended ones go after keeping.RETENTION_S (and
+    """The detached runs of every account, by id; ended ones go after the policy's retention (and
     past keeping.RUNS_PER_USER or RESULT_BYTES_PER_USER of an account), checked whenever the
     registry is used. A kept result's frames may be views of Ray's object store (pinned there)."""
 
-    def __init__(self, retention_s: float = keeping.RETENTION_S, per_user: int = keeping.RUNS_PER_USER,
+    def __init__(self, policy: keeping.DetachPolicy = keeping.DetachPolicy(), per_user: int = keeping.RUNS_PER_USER,
                  bytes_per_user: int = keeping.RESULT_BYTES_PER_USER) -> None:
-        self.retention_s, self.per_user, self.bytes_per_user = retention_s, per_user, bytes_per_user
+        self.policy, self.per_user, self.bytes_per_user = policy, per_user, bytes_per_user
         self._runs: dict[str, HostedRun] = {}
         self._lock = threading.Lock()
 
     def add(self, user: str, name: str, gpus: float, workers: int, max_duration_s: float,
             notebook: str | None = None) -> HostedRun:
         run = HostedRun(uuid.uuid4().hex, user, name, gpus, workers, max_duration_s,
-                        notebook if isinstance(notebook, str) else None)
+                        notebook if isinstance(notebook, str) else None, self.policy.retention_s)
         with self._lock:
             self._sweep(time.time())
             self._runs[run.run_id] = run
@@ -221,7 +222,7 @@ class Registry:
         return [run.row() for run in sorted(mine, key=lambda run: run.started_at, reverse=True)]
 
     def _sweep(self, now: float) -> None:
-        for run_id in [i for i, run in self._runs.items() if keeping.expired(run.ended_at, now, self.retention_s)]:
+        for run_id in [i for i, run in self._runs.items() if keeping.expired(run.ended_at, now, self.policy.retention_s)]:
             del self._runs[run_id]
         for user in {run.user for run in self._runs.values()}:
             ended = [(run.ended_at, run.run_id, run.result_bytes) for run in self._runs.values()

@@ -42,7 +42,7 @@ workers) loses its placement group after GONE_GRACE_S, as Ray removes a dead loc
 A detached run (issue 32; detached.py, keeping.py) is not stopped by its connection closing: the
 gateway hosts it until its function ends, a stop or cancel, or its max_duration (then RunTimeout;
 a run that cannot poll then loses its group GONE_GRACE_S later). Its events and end are kept for
-any kernel of the same account that attaches, for keeping.RETENTION_S after it ended, in memory.
+any kernel of the same account that attaches, for the admin's retention after it ended, in memory.
 """
 from __future__ import annotations
 
@@ -135,7 +135,7 @@ def serve_run(conn: Connection, caller: Caller, hello: Message, keys: Acting, *,
                                    "message": f"a run session begins with run, lease or checkpoint, not {first.kind[:40]!r}"})
         return
     try:
-        request = run_request(first)
+        request = run_request(first, registry.policy.default_max_duration_s)
     except BadRunMessage as exc:
         conn.send("failed", error={"type": "InvalidRequest", "message": f"The gateway refused the call: {exc}."})
         return
@@ -250,10 +250,10 @@ def _send_checkpoint(conn: Connection, caller: Caller, message: Message, shelf: 
 
 
 # ----- detached runs: list, attach, cancel ----------------------------------------------------------
-def _not_kept(run_id: Any, user: str) -> dict:
+def _not_kept(run_id: Any, user: str, retention_s: float) -> dict:
     return {"type": "GPUSessionError", "message": (
         f"The gateway keeps no detached run {str(run_id)[:40]!r} of {user}: gs.runs(all=True) lists yours. "
-        f"Ended runs are kept {keeping.RETENTION_S / 86400:g} days, and none survives a restart of the gateway.")}
+        f"Ended runs are kept {retention_s / 86400:g} days, and none survives a restart of the gateway.")}
 
 
 def _serve_detached(conn: Connection, caller: Caller, message: Message, registry: Registry) -> None:
@@ -268,7 +268,7 @@ def _serve_detached(conn: Connection, caller: Caller, message: Message, registry
     hosted = registry.get(run_id)
     if message.kind == "cancel":
         if hosted is None or not keeping.may_cancel(hosted.user, caller.user, caller.admin):
-            conn.send("failed", error=_not_kept(run_id, caller.user))
+            conn.send("failed", error=_not_kept(run_id, caller.user, registry.policy.retention_s))
             return
         from ..errors import RunCancelled
 
@@ -280,7 +280,7 @@ def _serve_detached(conn: Connection, caller: Caller, message: Message, registry
         conn.send("cancelling", run_id=run_id, ended=hosted.ended_at is not None)
         return
     if hosted is None or not keeping.may_see(hosted.user, caller.user):
-        conn.send("failed", error=_not_kept(run_id, caller.user))
+        conn.send("failed", error=_not_kept(run_id, caller.user, registry.policy.retention_s))
         return
     conn.send("event", event="attached", run=hosted.row())
     follower = hosted.follow(conn)

@@ -5,22 +5,31 @@ and for how long, and the checks of the messages that name them. No I/O, no cloc
 A detached run is hosted by the gateway whether or not a kernel is connected to it; it ends when
 its function ends, when it is cancelled, or when its time limit (`max_duration`) passes. What it
 leaves (result bytes as its rank pickled them, metrics, output, receipt) stays in the gateway's
-memory for RETENTION_S after it ended, then goes; a result over RESULT_CAP_BYTES is not kept (the
-run is told as failed with ResultTooLarge). Nothing survives a restart of the gateway.
+memory for its retention after it ended, then goes; a result over RESULT_CAP_BYTES is not kept
+(the run is told as failed with ResultTooLarge). Nothing survives a restart of the gateway.
+
+The admin sets the default time limit and the retention (DetachPolicy): `gpusession hub
+--detach-max-duration 8h --detach-retention 3d`; a user's own gateway takes them from the
+kernel that starts it (GPUSESSION_DETACH_MAX_DURATION, GPUSESSION_DETACH_RETENTION).
 """
 from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from numbers import Real
-from typing import Any
+from typing import Any, Mapping
 
 from ..errors import ResultTooLarge  # noqa: F401 - a detached run whose result is over RESULT_CAP_BYTES ends with it
+from ..options import parse_duration
 from .runwire import BadRunMessage
 
-DEFAULT_MAX_DURATION_S = 24 * 3600.0  # a detached run's time limit unless the call names one
-MAX_MAX_DURATION_S = 30 * 24 * 3600.0  # the longest limit a call may ask for
-RETENTION_S = 7 * 24 * 3600.0  # how long an ended run's result, metrics, output and receipt are kept
+DEFAULT_MAX_DURATION_S = 24 * 3600.0  # a detached run's time limit unless the call names one (out of the box)
+MAX_MAX_DURATION_S = 30 * 24 * 3600.0  # the longest limit a call (or an admin's default) may ask for
+RETENTION_S = 7 * 24 * 3600.0  # how long an ended run's result, metrics, output and receipt are kept (out of the box)
+MIN_RETENTION_S, MAX_RETENTION_S = 60.0, 365 * 24 * 3600.0  # what an admin may set
+GATEWAYS_DEFAULT = 0.0  # a detach that named no time limit: the gateway's default applies (a limit is above 0)
+MAX_DURATION_ENV, RETENTION_ENV = "GPUSESSION_DETACH_MAX_DURATION", "GPUSESSION_DETACH_RETENTION"
 RESULT_CAP_BYTES = 512 * 2**20  # the largest result (all its frames) the gateway keeps for a run
 MAX_EVENTS = 20_000  # events kept for replay per run (outputs beyond it are dropped, reports are kept)
 RUNS_PER_USER = 64  # ended runs an account keeps; the oldest ended ones go first
@@ -43,12 +52,54 @@ def max_duration_of(value: Any, *, where: str = "max_duration") -> float:
     return value
 
 
-def detach_from_json(data: Any) -> float | None:
-    """The `detach` field of a run message: null (not detached) or {max_duration}; its limit."""
+@dataclass(frozen=True)
+class DetachPolicy:
+    """What the admin sets for detached runs: the time limit of one that names none, and how long
+    an ended one's records are kept."""
+
+    default_max_duration_s: float = DEFAULT_MAX_DURATION_S
+    retention_s: float = RETENTION_S
+
+
+def detach_policy(max_duration: Any = None, retention: Any = None, *,
+                  names: tuple[str, str] = ("--detach-max-duration", "--detach-retention")) -> DetachPolicy:
+    """The policy from an admin's values (seconds, or "8h", "3d"; None: out of the box), or
+    ValueError naming the option (`names`) and what it takes."""
+    policy = DetachPolicy()
+    limit, keep = policy.default_max_duration_s, policy.retention_s
+    if max_duration is not None:
+        limit = max_duration_of(_seconds(max_duration, names[0]), where=names[0])
+    if retention is not None:
+        keep = _seconds(retention, names[1])
+        if not MIN_RETENTION_S <= keep <= MAX_RETENTION_S:
+            raise ValueError(f"{names[1]} is how long an ended detached run's result, metrics and output are kept: "
+                             f"from {MIN_RETENTION_S:g} s to {MAX_RETENTION_S / 86400:g} days (e.g. 3d); got {retention!r}.")
+    return DetachPolicy(limit, keep)
+
+
+def detach_policy_from_env(env: Mapping[str, str]) -> DetachPolicy:
+    """A user's own gateway's policy: the variables of the kernel that started it (the user is
+    their own admin); ValueError naming the variable."""
+    return detach_policy(env.get(MAX_DURATION_ENV) or None, env.get(RETENTION_ENV) or None,
+                         names=(MAX_DURATION_ENV, RETENTION_ENV))
+
+
+def _seconds(value: Any, name: str) -> float:
+    try:
+        return parse_duration(value, field_name=name)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a time above 0, in seconds or such as 90s, 10m, 8h, 3d; got {value!r}.") from None
+
+
+def detach_from_json(data: Any, default_s: float = DEFAULT_MAX_DURATION_S) -> float | None:
+    """The `detach` field of a run message: null (not detached) or {max_duration}, whose null is
+    the gateway's default (`default_s`); the run's limit."""
     if data is None:
         return None
-    if not isinstance(data, dict):
-        raise BadRunMessage("detach must be null or an object {max_duration}")
+    if not isinstance(data, dict) or "max_duration" not in data:
+        raise BadRunMessage("detach must be null or an object {max_duration} (null: the gateway's default)")
+    if data["max_duration"] is None:
+        return default_s
     try:
         return max_duration_of(data.get("max_duration"), where="detach.max_duration")
     except ValueError as exc:

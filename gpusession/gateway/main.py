@@ -1,6 +1,7 @@
 """The gateway process, in one of two hostings:
 
-`python -m gpusession.gateway.main SOCKET DB_PATH [ADMIN ...]`: the hub's, run by its cluster
+`python -m gpusession.gateway.main [--detach-max-duration S] [--detach-retention S] SOCKET DB_PATH
+[ADMIN ...]`: the hub's, run by its cluster
 service as the service account once the broker is up (never root, never a user). It joins the
 service's Ray cluster (RAY_ADDRESS and the token in its environment), reads the broker's identity
 key and admin token beside the ledger DB_PATH, and serves the "broker" session (brokersession.py)
@@ -10,7 +11,8 @@ never outlives the service that started it) or on SIGTERM / SIGINT.
 `python -m gpusession.gateway.main --user SOCKET`: a user's own (usergateway.py starts it, as that
 user, for detached runs outside the hub). It joins the cluster at RAY_ADDRESS with the user's Ray
 token, acts with the user's own identity (no key, no admin token), serves the "run" session to its
-own uid alone, and exits after usergateway.IDLE_ENV seconds with no detached run kept and no
+own uid alone (its detached runs' default limit and retention from keeping.MAX_DURATION_ENV and
+RETENTION_ENV in its environment), and exits after usergateway.IDLE_ENV seconds with no detached run kept and no
 connection, when the cluster's head is gone, or on SIGTERM / SIGINT. It holds its directory's
 gateway.lock while it runs and writes gateway.json there once it serves.
 
@@ -72,7 +74,10 @@ def sessions_for(keys: ServiceKeys, call=broker_call) -> dict:
             "run": partial(serve_run, keys=keys)}
 
 
-def hub_gateway(socket_path: str, db_path: str, admins: list[str], stop: threading.Event) -> GatewayServer:
+def hub_gateway(socket_path: str, db_path: str, admins: list[str], policy, stop: threading.Event) -> GatewayServer:
+    from .detached import REGISTRY
+
+    REGISTRY.policy = policy  # the admin's default time limit and retention of detached runs
     keys = load_keys(db_path)
     broker_call("info", [])  # joins Ray and finds the broker before anyone is let in
     threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
@@ -96,7 +101,9 @@ def user_gateway(socket_path: str, stop: threading.Event) -> GatewayServer:
     raycluster.ensure_connected()
     import ray
 
-    registry = Registry()
+    from .keeping import detach_policy_from_env
+
+    registry = Registry(detach_policy_from_env(os.environ))
     server = GatewayServer(socket_path, {"run": partial(serve_run, keys=OwnIdentity(current_identity()),
                                                         registry=registry)},
                            only_uid=os.geteuid()).start()
@@ -168,10 +175,28 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     if len(argv) == 2 and argv[0] == "--user":
         return serve(user_gateway, argv[1])
-    if len(argv) < 2 or argv[0].startswith("-"):
+    from .keeping import detach_policy
+
+    try:
+        given, rest = _detach_flags(argv)
+        policy = detach_policy(given.get("--detach-max-duration"), given.get("--detach-retention"))
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if len(rest) < 2 or rest[0].startswith("-"):
         print(__doc__, file=sys.stderr)
         return 2
-    return serve(hub_gateway, argv[0], argv[1], argv[2:])
+    return serve(hub_gateway, rest[0], rest[1], rest[2:], policy)
+
+
+def _detach_flags(argv: list[str]) -> tuple[dict[str, str], list[str]]:
+    """PURE: the leading --detach-max-duration / --detach-retention flags, and the rest."""
+    given, rest = {}, list(argv)
+    while rest and rest[0] in ("--detach-max-duration", "--detach-retention"):
+        if len(rest) < 2:
+            raise ValueError(f"{rest[0]} needs a value (seconds, or e.g. 8h, 3d)")
+        given[rest[0]], rest = rest[1], rest[2:]
+    return given, rest
 
 
 if __name__ == "__main__":

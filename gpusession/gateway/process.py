@@ -18,10 +18,13 @@ class GatewayFailed(RuntimeError):
     """The gateway did not come up; the message has its own words."""
 
 
-def start(*, env: dict, socket: str, db_path: str, admins: list[str], timeout_s: float = READY_TIMEOUT_S,
-          stderr=None) -> subprocess.Popen:
-    """The gateway, serving at `socket` once this returns; GatewayFailed (and nothing left running) if not."""
-    proc = subprocess.Popen([sys.executable, "-m", "gpusession.gateway.main", socket, db_path, *admins],
+def start(*, env: dict, socket: str, db_path: str, admins: list[str], detach: dict | None = None,
+          timeout_s: float = READY_TIMEOUT_S, stderr=None) -> subprocess.Popen:
+    """The gateway, serving at `socket` once this returns; GatewayFailed (and nothing left running) if not.
+    detach: {"max_duration_s", "retention_s"}, the admin's policy for detached runs (None: out of the box)."""
+    flags = [] if not detach else ["--detach-max-duration", str(detach["max_duration_s"]),
+                                   "--detach-retention", str(detach["retention_s"])]
+    proc = subprocess.Popen([sys.executable, "-m", "gpusession.gateway.main", *flags, socket, db_path, *admins],
                             env=env, cwd=IMPORT_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=stderr, text=True)
     line = first_line(proc, timeout_s)

@@ -20,6 +20,7 @@ from ..errors import GPUSessionError
 from ..events import Observer, RunInfo
 from .chunks import gather, send_chunked
 from .client import connect, gateway_path
+from .keeping import GATEWAYS_DEFAULT
 from .usergateway import detached_gateway
 from .frames import Connection, Message
 from .runwire import add_report, apply_info, error_from_json, options_to_json, stop_reason
@@ -101,7 +102,7 @@ def run_remote(fn: Callable, args: tuple, kwargs: dict, options, *, info: RunInf
                      options=options_to_json(options),
                      checkpoint=checkpoint_ref.handle if checkpoint_ref is not None else None,
                      checkpoint_step=checkpoint_step, asking=asking(),
-                     detach=None if detach is None else {"max_duration": detach})
+                     detach=None if detach is None else {"max_duration": None if detach == GATEWAYS_DEFAULT else detach})
         del header, buffers
         return _follow(conn, path, info, observer, on_detached)
     finally:

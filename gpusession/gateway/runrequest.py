@@ -80,7 +80,7 @@ def asking_of(message: Message) -> dict:
     return {k: asking.get(k) for k in ("notebook", "cell_id", "background")}
 
 
-def run_request(message: Message) -> RunRequest:
+def run_request(message: Message, default_max_duration_s: float = keeping.DEFAULT_MAX_DURATION_S) -> RunRequest:
     """A `run` message that begins a run session (one call, leased for it)."""
     call = call_of(message)
     checkpoint = message.get("checkpoint")
@@ -91,7 +91,7 @@ def run_request(message: Message) -> RunRequest:
         raise BadRunMessage("checkpoint_step must be a number or null")
     asking = asking_of(message)
     options = options_of(message)
-    detach = keeping.detach_from_json(message.get("detach"))
+    detach = keeping.detach_from_json(message.get("detach"), default_max_duration_s)
     return RunRequest(call.name, call.cwd, options, call.header, call.buffers, checkpoint, step, asking, detach)
 
 

@@ -40,6 +40,7 @@ from pathlib import Path
 
 from ..cluster import where
 from ..errors import GPUSessionError
+from .keeping import detach_policy_from_env
 
 GATEWAYS_DIR = "gateways"
 SOCKET_NAME, RECORD_NAME, LOG_NAME = "socket", "gateway.json", "gateway.log"
@@ -204,6 +205,7 @@ def ensure() -> str:
     if refusal:
         raise NoUserGateway(refusal)
     idle_limit(os.environ)  # a bad value is the caller's mistake: said here, not in the gateway's log
+    detach_policy_from_env(os.environ)  # likewise the default limit and retention it will keep to
     folder = private_directory(directory_for(where.state_dir(), address))
     path = folder / SOCKET_NAME
     if answers(path):

@@ -7,6 +7,7 @@ import math
 import socket
 from pathlib import Path
 
+from ..gateway.keeping import detach_policy
 from ..options import parse_duration
 from .nodeplan import NodeOptions, head_address, ray_ip_refusal
 from ..options import parse_duration
@@ -64,6 +65,12 @@ def register(subparsers) -> None:
                      help="do not count a live run as its server's activity: a server with a run going is then "
                           "culled when Jupyter itself sees no activity (requests, terminals, kernel messages; a "
                           "notebook's live view of a run sends some every second)")
+    hub.add_argument("--detach-max-duration", default=None, metavar="TIME",
+                     help="the time limit of a detached run that names none: seconds or e.g. 8h, 2d, at most 30 "
+                          "days (default 24h); a call may ask for another up to 30 days")
+    hub.add_argument("--detach-retention", default=None, metavar="TIME",
+                     help="how long an ended detached run's result, metrics and output are kept in the gateway: "
+                          "seconds or e.g. 3d, from 60 s to 365 days (default 7d)")
     hub.add_argument("--ray-ip", default=None, metavar="ADDRESS",
                      help="this machine's address on the network the GPU nodes share: the Ray head advertises it, "
                           "Ray's token of each start is kept for root in STATE/hub/ray_token, and the hub prints the "
@@ -139,10 +146,11 @@ def options_from(args: argparse.Namespace) -> tuple[HubLayout, HubOptions]:
     for flag, path in (("--ssl-cert", args.ssl_cert), ("--ssl-key", args.ssl_key)):
         if path is not None and not path.is_file():
             raise ValueError(f"{flag} {path}: no such file. Give the path of a PEM file.")
+    detach = detach_policy(args.detach_max_duration, args.detach_retention)
     layout = HubLayout(args.prefix, args.state_dir, args.service_user)
     return layout, HubOptions(args.ip, args.port, admins, args.gpus, _free_port(), _free_port(), policy,
                               ssl_cert=args.ssl_cert, ssl_key=args.ssl_key, insecure_http=args.insecure_http,
-                              min_uid=args.min_uid, culling=culling_from(args), ray_ip=args.ray_ip)
+                              min_uid=args.min_uid, culling=culling_from(args), ray_ip=args.ray_ip, detach=detach)
 
 
 def culling_from(args: argparse.Namespace) -> Culling:

@@ -20,6 +20,8 @@ import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..gateway.keeping import DetachPolicy
+
 DEFAULT_PREFIX = Path("/opt/gpusession-hub")
 DEFAULT_STATE = Path("/var/lib/gpusession-hub")
 DEFAULT_SERVICE_USER = "gpusession"
@@ -140,6 +142,7 @@ class HubOptions:
     min_uid: int = 1000  # the launcher starts no rank as an account below this uid (system accounts)
     culling: Culling = field(default_factory=lambda: Culling())
     ray_ip: str | None = None  # the address the Ray head advertises for other nodes; None: one machine
+    detach: DetachPolicy = field(default_factory=DetachPolicy)  # detached runs' default limit and retention
 
     @property
     def url(self) -> str:
@@ -193,8 +196,11 @@ def user_environment(layout: HubLayout) -> dict[str, str]:
 
 
 def gateway_settings(layout: HubLayout, options: HubOptions) -> dict:
-    """What the cluster service needs to start the gateway: its socket and the admins it names."""
-    return {"socket": str(layout.gateway_socket), "admins": sorted(options.admins)}
+    """What the cluster service needs to start the gateway: its socket, the admins it names and
+    the admin's policy for detached runs."""
+    return {"socket": str(layout.gateway_socket), "admins": sorted(options.admins),
+            "detach": {"max_duration_s": options.detach.default_max_duration_s,
+                       "retention_s": options.detach.retention_s}}
 
 
 def jupyterhub_config(layout: HubLayout, options: HubOptions, *, user_env: dict[str, str]) -> str:

@@ -10,6 +10,7 @@ gpusession/gateway/keeping.py): lost when it exits.
 """
 from __future__ import annotations
 
+import os
 import threading
 from typing import Any, Callable
 
@@ -23,16 +24,20 @@ RUN_ID_WAIT_S = 360.0
 
 
 def detach_limit(max_duration: Any) -> float:
-    """The max_duration (s) of a detached run, or the error that says why it cannot be detached
-    here (ValueError: the limit; GPUSessionError: the embedded cluster, which ends with this kernel)."""
+    """The max_duration (s) of a detached run (keeping.GATEWAYS_DEFAULT when it names none: the
+    gateway applies the admin's default), or the error that says why it cannot be detached here
+    (ValueError: the limit; GPUSessionError: the embedded cluster, which ends with this kernel)."""
     from ..gateway.client import gateway_path
-    from ..gateway.keeping import DEFAULT_MAX_DURATION_S, max_duration_of
+    from ..gateway.keeping import GATEWAYS_DEFAULT, detach_policy_from_env, max_duration_of
     from ..gateway.usergateway import cluster_address, detach_refusal
 
-    limit = max_duration_of(DEFAULT_MAX_DURATION_S if max_duration is None else max_duration)
-    refusal = None if gateway_path() else detach_refusal(cluster_address())
+    limit = GATEWAYS_DEFAULT if max_duration is None else max_duration_of(max_duration)
+    hub = gateway_path()
+    refusal = None if hub else detach_refusal(cluster_address())
     if refusal:
         raise GPUSessionError(refusal)
+    if not hub:  # this user's own gateway keeps to the policy these variables set: a bad one is said now
+        detach_policy_from_env(os.environ)
     return limit
 
 

@@ -63,7 +63,7 @@ class DistributedFunction:
         raises the error the blocking call would); `run.cancel()` stops it; `gs.runs()` lists them.
 
         detach=True: a gpusession gateway hosts the run past this kernel (a restart, a crash, the
-        server stopped) for at most `max_duration` seconds (default 24 h; then it is stopped and
+        server stopped) for at most `max_duration` seconds (default: the admin's, 24 h out of the box; then it is stopped and
         its GPUs released): the hub's, or with `gpusession lab` / RAY_ADDRESS a gateway of your own
         that the first detach starts; `run.run_id` is what `gs.attach` takes in any kernel of yours.
         Not with the embedded cluster, which ends with this kernel. `detach` and `max_duration`

@@ -17,6 +17,9 @@ from ..conftest import ROOT
 # the module's hub starts within its first test (minutes on a loaded machine), and a user's first
 # JupyterLab page loads the whole app
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+# the admin's policy for detached runs (the sidebar test reads it back): a limit for runs naming
+# none, and how long an ended one is kept
+HUB_ARGS = ["--detach-max-duration", "10m", "--detach-retention", "2d"]
 
 SETUP = "%load_ext gpusession\nimport torch, getpass, gpusession as gs\nprint(getpass.getuser())"
 GPU_CELL = """%%gpu 2
@@ -399,17 +402,21 @@ def slow():
     while True:
         time.sleep(0.2)
 
-done = quick.submit(detach=True, max_duration=300)
+done = quick.submit(detach=True)  # the hub's default limit: HUB_ARGS
 assert done.result() == 42
 going = slow.submit(detach=True, max_duration=300)
-print(done.run_id, going.run_id)"""
+print(done.run_id, going.run_id)
+print(sorted(r.max_duration for r in gs.runs(all=True) if r.run_id in (done.run_id, going.run_id)))"""
 
 
-def test_the_lab_sidebar_lists_detached_runs_stops_a_live_one_and_attaches_a_finished_one_in_a_new_cell(hub, browser):
+def test_the_lab_sidebar_lists_detached_runs_with_the_hubs_limit_and_retention_stops_one_and_attaches_another(
+        hub, browser):
     _ready(hub.admin, hub.alice)  # the admin's server answers held_lease
     started = hub.alice.run(DETACH_TWO)
     assert started.error is None, started
-    finished_id, live_id = started.stdout.split()
+    ids, limits = started.stdout.strip().splitlines()
+    finished_id, live_id = ids.split()
+    assert limits == "[300.0, 600.0]", started  # the named limit, and the admin's default for the other
     page = lab_through_login(browser, hub, hub.alice)
     try:
         tab = page.locator('.lm-TabBar-tab[data-id="gpusession-sidebar"]')
@@ -420,7 +427,7 @@ def test_the_lab_sidebar_lists_detached_runs_stops_a_live_one_and_attaches_a_fin
         expect(live).to_contain_text("running", timeout=60_000)
         expect(live).to_contain_text("slow")
         expect(finished).to_contain_text("finished")
-        expect(finished).to_contain_text("kept")  # how long its result stays
+        expect(finished).to_contain_text("kept 2.0 days more")  # the admin's retention
         assert finished.locator("button.gs-stop").count() == 0  # an ended run offers attach only
 
         live.locator("button.gs-stop").click()

@@ -104,3 +104,44 @@ def test_it_exits_when_its_clusters_head_goes(own_head):
     stopped_at = time.monotonic()
     wait_for(lambda: not process_running(pid), timeout=60, message="the user's gateway exited after its head")
     assert time.monotonic() - stopped_at < 30
+
+
+def test_a_detach_naming_no_limit_gets_the_gateways_default_and_its_records_the_gateways_retention(cluster, home):
+    """The admin's policy (here the user is their own admin: the variables of the kernel that
+    starts the gateway): a run that names no max_duration gets the default, and an ended run's
+    expiry is its end plus the retention."""
+    from gpusession.gateway.keeping import MAX_DURATION_ENV, RETENTION_ENV
+
+    policy = {MAX_DURATION_ENV: "5m", RETENTION_ENV: "2h"}
+    path = start_user_gateway(cluster, home, **policy)
+    k = Kernel(path, """
+        @gs.distributed(gpus=1)
+        def quick():
+            return 7
+
+        run = quick.submit(detach=True)
+        value = run.result()
+        row = next(r for r in gs.runs(all=True) if r.run_id == run.run_id)
+        say(value=value, max_duration=row.max_duration, kept_s=row.expires - row.ended)
+    """)
+    got = k.result()
+    assert got["value"] == 7 and got["max_duration"] == 300.0, got
+    assert abs(got["kept_s"] - 7200.0) < 1.0, got
+
+
+def test_a_bad_policy_variable_is_refused_by_the_detach_naming_it_and_starts_no_gateway(cluster, home):
+    from gpusession.gateway.keeping import RETENTION_ENV
+
+    k = Kernel(None, """
+        @gs.distributed(gpus=1)
+        def quick():
+            return 7
+
+        try:
+            quick.submit(detach=True)
+        except ValueError as exc:
+            say(error=str(exc))
+    """, env={**user_kernel_env(cluster, home), RETENTION_ENV: "10s"})
+    got = k.result()
+    assert got["error"].startswith(f"{RETENTION_ENV} is how long an ended detached run's result"), got
+    assert user_gateway_pids(home) == []

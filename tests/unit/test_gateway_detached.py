@@ -36,12 +36,54 @@ def test_max_duration_defaults_nowhere_and_refuses_what_is_not_a_finite_positive
             keeping.max_duration_of(bad)
 
 
-def test_the_detach_field_is_null_or_a_finite_limit():
+def test_the_detach_field_is_null_or_a_finite_limit_whose_null_is_the_gateways_default():
     assert keeping.detach_from_json(None) is None
     assert keeping.detach_from_json({"max_duration": 5}) == 5.0
-    for bad in ({}, {"max_duration": None}, {"max_duration": 1e400}, [], "yes"):
+    assert keeping.detach_from_json({"max_duration": None}) == keeping.DEFAULT_MAX_DURATION_S
+    assert keeping.detach_from_json({"max_duration": None}, 600.0) == 600.0
+    for bad in ({}, {"max_duration": 1e400}, {"max_duration": 0}, [], "yes"):
         with pytest.raises(BadRunMessage, match="detach"):
             keeping.detach_from_json(bad)
+
+
+@pytest.mark.parametrize("max_duration, retention, says", [
+    ("0", None, "--detach-max-duration must be a time above 0"),
+    ("forever", None, "--detach-max-duration must be a time above 0"),
+    ("31d", None, "--detach-max-duration is at most"),
+    (None, "10s", "--detach-retention is how long an ended detached run's result"),
+    (None, "400d", "from 60 s to 365 days"),
+    (None, True, "--detach-retention must be a time above 0"),
+])
+def test_an_admins_bad_detach_policy_is_refused_naming_the_option(max_duration, retention, says):
+    with pytest.raises(ValueError, match=says):
+        keeping.detach_policy(max_duration, retention)
+
+
+def test_an_admins_detach_policy_from_options_or_a_users_own_variables():
+    assert keeping.detach_policy() == keeping.DetachPolicy(24 * 3600.0, 7 * 24 * 3600.0)
+    assert keeping.detach_policy("8h", "3d") == keeping.DetachPolicy(8 * 3600.0, 3 * 86400.0)
+    assert keeping.detach_policy(600, None).default_max_duration_s == 600.0
+    own = keeping.detach_policy_from_env({keeping.MAX_DURATION_ENV: "90m", keeping.RETENTION_ENV: ""})
+    assert own == keeping.DetachPolicy(5400.0, 7 * 24 * 3600.0)
+    with pytest.raises(ValueError, match=keeping.RETENTION_ENV):
+        keeping.detach_policy_from_env({keeping.RETENTION_ENV: "1s"})
+
+
+def test_the_hubs_gateway_takes_the_policy_flags_before_its_arguments():
+    from gpusession.gateway.main import _detach_flags
+
+    assert _detach_flags(["--detach-max-duration", "600", "--detach-retention", "3600", "s", "db", "ann"]) == (
+        {"--detach-max-duration": "600", "--detach-retention": "3600"}, ["s", "db", "ann"])
+    assert _detach_flags(["s", "db"]) == ({}, ["s", "db"])
+    with pytest.raises(ValueError, match="--detach-retention needs a value"):
+        _detach_flags(["--detach-retention"])
+
+
+def test_a_registry_keeps_ended_runs_for_its_policys_retention_and_says_so_in_each_row():
+    registry = Registry(keeping.DetachPolicy(retention_s=3600.0))
+    run = registry.add("ann", "f", 1, 1, 60)
+    run.ended_at = run.started_at + 5
+    assert run.row()["expires"] == run.ended_at + 3600.0
 
 
 def test_time_limit_retention_and_expiry_decisions():
@@ -94,7 +136,7 @@ def test_a_run_message_carries_its_detach_limit():
 
 # ----- the registry -----------------------------------------------------------------------------------
 def test_the_registry_drops_ended_runs_after_retention_and_past_the_per_account_count():
-    registry = Registry(retention_s=0.05, per_user=1)
+    registry = Registry(keeping.DetachPolicy(retention_s=0.05), per_user=1)
     live = registry.add("ann", "live", 1, 1, 60)
     old = registry.add("ann", "old", 1, 1, 60)
     old.finish({"info": {}, "error": None, "values": None}, [], "finished")

@@ -137,13 +137,14 @@ def test_detach_mistakes_are_usage_errors_before_anything_is_leased(monkeypatch,
         _detach_limit(parse_argstring(GPUMagics.gpu_cell, line))
 
 
-def test_a_detached_cell_gets_the_default_limit_or_its_own(monkeypatch):
+def test_a_detached_cell_leaves_the_limit_to_the_gateways_default_or_names_its_own(monkeypatch):
     from gpusession.gateway.client import GATEWAY_ENV
+    from gpusession.gateway.keeping import GATEWAYS_DEFAULT
     from gpusession.notebook.magics import _detach_limit
 
     monkeypatch.setenv(GATEWAY_ENV, "/g.sock")
     assert _detach_limit(parse_argstring(GPUMagics.gpu_cell, "2 --bg")) is None
-    assert _detach_limit(parse_argstring(GPUMagics.gpu_cell, "2 --bg --detach")) == 24 * 3600
+    assert _detach_limit(parse_argstring(GPUMagics.gpu_cell, "2 --bg --detach")) == GATEWAYS_DEFAULT
     assert _detach_limit(parse_argstring(GPUMagics.gpu_cell, "2 --bg --detach --max-duration 2h")) == 7200
 
 
