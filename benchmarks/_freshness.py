@@ -39,6 +39,8 @@ EXTRA_MEASURES = {
     "cli_status": ("gpusession/cli.py", "gpusession/status_endpoint.py"),
     "hub": ("gpusession/hub", "jupyter_ext"),
     "attach": ("gpusession/gateway",),
+    "before_gateway": ("benchmarks/_before_side.py", "benchmarks/_gateway_side.py", "gpusession/gateway",
+                       "gpusession/notebook"),
     "utilization_replay": ("benchmarks/_replay_world.py", "benchmarks/_kueue_baseline.py"),
 }
 

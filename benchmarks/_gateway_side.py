@@ -51,7 +51,7 @@ assert allreduce() == 2.0
 """
 
 # A kernel that makes that call each time it reads a line, and prints its seconds.
-_KERNEL = FIRST_CALL.replace("assert allreduce() == 2.0\n", """import sys, time
+WARM_LOOP = FIRST_CALL.replace("assert allreduce() == 2.0\n", """import sys, time
 print("READY", flush=True)
 for line in sys.stdin:
     started = time.perf_counter()
@@ -70,7 +70,7 @@ class GatewaySide:
         self.host = subprocess.Popen([sys.executable, "-c", _HOST, self.socket, db_path], env=host_env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=str(ROOT))
         _expect_ready(self.host, "gateway host")
-        self.kernel = subprocess.Popen([sys.executable, "-c", _KERNEL], env=self.kernel_env(),
+        self.kernel = subprocess.Popen([sys.executable, "-c", WARM_LOOP], env=self.kernel_env(),
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=str(ROOT))
         _expect_ready(self.kernel, "gateway kernel")
 
