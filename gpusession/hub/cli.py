@@ -44,17 +44,8 @@ def register(subparsers) -> None:
                      help="serve plain HTTP on a non-loopback --ip anyway: Unix passwords then cross the network "
                           "in clear text (a warning says so at every start)")
     hub.add_argument("--port", type=_port, default=8000, help="the Hub's port, 1-65535 (default 8000)")
-    hub.add_argument("--gpus", type=_gpus, default=4, metavar="N",
-                     help="logical GPUs when the machine has none, at least 1 (default 4); a machine's real GPUs "
-                          "are all used")
-    hub.add_argument("--prefix", type=Path, default=DEFAULT_PREFIX,
-                     help=f"where scripts/setup --hub installed the hub's environment (default {DEFAULT_PREFIX})")
-    hub.add_argument("--state-dir", type=Path, default=DEFAULT_STATE,
-                     help=f"the ledger, secrets, JupyterHub's database and logs (default {DEFAULT_STATE})")
-    hub.add_argument("--service-user", default=DEFAULT_SERVICE_USER,
-                     help=f"the account that runs Ray and the broker, made if missing (default {DEFAULT_SERVICE_USER})")
-    hub.add_argument("--min-uid", type=_min_uid, default=1000, metavar="UID",
-                     help="the lowest uid whose ranks the launcher starts; system accounts lie below (default 1000)")
+    _add_machine_options(hub, state="the ledger, secrets, JupyterHub's database and logs",
+                         service="the account that runs Ray and the broker")
     hub.add_argument("--cull-idle-after", type=_idle_after, default=None, metavar="TIME",
                      help="stop a user's server after this long without activity: seconds or e.g. 30m, 2h, at "
                           f"least {MIN_CULL_IDLE_AFTER_S} s (default 1h; jupyterhub-idle-culler). A live run of "
@@ -80,6 +71,20 @@ def register(subparsers) -> None:
     _register_node(hub.add_subparsers(title="on the other GPU machines", metavar="node", dest="hub_command"))
 
 
+def _add_machine_options(parser: argparse.ArgumentParser, *, state: str, service: str) -> None:
+    """The options `gpusession hub` and `hub node` share: this machine's GPUs, install, state and accounts."""
+    parser.add_argument("--gpus", type=_gpus, default=4, metavar="N",
+                        help="logical GPUs when the machine has none, at least 1 (default 4); a machine's real GPUs "
+                             "are all used")
+    parser.add_argument("--prefix", type=Path, default=DEFAULT_PREFIX,
+                        help=f"where scripts/setup --hub installed the hub's environment (default {DEFAULT_PREFIX})")
+    parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE, help=f"{state} (default {DEFAULT_STATE})")
+    parser.add_argument("--service-user", default=DEFAULT_SERVICE_USER,
+                        help=f"{service}, made if missing (default {DEFAULT_SERVICE_USER})")
+    parser.add_argument("--min-uid", type=_min_uid, default=1000, metavar="UID",
+                        help="the lowest uid whose ranks the launcher starts; system accounts lie below (default 1000)")
+
+
 def _register_node(subparsers) -> None:
     node = subparsers.add_parser(
         "node", help="join this GPU machine to a hub's cluster (as root, on each extra node)",
@@ -94,17 +99,8 @@ def _register_node(subparsers) -> None:
                            "line argument), or - to read it from stdin")
     node.add_argument("--node-ip", default=None, metavar="ADDRESS",
                       help="this machine's address on the network the hosts share (default: Ray's choice)")
-    node.add_argument("--gpus", type=_gpus, default=4, metavar="N",
-                      help="logical GPUs when the machine has none, at least 1 (default 4); a machine's real GPUs "
-                           "are all used")
-    node.add_argument("--prefix", type=Path, default=DEFAULT_PREFIX,
-                      help=f"where scripts/setup --hub installed the hub's environment (default {DEFAULT_PREFIX})")
-    node.add_argument("--state-dir", type=Path, default=DEFAULT_STATE,
-                      help=f"this node's logs and the service account's directory (default {DEFAULT_STATE})")
-    node.add_argument("--service-user", default=DEFAULT_SERVICE_USER,
-                      help=f"the hub's service account, made if missing (default {DEFAULT_SERVICE_USER})")
-    node.add_argument("--min-uid", type=_min_uid, default=1000, metavar="UID",
-                      help="the lowest uid whose ranks the launcher starts; system accounts lie below (default 1000)")
+    _add_machine_options(node, state="this node's logs and the service account's directory",
+                         service="the hub's service account")
     node.add_argument("--temp-dir", type=Path, default=None, metavar="DIR",
                       help="Ray's temporary directory on this node, made the service account's (0700) "
                            "(default /tmp/gsh-SERVICE_USER)")
