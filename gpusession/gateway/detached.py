@@ -19,16 +19,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import RunTimeout
+from ..run.endings import EndReason
 from . import keeping
 from .chunks import send_chunked
 from .frames import Connection
+from .kinds import DetachedState, Event, Kind
 
 log = logging.getLogger("gpusession.gateway")
 MAX_PENDING = keeping.MAX_EVENTS + 1000  # unsent messages past which a following kernel is dropped
 FLUSH_S = 30.0  # how long a session waits for its kernel to be sent the end before it closes
 
-_STATE_OF_EVENT = {"queued": "queued", "granted": "starting", "running": "running", "transition": "starting"}
-_STATE_OF_END = {"finished": "finished", "cancelled": "cancelled"}  # any other end reason: failed
+_STATE_OF_EVENT = {Event.QUEUED: DetachedState.QUEUED, Event.GRANTED: DetachedState.STARTING,
+                   Event.RUNNING: DetachedState.RUNNING, Event.TRANSITION: DetachedState.STARTING}
+_STATE_OF_END = {EndReason.FINISHED: DetachedState.FINISHED,
+                 EndReason.CANCELLED: DetachedState.CANCELLED}  # any other end reason: failed
 
 
 class Follower:
@@ -80,9 +84,9 @@ class Follower:
                 return
             try:
                 if item[0] == "done":
-                    send_chunked(self.conn, "done", list(item[2]), **item[1])
+                    send_chunked(self.conn, Kind.DONE, list(item[2]), **item[1])
                     return
-                self.conn.send("event", **item[1])
+                self.conn.send(Kind.EVENT, **item[1])
             except Exception as exc:  # noqa: BLE001 - OSError, FrameError: this kernel is gone
                 with self._lock:
                     self._drop_locked(f"{type(exc).__name__}: {exc}")
@@ -103,7 +107,7 @@ class HostedRun:
     notebook: str | None = None  # the submitting kernel's notebook, when it knew it
     retention_s: float = keeping.RETENTION_S  # how long its records stay after it ended (the registry's)
     started_at: float = field(default_factory=time.time)
-    state: str = "submitted"
+    state: DetachedState = DetachedState.SUBMITTED
     ended_at: float | None = None
     end_reason: str | None = None
     events: list = field(default_factory=list)  # the event messages' fields, for replay
@@ -139,8 +143,8 @@ class HostedRun:
         with self._lock:
             self.ended_at = time.time()
             self.end_reason = end_reason
-            self.state = "failed" if fields.get("error") is not None and end_reason == "finished" \
-                else _STATE_OF_END.get(end_reason, "failed")  # a result too large to keep: failed
+            self.state = DetachedState.FAILED if fields.get("error") is not None and end_reason == EndReason.FINISHED \
+                else _STATE_OF_END.get(end_reason, DetachedState.FAILED)  # a result too large to keep: failed
             self.done = (fields, list(frames))
             self.result_bytes = value_size(frames)
             for follower in self._subscribers:
@@ -179,7 +183,7 @@ class HostedRun:
                 "gpus": self.gpus, "workers": self.workers, "started": self.started_at, "ended": self.ended_at,
                 "end_reason": self.end_reason, "max_duration": self.max_duration_s, "notebook": self.notebook,
                 "expires": keeping.expires_at(self.started_at, self.max_duration_s, self.ended_at, self.retention_s),
-                "reports": sum(1 for e in self.events if e.get("event") == "report")}
+                "reports": sum(1 for e in self.events if e.get("event") == Event.REPORT)}
 
 
 class Registry:
