@@ -31,11 +31,15 @@ class Closed(EOFError):
     """The other side closed the connection (between messages or in the middle of one)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class Message:
+    """One message as read: its kind parsed (a `Kind`), its other JSON fields, its raw frames."""
     kind: Kind
     fields: dict[str, Any] = field(default_factory=dict)
     payload: list[bytes] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", parse(Kind, self.kind, field="kind", error=FrameError))
 
     def get(self, name: str, default: Any = None) -> Any:
         return self.fields.get(name, default)
