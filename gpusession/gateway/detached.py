@@ -50,7 +50,7 @@ class Follower:
         self._thread.start()
 
     def put(self, item: tuple) -> bool:
-        """("event", fields) or ("done", fields, frames); False once dropped."""
+        """(Kind.EVENT, fields) or (Kind.DONE, fields, frames); False once dropped."""
         with self._lock:
             if self.dropped:
                 return False
@@ -83,7 +83,7 @@ class Follower:
             if item is None:
                 return
             try:
-                if item[0] == "done":
+                if item[0] is Kind.DONE:
                     send_chunked(self.conn, Kind.DONE, list(item[2]), **item[1])
                     return
                 self.conn.send(Kind.EVENT, **item[1])
@@ -126,7 +126,7 @@ class HostedRun:
             self.state = _STATE_OF_EVENT.get(event, self.state)
             if keeping.keeps_event(event, len(self.events)):
                 self.events.append(fields)
-            self._subscribers = [f for f in self._subscribers if f.put(("event", fields))]
+            self._subscribers = [f for f in self._subscribers if f.put((Kind.EVENT, fields))]
 
     def check(self, now: float) -> None:
         """The run's poll: a cancel, or the time limit, ends it."""
@@ -148,7 +148,7 @@ class HostedRun:
             self.done = (fields, list(frames))
             self.result_bytes = value_size(frames)
             for follower in self._subscribers:
-                follower.put(("done", fields, self.done[1]))
+                follower.put((Kind.DONE, fields, self.done[1]))
             self._subscribers = []
         self.stopping.set()
 
@@ -164,9 +164,9 @@ class HostedRun:
         with self._lock:
             follower = Follower(conn, max_pending=max(MAX_PENDING, len(self.events) + 1000))
             for fields in self.events:
-                follower.put(("event", fields))
+                follower.put((Kind.EVENT, fields))
             if self.done is not None:
-                follower.put(("done", *self.done))
+                follower.put((Kind.DONE, *self.done))
             else:
                 self._subscribers.append(follower)
             return follower
