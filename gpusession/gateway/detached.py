@@ -109,7 +109,7 @@ class HostedRun:
     started_at: float = field(default_factory=time.time)
     state: DetachedState = DetachedState.SUBMITTED
     ended_at: float | None = None
-    end_reason: str | None = None
+    end_reason: EndReason | None = None
     events: list = field(default_factory=list)  # the event messages' fields, for replay
     done: tuple | None = None  # (fields, frames) of the `done` message
     result_bytes: int = 0
@@ -138,7 +138,7 @@ class HostedRun:
                 "every worker was stopped and its GPUs released. Ask for a longer max_duration in submit()."))
             raise self.stop_error
 
-    def finish(self, fields: dict, frames: list, end_reason: str) -> None:
+    def finish(self, fields: dict, frames: list, end_reason: EndReason) -> None:
         """The run ended: its end kept and sent to every following kernel."""
         with self._lock:
             self.ended_at = time.time()

@@ -154,7 +154,7 @@ def to_evict(ended: list[tuple[float, str, int]], keep: int = RUNS_PER_USER,
     return [run_id for _, run_id, _ in drop]
 
 
-def keeps_event(event: str, kept: int, limit: int = MAX_EVENTS) -> bool:
+def keeps_event(event: Event, kept: int, limit: int = MAX_EVENTS) -> bool:
     """Whether a run that has kept `kept` events keeps this one for replay: past the limit only
     what the state and metrics need (outputs are dropped)."""
     return kept < limit or event != Event.OUTPUT
