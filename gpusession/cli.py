@@ -8,6 +8,7 @@ import math
 import os
 import sys
 
+from .broker.states import LeaseState
 from .cli_types import seconds
 from .errors import GPUSessionError
 
@@ -272,7 +273,7 @@ def _leases(args) -> int:
 def _revoke(args) -> int:
     view = _broker(args).revoke(args.lease_id)
     print(f"lease {view['lease_id']} of {view['user']}: {view['state']}"
-          + (" (notified; it stops within the grace period)" if view["state"] != "ended" else ""))
+          + (" (notified; it stops within the grace period)" if view["state"] != LeaseState.ENDED else ""))
     return 0
 
 

@@ -1,6 +1,8 @@
 """The errors gpusession raises. Each message says what happened, the numbers, and what to do."""
 from __future__ import annotations
 
+import enum
+
 
 class GPUSessionError(Exception):
     """Base class of every gpusession error."""
@@ -105,6 +107,16 @@ class ResultTooLarge(WorkerFailed):
 
 def _rebuild_worker_failed(message: str, kwargs: dict, cls: type = WorkerFailed) -> WorkerFailed:
     return cls(message, **kwargs)
+
+
+class CallFailure(str, enum.Enum):
+    """The typed errors of a broker call that are no gpusession error of their own: the broker
+    could not be reached (Unavailable), or it failed for a reason of its own (BrokerFailed)."""
+    UNAVAILABLE = "Unavailable"
+    BROKER_FAILED = "BrokerFailed"
+
+    def __str__(self) -> str:  # "Unavailable" in messages, like the plain value
+        return self.value
 
 
 ERRORS_BY_NAME = {

@@ -28,6 +28,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from .cluster.localhead import Bringup
 from .cluster.raycluster import state_dir
 
 NOT_INSTALLED = ("JupyterLab is not installed in this environment. Install it with "
@@ -150,10 +151,10 @@ def watch(proc: subprocess.Popen, chosen: LabPlan, log_path: Path, timeout_s: fl
             kind = " logical GPUs (training runs on the CPU)" if answer.get("logical_gpus") else " GPUs"
             say(f"cluster ready: {answer['gpus_total']:g}{kind}. Admin page: {chosen.admin_url}")
             return True
-        if answer is not None and answer.get("state") == "failed":
+        if answer is not None and answer.get("state") == Bringup.FAILED:
             say(answer.get("message", "the cluster did not start"))
             return True  # JupyterLab still runs; the page says the same
-        if answer is not None and answer.get("state") == "starting" and time.monotonic() - said >= 10:
+        if answer is not None and answer.get("state") == Bringup.STARTING and time.monotonic() - said >= 10:
             said = time.monotonic()
             say(f"starting the cluster ({answer.get('elapsed_s', 0)} s)...")
         time.sleep(0.5)

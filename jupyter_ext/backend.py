@@ -48,7 +48,7 @@ class ClusterStarting(BrokerUnavailable):
     def __init__(self, elapsed_s: float) -> None:
         super().__init__(f"gpusession is starting the cluster ({elapsed_s:.0f} s); "
                          "this page retries by itself.")
-        self.details = {"state": "starting", "elapsed_s": round(elapsed_s)}
+        self.details = {"state": localhead.Bringup.STARTING, "elapsed_s": round(elapsed_s)}
 
 
 def readable(exc: BaseException) -> str:
@@ -183,7 +183,7 @@ class Backend:
             self.failed_at = time.monotonic()
             self.log.error("gpusession could not start its cluster: %s", exc)  # the whole cause
             error = BrokerUnavailable(readable(exc))
-            error.details = {"state": "failed"}
+            error.details = {"state": localhead.Bringup.FAILED}
             settle(future, error=error)
 
     def _spawned(self, head: localhead.LocalHead) -> None:

@@ -45,13 +45,13 @@ class Channel:
 def error_type(exc: BaseException) -> str:
     """A named gpusession error keeps its name; Ray's "cannot reach the broker" is Unavailable;
     anything else (a bare TypeError or ValueError included) is a bug: BrokerFailed."""
-    from gpusession.errors import ERRORS_BY_NAME
+    from gpusession.errors import ERRORS_BY_NAME, CallFailure
 
     if type(exc).__name__ in ERRORS_BY_NAME:
         return type(exc).__name__
     if _unreachable(exc):
-        return "Unavailable"
-    return "BrokerFailed"
+        return CallFailure.UNAVAILABLE
+    return CallFailure.BROKER_FAILED
 
 
 def _unreachable(exc: BaseException) -> bool:
@@ -63,6 +63,7 @@ def _unreachable(exc: BaseException) -> bool:
 
 def answer(channel: Channel, request: dict) -> None:
     from gpusession.broker import client
+    from gpusession.errors import CallFailure
 
     try:
         method = request.get("method")
@@ -74,10 +75,10 @@ def answer(channel: Channel, request: dict) -> None:
         channel.send({"id": request.get("id"), "result": result})
     except Exception as exc:  # every failure goes back to the caller as a typed error
         kind = error_type(exc)
-        if kind == "Unavailable":
+        if kind == CallFailure.UNAVAILABLE:
             client.forget()  # the broker may have been restarted or replaced: look it up again
         message = str(exc) or repr(exc)
-        if kind == "BrokerFailed" and type(exc).__name__ != "BrokerFailed":
+        if kind == CallFailure.BROKER_FAILED and type(exc).__name__ != "BrokerFailed":
             incident = uuid.uuid4().hex[:8]
             print(f"gpusession bridge: {request.get('method')} failed (incident {incident})", file=sys.stderr)
             traceback.print_exc()

@@ -366,7 +366,7 @@ def _active(row: dict) -> ActiveLease:
     hold = row.get("max_hold_s")
     notice = row.get("notice") or {}
     workers = row["workers"]
-    node_workers = row.get("node_workers") if row["state"] == "placed" else None
+    node_workers = row.get("node_workers") if row["state"] == LeaseState.PLACED else None
     giving = None
     if kind_of(notice) is NoticeKind.SHRINK:
         giving = notice.get("node_workers") or {}

@@ -447,7 +447,7 @@ def _encode(value: Any) -> Any:
 
 def _decode(row: dict) -> dict:
     row = dict(row)
-    row["state"] = LeaseState(row["state"]).value
+    row["state"] = LeaseState(row["state"])
     for key in ("node_workers", "notice", "gpu_ids"):
         if row.get(key):
             row[key] = json.loads(row[key])

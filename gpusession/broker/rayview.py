@@ -13,6 +13,7 @@ from ray.util.placement_group import PlacementGroup, remove_placement_group
 from ..cluster import liveness, rayprivate
 from ..cluster.raycluster import nodes as alive_nodes
 from .model import ActiveLease, NodeCapacity
+from .states import PlacementState
 
 PG_PREFIX = "gpusession"
 PROBE_TIMEOUT_S = 1.0  # a node whose raylet does not answer a connect within this lends no GPUs
@@ -31,7 +32,7 @@ def pg_name(ledger_id: str, lease_id: int) -> str:
 @dataclass(frozen=True)
 class GroupState:
     pg_id: str
-    state: str  # PENDING | CREATED | REMOVED | RESCHEDULING
+    state: PlacementState
     node_workers: dict[str, int]
     gpus_by_node: dict[str, float]
 
@@ -81,7 +82,7 @@ def take(ledger_id: str, previous: Snapshot | None = None) -> Snapshot:
     free = {n: r.get("GPU", 0.0) for n, r in rayprivate.available_resources_per_node().items()}
     ours: dict[str, float] = {}
     for group in groups.values():
-        if group.state == "CREATED":
+        if group.state == PlacementState.CREATED:
             for node_id, gpus in group.gpus_by_node.items():
                 ours[node_id] = ours.get(node_id, 0.0) + gpus
     before = previous.raw_unmanaged if previous else {}
@@ -135,16 +136,17 @@ def _our_groups(ledger_id: str) -> dict[int, GroupState]:
             node_workers[node_id] = node_workers.get(node_id, 0) + 1
             gpus = float(bundles.get(index, {}).get("GPU", 0.0))
             gpus_by_node[node_id] = gpus_by_node.get(node_id, 0.0) + gpus
-        current = GroupState(pg_id, entry.get("state", ""), node_workers, gpus_by_node)
+        current = GroupState(pg_id, PlacementState.parse(entry.get("state")), node_workers, gpus_by_node)
         # a lease has one live group; removed ones from earlier tries must not hide it
-        if lease_id not in found or found[lease_id].state == "REMOVED":
+        if lease_id not in found or found[lease_id].state == PlacementState.REMOVED:
             found[lease_id] = current
     return found
 
 
 def placed_leases(ledger_id: str) -> set[int]:
     """The leases whose placement group Ray has created and holds now (read from the GCS)."""
-    return {lease_id for lease_id, group in _our_groups(ledger_id).items() if group.state == "CREATED"}
+    return {lease_id for lease_id, group in _our_groups(ledger_id).items()
+            if group.state == PlacementState.CREATED}
 
 
 def _jobs() -> tuple[dict[str, float], frozenset[str]]:

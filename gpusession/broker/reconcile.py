@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .notice import NoticeKind, kind_of
+from .states import LeaseState, PlacementState
 
 if TYPE_CHECKING:  # the decisions here are pure: they take a snapshot, and never import Ray
     from .rayview import Snapshot
@@ -100,7 +101,7 @@ def allowed_silence(job_id: str | None, snapshot: Snapshot, timeouts: Timeouts) 
 def _reconcile_one(row, snapshot, now, last_seen, vanished_since, timeouts) -> list[Action]:
     lease_id, state = row["id"], row["state"]
     group = snapshot.groups.get(lease_id)
-    if state == "queued":
+    if state == LeaseState.QUEUED:
         if row.get("job_id") in snapshot.dead_jobs:
             return [Close(lease_id, "caller gone", now)]
         silence = now - last_seen.get(lease_id, now)
@@ -117,19 +118,19 @@ def _reconcile_one(row, snapshot, now, last_seen, vanished_since, timeouts) -> l
     if row.get("max_hold_s") and held_since is not None:
         if now > held_since + row["max_hold_s"] + RUN_DEADLINE_SLACK_S:
             return [Force(lease_id, "timeout")]
-    if group is not None and group.state == "CREATED":
-        if state == "granted":
+    if group is not None and group.state == PlacementState.CREATED:
+        if state == LeaseState.GRANTED:
             return [MarkPlaced(lease_id, group.node_workers)]
         return []
-    if state == "granted":
-        if group is not None and group.state != "REMOVED":
+    if state == LeaseState.GRANTED:
+        if group is not None and group.state != PlacementState.REMOVED:
             return []  # Ray is still placing it
         if row.get("job_id") in snapshot.dead_jobs:
             return [Close(lease_id, "caller gone", now)]
         if now - row["granted_at"] > timeouts.claim_s:
             return [Force(lease_id, "expired")]
         return []
-    if group is not None and group.state != "REMOVED":
+    if group is not None and group.state != PlacementState.REMOVED:
         return []  # RESCHEDULING after a node loss: the run itself will notice
     # placed, but its group is missing or removed
     ended = snapshot.dead_jobs.get(row.get("job_id"))

@@ -37,7 +37,7 @@ from .request import PROTOCOL, LeaseRequest
 from .relocate_api import RelocateMethods
 from .progress_api import ProgressMethods
 from .resize_api import ResizeMethods
-from .states import LeaseState
+from .states import LeaseState, PlacementState
 from .timings import Timings
 
 log = logging.getLogger("gpusession.broker")
@@ -217,7 +217,7 @@ class BrokerService(AdminMethods, ResizeMethods, RelocateMethods, ProgressMethod
             raise InvalidRequest(f"node_workers names node {strangers[0][:16]}..., which has no GPUs in this "
                                  "cluster. Nothing was changed.")
         group = self.snapshot.groups.get(row["id"])
-        if group is not None and group.state == "CREATED" and group.node_workers != counts:
+        if group is not None and group.state == PlacementState.CREATED and group.node_workers != counts:
             raise InvalidRequest(f"node_workers {counts} differs from where Ray placed lease {row['id']} "
                                  f"({group.node_workers}). Nothing was changed.")
         return counts
@@ -403,7 +403,7 @@ class BrokerService(AdminMethods, ResizeMethods, RelocateMethods, ProgressMethod
         """Groups whose lease is closed (its caller crashed mid-release) must not keep GPUs."""
         found = []
         for lease_id, group in list(self.snapshot.groups.items()):
-            if lease_id in self.books.rows or group.state not in ("CREATED", "PENDING"):
+            if lease_id in self.books.rows or group.state not in (PlacementState.CREATED, PlacementState.PENDING):
                 continue
             row = self.books.recent(lease_id) or await self.journal.read("lease", lease_id)
             if row is not None and row["state"] == LeaseState.ENDED:  # ended is final: safe after the await
@@ -425,7 +425,7 @@ class BrokerService(AdminMethods, ResizeMethods, RelocateMethods, ProgressMethod
         elif isinstance(action, reconcile.Force):
             log.info("Forcing lease %d off its GPUs (%s)", action.lease_id, action.reason)
             group = self.snapshot.groups.get(action.lease_id)
-            groups = [group.pg_id] if group is not None and group.state != "REMOVED" else []
+            groups = [group.pg_id] if group is not None and group.state != PlacementState.REMOVED else []
             self._apply(self.books.close(action.lease_id, action.reason, now))
             return groups, self.workers.pop(action.lease_id, [])
         return None

@@ -8,6 +8,7 @@ from .books import Books
 from .ledger import QuotaRow
 from .model import Quota, Waiting
 from .rayview import Snapshot
+from .states import LeaseState
 
 DAY_S = 86400.0
 
@@ -28,7 +29,7 @@ def lease_view(row: dict, *, waiting: Waiting | None, version: int, now: float) 
         "requested_at": row["requested_at"],
         "granted_at": held_since,
         "released_at": row.get("released_at"),
-        "age_s": now - (held_since or row["requested_at"]) if row["state"] != "ended" else None,
+        "age_s": now - (held_since or row["requested_at"]) if row["state"] != LeaseState.ENDED else None,
         "position": waiting.position if waiting else None,
         "wait_kind": waiting.kind.value if waiting else None,
         "reason": waiting.reason if waiting else None,
@@ -52,7 +53,7 @@ def cluster_view(snapshot: Snapshot, books: Books) -> dict:
     nodes = snapshot.nodes_for(books.active())
     unavailable = sum(n.unmanaged for n in nodes)  # a lost node's GPUs count here too
     leased = sum(lease.gpus for lease in books.active())
-    queued = [r for r in books.rows.values() if r["state"] == "queued"]
+    queued = [r for r in books.rows.values() if r["state"] == LeaseState.QUEUED]
     return {
         "gpus_total": total,
         "gpus_leased": leased,

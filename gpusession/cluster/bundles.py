@@ -12,6 +12,7 @@ from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from . import raycluster
+from ..broker.states import PlacementState
 from ..errors import Infeasible
 from ..run.pool import pool
 
@@ -77,7 +78,8 @@ def remove_group_and_wait(group, ours: dict[str, float], *, lease_id: int | None
     node) free, before the broker hears of it: so no other lease can be placed on them first."""
     marker = group.id.hex()
     with _removing:
-        still_there = ray.util.placement_group_table(group).get("state") != "REMOVED"
+        state = ray.util.placement_group_table(group).get("state")  # none: Ray does not know it (yet)
+        still_there = state is None or PlacementState.parse(state) is not PlacementState.REMOVED
         before = raycluster.unreserved_gpus_by_node(excluding_group=marker)
         remove_placement_group(group)
         if not still_there:  # the broker already took it back (revoke, preemption)

@@ -34,6 +34,7 @@ from ..run.notices import notice_error, queue_end_error
 from ..run.pool import WorkerHandle
 from ..broker import client, messages
 from ..broker.notice import Notice
+from ..broker.states import LeaseState
 from .notice_watch import NoticeWatch
 
 log = logging.getLogger("gpusession")
@@ -191,7 +192,7 @@ class Lease(HeldLease):
 
     def _wait_in_queue(self, broker, view: dict, requested: float) -> dict:
         timeout = self.options.lease.queue_timeout_s
-        while view["state"] == "queued":
+        while view["state"] == LeaseState.QUEUED:
             elapsed = time.time() - requested
             self.observer.queued(view, elapsed)
             self.observer.poll()
@@ -203,7 +204,7 @@ class Lease(HeldLease):
                 )
             poll = 1.0 if timeout is None else max(0.05, min(1.0, timeout - elapsed))
             view = client.call(broker.wait, self.lease_id, view["version"], poll, auth=client.lease_auth(self.identity))
-        if view["state"] == "ended":
+        if view["state"] == LeaseState.ENDED:
             raise queue_end_error(view)
         return view
 
@@ -224,7 +225,7 @@ class Lease(HeldLease):
             view = client.call(broker.wait, self.lease_id, -1, 0.0, auth=client.lease_auth(self.identity))
         except Exception:  # the broker is away: the original error stands
             return None
-        if view.get("notice") or view["state"] == "ended":
+        if view.get("notice") or view["state"] == LeaseState.ENDED:
             return notice_error(self, Notice.from_view(view))
         return None
 

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import enum
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,6 +33,15 @@ START_ATTEMPTS = 3  # `ray start` tried again only when its head missed Ray's fi
 
 
 log = logging.getLogger(__name__)
+
+
+class Bringup(str, enum.Enum):
+    """The "state" a Jupyter server answers while it brings up its local head (no state: ready)."""
+    STARTING = "starting"
+    FAILED = "failed"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 class LocalHeadError(RuntimeError):

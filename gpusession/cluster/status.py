@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..broker.states import LeaseState
+
 
 
 @dataclass(frozen=True)
@@ -31,7 +33,7 @@ class Status:
         ]
         lines[1:1] = [node_line(node) for node in c.get("nodes", []) if "leased" in node]
         for lease in self.leases:
-            where = (f"queued, position {lease['position']}: {lease['reason']}" if lease["state"] == "queued"
+            where = (f"queued, position {lease['position']}: {lease['reason']}" if lease["state"] == LeaseState.QUEUED
                      else f"{lease['state']}, {lease['age_s']:.0f} s")
             step = f", step {lease['step']}" if lease.get("step") is not None else ""
             notebook = f", {lease['notebook']}" if lease.get("notebook") else ""

@@ -15,6 +15,7 @@ from typing import Any
 from ..errors import ERRORS_BY_NAME, GPUSessionError
 from .client import connect
 from .frames import Closed, FrameError
+from .kinds import Kind
 
 CALL_TIMEOUT_S = 35.0
 
@@ -62,7 +63,7 @@ class BrokerConnection:
             request_id = next(self.ids)
             self.pending[request_id] = future
         try:
-            self.conn.send("call", id=request_id, method=method, args=args)
+            self.conn.send(Kind.CALL, id=request_id, method=method, args=args)
         except (OSError, FrameError, TypeError, ValueError) as exc:
             with self.lock:
                 self.pending.pop(request_id, None)
@@ -82,7 +83,7 @@ class BrokerConnection:
                     future = self.pending.pop(message.get("id"), None)
                 if future is None:
                     continue
-                if message.kind == "result":
+                if message.kind == Kind.RESULT:
                     _settle(future, result=message.get("result"))
                 else:
                     _settle(future, error=error_of(message.fields))

@@ -17,12 +17,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from ..errors import ERRORS_BY_NAME
+from ..errors import ERRORS_BY_NAME, CallFailure
 from . import brokercalls
 from .acting import Acting, admin_token_for, identity_of
 from .activity import FOLLOWING
 from .frames import Connection, Message
 from .server import Caller
+from .kinds import Kind
 
 log = logging.getLogger("gpusession.gateway.broker")
 CALLS_AT_ONCE = 8  # per connection
@@ -38,8 +39,8 @@ def error_type(exc: BaseException) -> str:
         return name
     if name in ("RayActorError", "GetTimeoutError", "RaySystemError", "ActorDiedError",
                 "ActorUnavailableError") or isinstance(exc, (ConnectionError, TimeoutError)):
-        return "Unavailable"
-    return "BrokerFailed"
+        return CallFailure.UNAVAILABLE
+    return CallFailure.BROKER_FAILED
 
 
 def answer(caller: Caller, keys: Acting, message: Message, broker_call: BrokerCall) -> dict:
@@ -48,21 +49,21 @@ def answer(caller: Caller, keys: Acting, message: Message, broker_call: BrokerCa
     try:
         call = brokercalls.check(message.fields, len(message.payload))
         if call.method == "whoami":
-            return {"kind": "result", "id": reply_id, "result": {"user": caller.user, "admin": caller.admin}}
+            return {"kind": Kind.RESULT, "id": reply_id, "result": {"user": caller.user, "admin": caller.admin}}
         if call.method == "following":  # the caller's own account only: its server's kernels among them
-            return {"kind": "result", "id": reply_id, "result": {"pids": FOLLOWING.pids(caller.peer.uid)}}
+            return {"kind": Kind.RESULT, "id": reply_id, "result": {"pids": FOLLOWING.pids(caller.peer.uid)}}
         auth = brokercalls.auth_for(caller.user, identity_of(caller, keys).signature, admin_token_for(caller, keys))
         result = broker_call(call.method, brokercalls.broker_args(call, auth))
         plain = json.loads(json.dumps(brokercalls.scrub(call.method, result), default=str))
-        return {"kind": "result", "id": reply_id, "result": plain}
+        return {"kind": Kind.RESULT, "id": reply_id, "result": plain}
     except Exception as exc:  # every failure goes back as a typed error
         kind, text = error_type(exc), str(exc) or type(exc).__name__
-        if kind == "BrokerFailed" and type(exc).__name__ != "BrokerFailed":
+        if kind == CallFailure.BROKER_FAILED and type(exc).__name__ != "BrokerFailed":
             incident = uuid.uuid4().hex[:8]
             log.exception("broker call %r of %s failed (incident %s)", message.get("method"), caller.user, incident)
             text = (f"The gpusession gateway failed on {str(message.get('method'))[:40]} (incident {incident}); "
                     "nothing is known to have changed. The service's log has the cause under that incident id.")
-        return {"kind": "error", "id": reply_id, "type": kind, "message": text}
+        return {"kind": Kind.ERROR, "id": reply_id, "type": kind, "message": text}
 
 
 def serve_broker(conn: Connection, caller: Caller, hello: Message, keys: Acting,
@@ -74,8 +75,8 @@ def serve_broker(conn: Connection, caller: Caller, hello: Message, keys: Acting,
     with ThreadPoolExecutor(max_workers=CALLS_AT_ONCE, thread_name_prefix="gateway-broker") as pool:
         while True:
             message = conn.receive()  # Closed / FrameError end the session (the server logs it)
-            if message.kind != "call":
-                conn.send("error", id=None, type="InvalidRequest",
+            if message.kind != Kind.CALL:
+                conn.send(Kind.ERROR, id=None, type="InvalidRequest",
                           message=f"The broker session takes 'call' messages; got {message.kind[:40]!r}.")
                 continue
             queued.acquire()  # a caller that floods calls waits for its own answers
@@ -97,7 +98,7 @@ def _send(conn: Connection, fields: dict) -> None:
         pass
     except (TypeError, ValueError) as exc:  # an answer over the frame limit: say so instead
         try:
-            conn.send("error", id=fields.get("id"), type="BrokerFailed",
+            conn.send(Kind.ERROR, id=fields.get("id"), type="BrokerFailed",
                       message=f"The answer could not be sent: {str(exc)[:300]}")
         except OSError:
             pass

@@ -5,16 +5,17 @@ carry the rest, in order. Frames are sent as they are: no copy, no concatenation
 from __future__ import annotations
 
 from .frames import MAX_PAYLOAD_FRAMES, Connection, FrameError, Message
+from .kinds import Kind
 
 MAX_FRAMES = 1 << 16  # arrays in one call or one result; the object store bounds the bytes
 
 
-def send_chunked(conn: Connection, kind: str, frames: list, **fields) -> None:
+def send_chunked(conn: Connection, kind: Kind, frames: list, **fields) -> None:
     """Send `kind` with every frame in `frames` (its own message first, then `more` messages).
     Only the thread that sends this message may send on conn until it returns."""
     conn.send(kind, frames[:MAX_PAYLOAD_FRAMES], frames=len(frames), **fields)
     for at in range(MAX_PAYLOAD_FRAMES, len(frames), MAX_PAYLOAD_FRAMES):
-        conn.send("more", frames[at:at + MAX_PAYLOAD_FRAMES])
+        conn.send(Kind.MORE, frames[at:at + MAX_PAYLOAD_FRAMES])
 
 
 def gather(conn: Connection, message: Message) -> Message:
@@ -25,7 +26,7 @@ def gather(conn: Connection, message: Message) -> Message:
         raise FrameError(f"a {message.kind[:40]!r} message announcing {total!r} frames")
     while len(message.payload) < total:
         more = conn.receive()
-        if more.kind != "more" or not more.payload or len(message.payload) + len(more.payload) > total:
+        if more.kind != Kind.MORE or not more.payload or len(message.payload) + len(more.payload) > total:
             raise FrameError(f"a {more.kind[:40]!r} message where the rest of {message.kind[:40]!r} was due")
         message.payload.extend(more.payload)
     return message

@@ -7,6 +7,7 @@ import socket
 from ..errors import GPUSessionError
 from .frames import Connection
 from .server import VERSION
+from .kinds import Kind
 
 GATEWAY_ENV = "GPUSESSION_GATEWAY"  # the socket's path; set in every server and kernel of a hub user
 
@@ -36,12 +37,12 @@ def connect(session: str, path: str | None = None, *, timeout_s: float = 10.0) -
                               "is the hub's service running? An admin can look at its log.") from None
     conn = Connection(sock)
     try:
-        conn.send("hello", version=VERSION, session=session)
+        conn.send(Kind.HELLO, version=VERSION, session=session)
         answer = conn.receive()
     except Exception:
         conn.close()
         raise
-    if answer.kind != "welcome":
+    if answer.kind != Kind.WELCOME:
         conn.close()
         raise GatewayRefused(f"The gpusession gateway refused this {session} connection: "
                              f"{answer.get('message', answer.kind)}")

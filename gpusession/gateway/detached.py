@@ -19,16 +19,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import RunTimeout
+from ..run.endings import EndReason
 from . import keeping
 from .chunks import send_chunked
 from .frames import Connection
+from .kinds import DetachedState, Event, Kind
 
 log = logging.getLogger("gpusession.gateway")
 MAX_PENDING = keeping.MAX_EVENTS + 1000  # unsent messages past which a following kernel is dropped
 FLUSH_S = 30.0  # how long a session waits for its kernel to be sent the end before it closes
 
-_STATE_OF_EVENT = {"queued": "queued", "granted": "starting", "running": "running", "transition": "starting"}
-_STATE_OF_END = {"finished": "finished", "cancelled": "cancelled"}  # any other end reason: failed
+_STATE_OF_EVENT = {Event.QUEUED: DetachedState.QUEUED, Event.GRANTED: DetachedState.STARTING,
+                   Event.RUNNING: DetachedState.RUNNING, Event.TRANSITION: DetachedState.STARTING}
+_STATE_OF_END = {EndReason.FINISHED: DetachedState.FINISHED,
+                 EndReason.CANCELLED: DetachedState.CANCELLED}  # any other end reason: failed
 
 
 class Follower:
@@ -46,7 +50,7 @@ class Follower:
         self._thread.start()
 
     def put(self, item: tuple) -> bool:
-        """("event", fields) or ("done", fields, frames); False once dropped."""
+        """(Kind.EVENT, fields) or (Kind.DONE, fields, frames); False once dropped."""
         with self._lock:
             if self.dropped:
                 return False
@@ -79,10 +83,10 @@ class Follower:
             if item is None:
                 return
             try:
-                if item[0] == "done":
-                    send_chunked(self.conn, "done", list(item[2]), **item[1])
+                if item[0] is Kind.DONE:
+                    send_chunked(self.conn, Kind.DONE, list(item[2]), **item[1])
                     return
-                self.conn.send("event", **item[1])
+                self.conn.send(Kind.EVENT, **item[1])
             except Exception as exc:  # noqa: BLE001 - OSError, FrameError: this kernel is gone
                 with self._lock:
                     self._drop_locked(f"{type(exc).__name__}: {exc}")
@@ -103,9 +107,9 @@ class HostedRun:
     notebook: str | None = None  # the submitting kernel's notebook, when it knew it
     retention_s: float = keeping.RETENTION_S  # how long its records stay after it ended (the registry's)
     started_at: float = field(default_factory=time.time)
-    state: str = "submitted"
+    state: DetachedState = DetachedState.SUBMITTED
     ended_at: float | None = None
-    end_reason: str | None = None
+    end_reason: EndReason | None = None
     events: list = field(default_factory=list)  # the event messages' fields, for replay
     done: tuple | None = None  # (fields, frames) of the `done` message
     result_bytes: int = 0
@@ -122,7 +126,7 @@ class HostedRun:
             self.state = _STATE_OF_EVENT.get(event, self.state)
             if keeping.keeps_event(event, len(self.events)):
                 self.events.append(fields)
-            self._subscribers = [f for f in self._subscribers if f.put(("event", fields))]
+            self._subscribers = [f for f in self._subscribers if f.put((Kind.EVENT, fields))]
 
     def check(self, now: float) -> None:
         """The run's poll: a cancel, or the time limit, ends it."""
@@ -134,17 +138,17 @@ class HostedRun:
                 "every worker was stopped and its GPUs released. Ask for a longer max_duration in submit()."))
             raise self.stop_error
 
-    def finish(self, fields: dict, frames: list, end_reason: str) -> None:
+    def finish(self, fields: dict, frames: list, end_reason: EndReason) -> None:
         """The run ended: its end kept and sent to every following kernel."""
         with self._lock:
             self.ended_at = time.time()
             self.end_reason = end_reason
-            self.state = "failed" if fields.get("error") is not None and end_reason == "finished" \
-                else _STATE_OF_END.get(end_reason, "failed")  # a result too large to keep: failed
+            self.state = DetachedState.FAILED if fields.get("error") is not None and end_reason == EndReason.FINISHED \
+                else _STATE_OF_END.get(end_reason, DetachedState.FAILED)  # a result too large to keep: failed
             self.done = (fields, list(frames))
             self.result_bytes = value_size(frames)
             for follower in self._subscribers:
-                follower.put(("done", fields, self.done[1]))
+                follower.put((Kind.DONE, fields, self.done[1]))
             self._subscribers = []
         self.stopping.set()
 
@@ -160,9 +164,9 @@ class HostedRun:
         with self._lock:
             follower = Follower(conn, max_pending=max(MAX_PENDING, len(self.events) + 1000))
             for fields in self.events:
-                follower.put(("event", fields))
+                follower.put((Kind.EVENT, fields))
             if self.done is not None:
-                follower.put(("done", *self.done))
+                follower.put((Kind.DONE, *self.done))
             else:
                 self._subscribers.append(follower)
             return follower
@@ -179,7 +183,7 @@ class HostedRun:
                 "gpus": self.gpus, "workers": self.workers, "started": self.started_at, "ended": self.ended_at,
                 "end_reason": self.end_reason, "max_duration": self.max_duration_s, "notebook": self.notebook,
                 "expires": keeping.expires_at(self.started_at, self.max_duration_s, self.ended_at, self.retention_s),
-                "reports": sum(1 for e in self.events if e.get("event") == "report")}
+                "reports": sum(1 for e in self.events if e.get("event") == Event.REPORT)}
 
 
 class Registry:

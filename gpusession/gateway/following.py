@@ -16,10 +16,11 @@ from .chunks import gather, send_chunked
 from .frames import Connection
 from .runwire import error_to_json, info_to_json, plain, stop_error
 from .shelf import Shelf
+from .kinds import Event, Kind
 
 log = logging.getLogger("gpusession.gateway")
 GONE_GRACE_S = 2.0  # a run polls every 0.2 s while it runs: one that has not ended by then cannot poll
-REQUESTS = ("run", "release")  # what a held lease's kernel may send between runs (heldlease.py)
+REQUESTS = (Kind.RUN, Kind.RELEASE)  # what a held lease's kernel may send between runs (heldlease.py)
 
 
 class StopWatch:
@@ -50,16 +51,16 @@ class StopWatch:
             try:
                 message = self.conn.receive()
                 request = self.requests is not None and message.kind in REQUESTS and not self.asked.is_set()
-                if request and message.kind == "run":
+                if request and message.kind == Kind.RUN:
                     message = gather(self.conn, message)
             except Exception as exc:  # Closed, FrameError, OSError: the kernel is gone or broken
                 return self._lost(KeyboardInterrupt(f"the caller's connection ended ({type(exc).__name__})"))
-            if message.kind == "stop":
+            if message.kind == Kind.STOP:
                 if self.error is None:
                     self.error = stop_error(message.get("reason"), message.get("message"))
             elif request:
                 self.asked.set()
-                if message.kind == "run" and not self.gone:
+                if message.kind == Kind.RUN and not self.gone:
                     self.error = None  # a stop sent before this run was for the run before it
                 self.requests.put(message)
             else:  # anything else is malformed here: end the run, drop the kernel
@@ -98,39 +99,39 @@ class Forwarder(Observer):
             self.handle = (self.shelf.keep(self.user, ref, replacing=self.handle) if ref is not None else None)
         return info_to_json(info, checkpoint=self.handle)
 
-    def _send(self, event: str, **fields: Any) -> None:
+    def _send(self, event: Event, **fields: Any) -> None:
         if self.watch.gone:
             return
         try:
-            self.conn.send("event", event=event, **fields)
+            self.conn.send(Kind.EVENT, event=event, **fields)
         except OSError as exc:
             self.watch.gone = True
             self.watch.error = self.watch.error or KeyboardInterrupt(f"the caller's connection ended ({exc})")
             self.watch.ended.set()
 
     def requesting(self, gpus, workers):
-        self._send("requesting", gpus=gpus, workers=workers)
+        self._send(Event.REQUESTING, gpus=gpus, workers=workers)
 
     def queued(self, view, elapsed_s):
-        self._send("queued", view=plain(view), elapsed_s=elapsed_s)
+        self._send(Event.QUEUED, view=plain(view), elapsed_s=elapsed_s)
 
     def granted(self, info):
-        self._send("granted", info=self.info(info))
+        self._send(Event.GRANTED, info=self.info(info))
 
     def output(self, rank, stream, text):
-        self._send("output", rank=rank, stream=stream, text=text)
+        self._send(Event.OUTPUT, rank=rank, stream=stream, text=text)
 
     def report(self, metrics, info):
-        self._send("report", metrics=metrics, info=self.info(info))  # wire.plain_metric: JSON-safe
+        self._send(Event.REPORT, metrics=metrics, info=self.info(info))  # wire.plain_metric: JSON-safe
 
     def running(self, info):
-        self._send("running", info=self.info(info))
+        self._send(Event.RUNNING, info=self.info(info))
 
     def transition(self, info, line):
-        self._send("transition", info=self.info(info), line=line)
+        self._send(Event.TRANSITION, info=self.info(info), line=line)
 
     def released(self, info):
-        self._send("released", info=self.info(info))
+        self._send(Event.RELEASED, info=self.info(info))
 
     def poll(self):
         self.watch.check()
@@ -175,6 +176,6 @@ def note_failure(error: BaseException | None, what: str, user: str) -> None:
 def send_done(conn: Connection, forward: Forwarder, info: RunInfo, error: BaseException | None, *,
               frames: list = (), items: list | None = None, return_all: bool = False) -> None:
     """The end of a request told to the kernel: its RunInfo, its error by name, its values' frames."""
-    send_chunked(conn, "done", list(frames), info=forward.info(info),
+    send_chunked(conn, Kind.DONE, list(frames), info=forward.info(info),
                  error=error_to_json(error) if error is not None else None,
                  values=None if items is None else {"all": return_all, "items": items})

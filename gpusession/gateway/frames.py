@@ -1,9 +1,10 @@
 """How gateway messages travel over a stream socket: never a pickle in either direction.
 
 A frame is a 4-byte big-endian length and that many bytes. A message is one frame of JSON (an
-object with a string "kind"), followed by `payload` raw frames when its JSON says
+object with a string "kind", one of `kinds.Kind`), followed by `payload` raw frames when its JSON says
 `"payload": N` (a pickled call, a pickled result: bytes the service relays and never looks
 inside). Anything else is FrameError, and the side that reads it closes the connection.
+A message is parsed once, here: its kind is a `Kind`, an event's "event" an `Event`.
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import struct
 import threading
 from dataclasses import dataclass, field
 from typing import Any
+
+from .kinds import Event, Kind, parse
 
 MAX_HEADER_BYTES = 16 * 1024 * 1024  # a traceback, a chatty rank's output chunk, a status view
 MAX_PAYLOAD_FRAMES = 64
@@ -28,11 +31,15 @@ class Closed(EOFError):
     """The other side closed the connection (between messages or in the middle of one)."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class Message:
-    kind: str
+    """One message as read: its kind parsed (a `Kind`), its other JSON fields, its raw frames."""
+    kind: Kind
     fields: dict[str, Any] = field(default_factory=dict)
     payload: list[bytes] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", parse(Kind, self.kind, field="kind", error=FrameError))
 
     def get(self, name: str, default: Any = None) -> Any:
         return self.fields.get(name, default)
@@ -45,9 +52,10 @@ class Connection:
         self.sock = sock
         self._send_lock = threading.Lock()
 
-    def send(self, kind: str, payload: list[bytes | bytearray | memoryview] | tuple = (), **fields: Any) -> None:
+    def send(self, kind: Kind, payload: list[bytes | bytearray | memoryview] | tuple = (), **fields: Any) -> None:
         if "kind" in fields or "payload" in fields:
             raise ValueError("'kind' and 'payload' are the frame's own fields")
+        kind = Kind(kind)
         header = json.dumps({"kind": kind, **fields, "payload": len(payload)}).encode()
         if len(header) > MAX_HEADER_BYTES:
             raise FrameError(f"a {kind} message of {len(header)} bytes is over the {MAX_HEADER_BYTES}-byte limit")
@@ -66,9 +74,11 @@ class Connection:
             raise FrameError(f"a frame that is not JSON ({exc})") from None
         if not isinstance(fields, dict) or not isinstance(fields.get("kind"), str):
             raise FrameError("a message without a kind")
-        kind, count = fields.pop("kind"), fields.pop("payload", 0)
+        kind, count = parse(Kind, fields.pop("kind"), field="kind", error=FrameError), fields.pop("payload", 0)
         if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_PAYLOAD_FRAMES:
-            raise FrameError(f"a {kind[:80]!r} message with a payload count of {count!r}")
+            raise FrameError(f"a {kind.value!r} message with a payload count of {count!r}")
+        if kind is Kind.EVENT:
+            fields["event"] = parse(Event, fields.get("event"), field="event", error=FrameError)
         return Message(kind, fields, [self._frame(MAX_PAYLOAD_BYTES, what="payload") for _ in range(count)])
 
     def close(self) -> None:

@@ -38,6 +38,7 @@ from .runrequest import call_of, lease_request
 from .runwire import BadRunMessage
 from .server import Caller
 from .shelf import Shelf
+from .kinds import Kind
 
 log = logging.getLogger("gpusession.gateway")
 GONE = "caller gone"  # the release reason when the kernel's connection ended (as the broker's own)
@@ -48,7 +49,7 @@ def serve_lease(conn: Connection, caller: Caller, first: Message, keys: Acting, 
     try:
         request = lease_request(first)
     except BadRunMessage as exc:
-        conn.send("failed", error={"type": "InvalidRequest", "message": f"The gateway refused the lease: {exc}."})
+        conn.send(Kind.FAILED, error={"type": "InvalidRequest", "message": f"The gateway refused the lease: {exc}."})
         return
     from ..cluster.lease import Lease
     from ..stepreport import StepToBroker
@@ -90,7 +91,7 @@ def _hold(conn: Connection, caller: Caller, lease, requests: queue.Queue, forwar
     resize_while_idle(lease)  # an elastic lease gives GPUs up (and takes them back) between runs
     log.info("lease %s of %s: %g GPUs held for its kernel", lease.lease_id, caller.user, lease.gpus)
     _tell(conn, watch, forward, lease, None)
-    while (message := requests.get()) is not None and message.kind == "run":
+    while (message := requests.get()) is not None and message.kind == Kind.RUN:
         with FOLLOWING.live(caller.peer, going=lambda: not watch.gone):  # a run on it is its kernel's activity
             _run_on(conn, caller, lease, message, forward, watch)
     return GONE if message is None else _reason(message.get("reason"))
@@ -105,7 +106,7 @@ def _run_on(conn: Connection, caller: Caller, lease, message: Message, forward: 
         call = call_of(message)
     except BadRunMessage as exc:
         watch.answered()
-        conn.send("failed", error={"type": "InvalidRequest", "message": f"The gateway refused the run: {exc}."})
+        conn.send(Kind.FAILED, error={"type": "InvalidRequest", "message": f"The gateway refused the run: {exc}."})
         return
     del message  # the call's bytes live on in `call` (and in the object store once shipped)
     values, error = None, None

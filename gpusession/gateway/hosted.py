@@ -54,6 +54,7 @@ from typing import Any
 
 from ..errors import GPUSessionError
 from ..events import Fanout, RunInfo
+from ..run.endings import EndReason
 from . import keeping
 from .acting import Acting, identity_of
 from .activity import FOLLOWING
@@ -68,6 +69,7 @@ from .runrequest import RunRequest, run_request
 from .runwire import BadRunMessage, error_to_json, stop_error
 from .server import Caller
 from .shelf import SHELF, Shelf
+from .kinds import Event, Kind
 
 log = logging.getLogger("gpusession.gateway")
 
@@ -81,7 +83,7 @@ class DetachedForwarder(Forwarder):
         super().__init__(None, None, user, shelf)
         self.hosted = hosted
 
-    def _send(self, event: str, **fields: Any) -> None:
+    def _send(self, event: Event, **fields: Any) -> None:
         self.hosted.publish({"event": event, **fields})
 
     def poll(self):
@@ -95,7 +97,7 @@ def read_stops(conn: Connection, hosted: HostedRun, peer: Peer) -> None:
         try:
             while True:
                 message = conn.receive()
-                if message.kind != "stop":
+                if message.kind != Kind.STOP:
                     break
                 hosted.request_stop(stop_error(message.get("reason"), message.get("message")))
         except Exception:  # noqa: BLE001 - Closed, FrameError, OSError: the kernel left
@@ -122,22 +124,22 @@ def serve_run(conn: Connection, caller: Caller, hello: Message, keys: Acting, *,
               shelf: Shelf = SHELF, registry: Registry = REGISTRY) -> None:
     """The handler of the gateway's "run" session (see the module's docstring)."""
     first = conn.receive()
-    if first.kind == "run":
+    if first.kind == Kind.RUN:
         first = gather(conn, first)
-    if first.kind == "checkpoint":
+    if first.kind == Kind.CHECKPOINT:
         return _send_checkpoint(conn, caller, first, shelf)
-    if first.kind in ("list", "attach", "cancel"):
+    if first.kind in (Kind.LIST, Kind.ATTACH, Kind.CANCEL):
         return _serve_detached(conn, caller, first, registry)
-    if first.kind == "lease":
+    if first.kind == Kind.LEASE:
         return serve_lease(conn, caller, first, keys, shelf)
-    if first.kind != "run":
-        conn.send("failed", error={"type": "InvalidRequest",
+    if first.kind != Kind.RUN:
+        conn.send(Kind.FAILED, error={"type": "InvalidRequest",
                                    "message": f"a run session begins with run, lease or checkpoint, not {first.kind[:40]!r}"})
         return
     try:
         request = run_request(first, registry.policy.default_max_duration_s)
     except BadRunMessage as exc:
-        conn.send("failed", error={"type": "InvalidRequest", "message": f"The gateway refused the call: {exc}."})
+        conn.send(Kind.FAILED, error={"type": "InvalidRequest", "message": f"The gateway refused the call: {exc}."})
         return
     del first  # the call's bytes live on in request (and in the object store once shipped)
     _run(conn, caller, request, keys, shelf, registry)
@@ -156,7 +158,7 @@ def _run(conn: Connection, caller: Caller, request: RunRequest, keys: Acting, sh
             log.error("detached run %s of %s: the gateway failed hosting it", hosted.run_id, caller.user)
             hosted.finish({"info": {}, "values": None, "error": {
                 "type": "GPUSessionError", "message": "The gpusession gateway failed hosting this run; an admin "
-                                                      "can look at its log."}}, [], "failed")
+                                                      "can look at its log."}}, [], EndReason.FAILED)
 
 
 def _host(conn: Connection, caller: Caller, request: RunRequest, keys: Acting, shelf: Shelf,
@@ -171,7 +173,7 @@ def _host(conn: Connection, caller: Caller, request: RunRequest, keys: Acting, s
     identity = identity_of(caller, keys)
     if hosted is not None:
         try:
-            conn.send("event", event="detached", run_id=hosted.run_id, max_duration=hosted.max_duration_s,
+            conn.send(Kind.EVENT, event=Event.DETACHED, run_id=hosted.run_id, max_duration=hosted.max_duration_s,
                       started=hosted.started_at)
         except OSError:
             pass  # the kernel left already: the run goes on (gs.runs(all=True) lists it)
@@ -239,14 +241,14 @@ def _host(conn: Connection, caller: Caller, request: RunRequest, keys: Acting, s
 def _send_checkpoint(conn: Connection, caller: Caller, message: Message, shelf: Shelf) -> None:
     ref = shelf.get(caller.user, message.get("handle"))
     if ref is None:
-        conn.send("failed", error={"type": "GPUSessionError", "message": (
+        conn.send(Kind.FAILED, error={"type": "GPUSessionError", "message": (
             "The gateway no longer holds that checkpoint (it keeps the last "
             f"{shelf.per_user} runs' checkpoints of each account while it runs).")})
         return
     import ray
 
     data = ray.get(ref).data  # CheckpointData: its pickle as a numpy array over the object store
-    conn.send("checkpoint_bytes", [memoryview(data)])
+    conn.send(Kind.CHECKPOINT_BYTES, [memoryview(data)])
 
 
 # ----- detached runs: list, attach, cancel ----------------------------------------------------------
@@ -257,18 +259,18 @@ def _not_kept(run_id: Any, user: str, retention_s: float) -> dict:
 
 
 def _serve_detached(conn: Connection, caller: Caller, message: Message, registry: Registry) -> None:
-    if message.kind == "list":
-        conn.send("runs", runs=registry.rows(caller.user))
+    if message.kind == Kind.LIST:
+        conn.send(Kind.RUNS, runs=registry.rows(caller.user))
         return
     try:
         run_id = keeping.run_id_of(message.get("run_id"))
     except BadRunMessage as exc:
-        conn.send("failed", error={"type": "InvalidRequest", "message": f"The gateway refused the request: {exc}."})
+        conn.send(Kind.FAILED, error={"type": "InvalidRequest", "message": f"The gateway refused the request: {exc}."})
         return
     hosted = registry.get(run_id)
-    if message.kind == "cancel":
+    if message.kind == Kind.CANCEL:
         if hosted is None or not keeping.may_cancel(hosted.user, caller.user, caller.admin):
-            conn.send("failed", error=_not_kept(run_id, caller.user, registry.policy.retention_s))
+            conn.send(Kind.FAILED, error=_not_kept(run_id, caller.user, registry.policy.retention_s))
             return
         from ..errors import RunCancelled
 
@@ -277,12 +279,12 @@ def _serve_detached(conn: Connection, caller: Caller, message: Message, registry
             f"The detached run {run_id} ({hosted.name}) was cancelled by {by}; every worker was stopped and its "
             "GPUs released."))
         log.info("detached run %s of %s: cancel asked by %s", run_id, hosted.user, caller.user)
-        conn.send("cancelling", run_id=run_id, ended=hosted.ended_at is not None)
+        conn.send(Kind.CANCELLING, run_id=run_id, ended=hosted.ended_at is not None)
         return
     if hosted is None or not keeping.may_see(hosted.user, caller.user):
-        conn.send("failed", error=_not_kept(run_id, caller.user, registry.policy.retention_s))
+        conn.send(Kind.FAILED, error=_not_kept(run_id, caller.user, registry.policy.retention_s))
         return
-    conn.send("event", event="attached", run=hosted.row())
+    conn.send(Kind.EVENT, event=Event.ATTACHED, run=hosted.row())
     follower = hosted.follow(conn)
     if hosted.ended_at is not None:
         follower.join(FLUSH_S)  # the records so far and the end, sent before the session closes

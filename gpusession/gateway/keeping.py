@@ -23,6 +23,7 @@ from typing import Any, Mapping
 from ..errors import ResultTooLarge  # noqa: F401 - a detached run whose result is over RESULT_CAP_BYTES ends with it
 from ..options import parse_duration
 from .runwire import BadRunMessage
+from .kinds import Event
 
 DEFAULT_MAX_DURATION_S = 24 * 3600.0  # a detached run's time limit unless the call names one (out of the box)
 MAX_MAX_DURATION_S = 30 * 24 * 3600.0  # the longest limit a call (or an admin's default) may ask for
@@ -153,10 +154,10 @@ def to_evict(ended: list[tuple[float, str, int]], keep: int = RUNS_PER_USER,
     return [run_id for _, run_id, _ in drop]
 
 
-def keeps_event(event: str, kept: int, limit: int = MAX_EVENTS) -> bool:
+def keeps_event(event: Event, kept: int, limit: int = MAX_EVENTS) -> bool:
     """Whether a run that has kept `kept` events keeps this one for replay: past the limit only
     what the state and metrics need (outputs are dropped)."""
-    return kept < limit or event != "output"
+    return kept < limit or event != Event.OUTPUT
 
 
 def may_see(owner: str, user: str) -> bool:

@@ -15,6 +15,7 @@ from .frames import Connection
 from .remote import _follow
 from .runwire import error_from_json
 from .usergateway import NoUserGateway, detached_gateway
+from .kinds import Event, Kind
 
 
 @dataclass(frozen=True)
@@ -42,7 +43,7 @@ class DetachedRecord:
                    row.get("notebook") if isinstance(row.get("notebook"), str) else None)
 
 
-def _ask(kind: str, answer_kind: str, path: str, **fields: Any) -> Any:
+def _ask(kind: Kind, answer_kind: Kind, path: str, **fields: Any) -> Any:
     conn, _ = connect("run", path)
     try:
         conn.send(kind, **fields)
@@ -62,13 +63,13 @@ def list_runs(address: str | None = None) -> list[DetachedRecord]:
         path = detached_gateway("gs.runs(all=True)", address=address)
     except NoUserGateway:
         return []
-    return [DetachedRecord.from_row(row) for row in _ask("list", "runs", path).get("runs") or []]
+    return [DetachedRecord.from_row(row) for row in _ask(Kind.LIST, Kind.RUNS, path).get("runs") or []]
 
 
 def cancel_run(run_id: str, address: str | None = None) -> bool:
     """Ask the gateway to stop a detached run; False when it had already ended."""
     path = detached_gateway(f"cancelling the detached run {str(run_id)[:40]}", address=address)
-    return not _ask("cancel", "cancelling", path, run_id=str(run_id)).get("ended")
+    return not _ask(Kind.CANCEL, Kind.CANCELLING, path, run_id=str(run_id)).get("ended")
 
 
 def open_attach(run_id: str) -> tuple[Connection, str, DetachedRecord]:
@@ -77,12 +78,12 @@ def open_attach(run_id: str) -> tuple[Connection, str, DetachedRecord]:
     path = detached_gateway(f"gs.attach({str(run_id)[:40]!r})")
     conn, _ = connect("run", path)
     try:
-        conn.send("attach", run_id=str(run_id))
+        conn.send(Kind.ATTACH, run_id=str(run_id))
         first = conn.receive()
     except BaseException:
         conn.close()
         raise
-    if first.kind != "event" or first.get("event") != "attached":
+    if first.kind != Kind.EVENT or first.get("event") != Event.ATTACHED:
         conn.close()
         raise error_from_json(first.get("error"))
     return conn, path, DetachedRecord.from_row(first.get("run") or {})

@@ -24,6 +24,7 @@ from .keeping import GATEWAYS_DEFAULT
 from .usergateway import detached_gateway
 from .frames import Connection, Message
 from .runwire import add_report, apply_info, error_from_json, options_to_json, stop_reason
+from .kinds import Event, Kind
 
 POLL_S = 0.2  # how often the kernel's observer is polled while the run goes on (its stop button)
 
@@ -39,11 +40,11 @@ class RemoteCheckpoint:
         """The checkpoint's pickle (the caller unpickles it)."""
         conn, _ = connect("run", self.path)
         try:
-            conn.send("checkpoint", handle=self.handle)
+            conn.send(Kind.CHECKPOINT, handle=self.handle)
             answer = conn.receive()
         finally:
             conn.close()
-        if answer.kind != "checkpoint_bytes" or len(answer.payload) != 1:
+        if answer.kind != Kind.CHECKPOINT_BYTES or len(answer.payload) != 1:
             raise error_from_json(answer.get("error"))
         return answer.payload[0]
 
@@ -98,7 +99,7 @@ def run_remote(fn: Callable, args: tuple, kwargs: dict, options, *, info: RunInf
         observer.released(info)  # nothing was asked for: what began with `requesting` ends
         raise
     try:
-        send_chunked(conn, "run", [header, *buffers], **call_fields(fn, buffers, name),
+        send_chunked(conn, Kind.RUN, [header, *buffers], **call_fields(fn, buffers, name),
                      options=options_to_json(options),
                      checkpoint=checkpoint_ref.handle if checkpoint_ref is not None else None,
                      checkpoint_step=checkpoint_step, asking=asking(),
@@ -125,9 +126,9 @@ def _follow(conn: Connection, path: str, info: RunInfo, observer: Observer,
     while True:
         try:
             message = _next(inbox)
-            if message is not None and message.kind != "event":
+            if message is not None and message.kind != Kind.EVENT:
                 break
-            if message is not None and message.get("event") in ("detached", "attached"):
+            if message is not None and message.get("event") in (Event.DETACHED, Event.ATTACHED):
                 if on_note is not None:
                     on_note(message.fields)
             elif message is not None:
@@ -142,7 +143,7 @@ def _follow(conn: Connection, path: str, info: RunInfo, observer: Observer,
     _apply(info, message.get("info") or {}, path, handle)
     if stopped is not None:
         raise stopped
-    if message.kind == "done" and message.get("error") is None:
+    if message.kind == Kind.DONE and message.get("error") is None:
         unpickling = time.perf_counter()
         values = _values(message)
         info.returned_s += time.perf_counter() - unpickling
@@ -164,7 +165,7 @@ def _next(inbox: queue.Queue) -> Message | None:
 def _stop(conn: Connection, exc: BaseException) -> BaseException:
     """Ask the gateway to end the run; the error is raised once the run has ended (its GPUs released)."""
     try:
-        conn.send("stop", reason=stop_reason(exc), message=str(exc)[:1000])
+        conn.send(Kind.STOP, reason=stop_reason(exc), message=str(exc)[:1000])
     except OSError:
         raise exc from None
     return exc
@@ -177,14 +178,14 @@ def _read(conn: Connection, inbox: queue.Queue) -> None:
         except Exception as exc:  # noqa: BLE001 - handed to the run's loop
             inbox.put(exc)
             return
-        if message.kind == "done":
+        if message.kind == Kind.DONE:
             try:
                 message = gather(conn, message)
             except Exception as exc:  # noqa: BLE001 - handed to the run's loop
                 inbox.put(exc)
                 return
         inbox.put(message)
-        if message.kind in ("done", "failed"):
+        if message.kind in (Kind.DONE, Kind.FAILED):
             return
 
 
@@ -200,21 +201,21 @@ def _render(message: Message, info: RunInfo, observer: Observer, path: str, hand
     data = message.get("info")
     if data is not None:
         _apply(info, data, path, handle)
-    if event == "output":
+    if event == Event.OUTPUT:
         observer.output(message.get("rank"), message.get("stream"), message.get("text"))
-    elif event == "report":
+    elif event == Event.REPORT:
         metrics = message.get("metrics")
         add_report(info, metrics, data or {})
         observer.report(metrics, info)
-    elif event == "queued":  # (`requesting` was the kernel's own, before it sent the call)
+    elif event == Event.QUEUED:  # (`requesting` was the kernel's own, before it sent the call)
         observer.queued(message.get("view") or {}, message.get("elapsed_s") or 0.0)
-    elif event == "granted":
+    elif event == Event.GRANTED:
         observer.granted(info)
-    elif event == "running":
+    elif event == Event.RUNNING:
         observer.running(info)
-    elif event == "transition":
+    elif event == Event.TRANSITION:
         observer.transition(info, message.get("line") or "")
-    elif event == "released":
+    elif event == Event.RELEASED:
         observer.released(info)
 
 

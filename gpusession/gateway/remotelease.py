@@ -20,6 +20,7 @@ from .client import connect, gateway_path
 from .frames import Connection
 from .remote import GatewayGone, _follow, asking, call_fields, pickle_call
 from .runwire import options_to_json
+from .kinds import Kind
 
 log = logging.getLogger("gpusession")
 
@@ -36,7 +37,7 @@ def hold_through_gateway(options: RunOptions, observer: Observer) -> "GatewayLea
         observer.released(info)  # nothing was asked for: what began with `requesting` ends
         raise
     try:
-        conn.send("lease", options=options_to_json(options), asking=asking())
+        conn.send(Kind.LEASE, options=options_to_json(options), asking=asking())
         _follow(conn, path, info, observer)
     except BaseException as exc:
         conn.close()  # the gateway releases whatever it held for this connection
@@ -87,7 +88,7 @@ class GatewayLease(holding.HeldLease):
             with told_when_ended(self.info, self.observer):  # each run gets its receipt ("still held")
                 header, buffers = pickle_call(fn, args, kwargs)
                 try:
-                    send_chunked(self._conn, "run", [header, *buffers], **call_fields(fn, buffers))
+                    send_chunked(self._conn, Kind.RUN, [header, *buffers], **call_fields(fn, buffers))
                 except OSError as exc:
                     self._gone()
                     raise GatewayGone(f"The gpusession gateway's connection for lease {self.lease_id} ended "
@@ -109,7 +110,7 @@ class GatewayLease(holding.HeldLease):
             self._released = True
             holding.discard(self)
             try:
-                self._conn.send("release", reason=reason)
+                self._conn.send(Kind.RELEASE, reason=reason)
                 _follow(self._conn, self._path, self.info, _Rendered(self.observer))
             except (GPUSessionError, OSError) as exc:
                 log.warning("Lease %s: the gateway's connection ended before it said the lease was released (%s); "

@@ -16,6 +16,7 @@ from .. import errors
 from ..comm_options import CommOptions, CommReport, Compression, validate_comm_options
 from ..events import RunInfo
 from ..options import RunOptions, validate_run_options
+from .kinds import StopReason
 
 SWEEP_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")
 QUALIFIED_NAME = re.compile(r"^[A-Za-z_][\w.]{0,300}$")
@@ -190,17 +191,17 @@ def error_from_json(data: Any) -> BaseException:
 
 
 # ----- the kernel's stop --------------------------------------------------------------------------
-def stop_reason(error: BaseException) -> str:
+def stop_reason(error: BaseException) -> StopReason:
     """What the kernel's stop says, from what its observer raised."""
     if isinstance(error, errors.RunCancelled):
-        return "cancelled"
-    return "interrupted"
+        return StopReason.CANCELLED
+    return StopReason.INTERRUPTED
 
 
 def stop_error(reason: Any, message: Any) -> BaseException:
     """What the service's poll raises for a kernel's stop: the run ends as it would locally."""
     text = str(message)[:1000] if message else "the caller stopped the run"
-    if reason == "cancelled":
+    if reason == StopReason.CANCELLED:  # any other reason (or none) interrupts it
         return errors.RunCancelled(text)
     return KeyboardInterrupt(text)
 

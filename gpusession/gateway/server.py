@@ -24,6 +24,7 @@ from pathlib import Path
 
 from .frames import Closed, Connection, FrameError, Message
 from .peer import Peer, peer_of
+from .kinds import Kind
 
 log = logging.getLogger("gpusession.gateway")
 VERSION = 1
@@ -147,8 +148,8 @@ class GatewayServer:
         sock.settimeout(HELLO_TIMEOUT_S)
         hello = conn.receive()
         sock.settimeout(None)
-        if hello.kind != "hello" or hello.get("version") != VERSION:
-            conn.send("refused", message=f"expected a version {VERSION} hello first; got {hello.kind[:40]!r}")
+        if hello.kind != Kind.HELLO or hello.get("version") != VERSION:
+            conn.send(Kind.REFUSED, message=f"expected a version {VERSION} hello first; got {hello.kind[:40]!r}")
             return None, hello
         with self._lock:
             problem = refusal(peer, hello.get("session"), self.sessions, self._open_by_uid.get(peer.uid, 0),
@@ -156,11 +157,11 @@ class GatewayServer:
             if not problem:
                 self._open_by_uid[peer.uid] = self._open_by_uid.get(peer.uid, 0) + 1
         if problem:
-            conn.send("refused", message=problem)
+            conn.send(Kind.REFUSED, message=problem)
             return None, hello
         caller = Caller(peer, admin=peer.name in self.admins)
         try:
-            conn.send("welcome", version=VERSION, user=caller.user, admin=caller.admin)
+            conn.send(Kind.WELCOME, version=VERSION, user=caller.user, admin=caller.admin)
         except OSError:
             with self._lock:
                 self._open_by_uid[peer.uid] -= 1

@@ -28,6 +28,7 @@ from pathlib import Path
 from jupyter_ext.brokerlink import BrokerLink
 
 from ..broker import secrets
+from ..broker.states import LeaseState
 from ..cluster import localhead
 from ..gateway import process as gatewayproc
 
@@ -111,7 +112,7 @@ def _close_leases(link: BrokerLink, db_path: str) -> None:
     started = time.monotonic()
     try:
         auth = {"token": secrets.admin_token(db_path), "user": "gpusession hub"}
-        open_leases = [lease for lease in link.call("leases", auth).result(30) if lease["state"] != "ended"]
+        open_leases = [lease for lease in link.call("leases", auth).result(30) if lease["state"] != LeaseState.ENDED]
         for lease in open_leases:
             link.call("release", lease["lease_id"], "hub stopped", auth=auth).result(30)
             log.info("Closed lease %d of %s (the hub stopped)", lease["lease_id"], lease["user"])

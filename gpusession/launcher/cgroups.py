@@ -67,18 +67,18 @@ class Tracker:
     def __init__(self, name: str | None) -> None:
         """name: the launcher's own directory in each hierarchy; None: use no cgroup at all."""
         self.kill_root = self.freezer_root = self.devices_root = None
-        for mount, kind, options in _mounts() if name else ():
-            if kind in ("cgroup", "cgroup2") and _writable(mount):
+        for mount, fstype, options in _mounts() if name else ():  # fstype: the filesystem /proc/mounts names
+            if fstype in ("cgroup", "cgroup2") and _writable(mount):
                 _remove_dead_launchers(mount, name)
-            if kind == "cgroup2" and self.kill_root is None and _writable(mount):
+            if fstype == "cgroup2" and self.kill_root is None and _writable(mount):
                 made = self._make(mount, name)  # cgroup.kill exists below the root only
                 if made and os.path.exists(os.path.join(made, "cgroup.kill")):
                     self.kill_root = made
                 elif made:
                     _rmdir(made)
-            elif kind == "cgroup" and "freezer" in options and _writable(mount):
+            elif fstype == "cgroup" and "freezer" in options and _writable(mount):
                 self.freezer_root = self._make(mount, name)
-            elif kind == "cgroup" and "devices" in options and _writable(mount):
+            elif fstype == "cgroup" and "devices" in options and _writable(mount):
                 self.devices_root = self._make(mount, name)
 
     @property

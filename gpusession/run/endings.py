@@ -3,6 +3,7 @@ the state the run controller ends in. Apart, so the lease, the controller and th
 entry point share one mapping."""
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -10,19 +11,36 @@ from ..errors import LeaseRevoked, Preempted, RunCancelled, RunTimeout
 from .policies import RunState
 
 
-def end_reason(error: BaseException | None) -> str:
+class EndReason(str, enum.Enum):
+    """How a run (or its lease) ended, as the broker's ledger and the receipt record it. The
+    broker's own closings ("caller gone", "expired", ...) are free text in the ledger; the two a
+    waiting caller tells apart are REJECTED and REVOKED."""
+    FINISHED = "finished"
+    INTERRUPTED = "interrupted"
+    PREEMPTED = "preempted"
+    REVOKED = "revoked"
+    CANCELLED = "cancelled"
+    TIMEOUT = "timeout"
+    FAILED = "failed"
+    REJECTED = "rejected"  # the broker refused the request (a quota, a size no node can hold)
+
+    def __str__(self) -> str:  # "finished" in messages and f-strings, like the plain value
+        return self.value
+
+
+def end_reason(error: BaseException | None) -> EndReason:
     """The end reason of a run (or a lease) that ended with `error` (None: it finished)."""
     if error is None:
-        return "finished"
+        return EndReason.FINISHED
     if isinstance(error, KeyboardInterrupt):
-        return "interrupted"
+        return EndReason.INTERRUPTED
     if isinstance(error, Preempted):
-        return "preempted"
+        return EndReason.PREEMPTED
     if isinstance(error, LeaseRevoked):
-        return "revoked"
+        return EndReason.REVOKED
     if isinstance(error, RunCancelled):
-        return "cancelled"
-    return "timeout" if isinstance(error, RunTimeout) else "failed"
+        return EndReason.CANCELLED
+    return EndReason.TIMEOUT if isinstance(error, RunTimeout) else EndReason.FAILED
 
 
 @contextmanager

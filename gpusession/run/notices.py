@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from ..broker.notice import Notice, NoticeKind
 from ..errors import ERRORS_BY_NAME, GPUSessionError, LeaseRevoked, Preempted
+from .endings import EndReason
 
 
 def notice_error(lease, notice: Notice, *, checkpointed: bool | None = None) -> GPUSessionError:
@@ -30,9 +31,9 @@ def notice_error(lease, notice: Notice, *, checkpointed: bool | None = None) -> 
 def queue_end_error(view: dict) -> GPUSessionError:
     """The error a caller sees when its request ended while it waited in the queue (`view`: the
     request's view from the broker)."""
-    if view.get("end_reason") == "rejected" and view.get("error") in ERRORS_BY_NAME:
+    if view.get("end_reason") == EndReason.REJECTED and view.get("error") in ERRORS_BY_NAME:
         return ERRORS_BY_NAME[view["error"]](view.get("message") or "The broker rejected the request.")
-    if view.get("end_reason") == "revoked":
+    if view.get("end_reason") == EndReason.REVOKED:
         return LeaseRevoked(f"Request {view['lease_id']} was revoked while it waited in the queue.")
     return GPUSessionError(
         f"The broker ended request {view['lease_id']} while it waited ({view.get('end_reason')}). Try again."

@@ -145,7 +145,7 @@ def decode(header: bytes, payload: Callable[[], bytes], *, comm: CommOptions | N
         values = {name: check(fields[name]) for name, check in checks.items()}
     except WireError as exc:
         raise WireError(f"a {kind} message: {exc}") from None
-    if kind == "Communication":
+    if cls is m.Communication:
         return m.Communication(CommReport(options=comm or CommOptions(), **values))
     if carries_bytes:
         values["data"] = payload()

@@ -25,6 +25,7 @@ from . import handoff
 from . import messages as m
 from . import wire
 from .bulk import Shipment
+from ..broker.states import PlacementState
 from ..errors import LaunchRefused
 from .zygote import Zygote
 from . import scratch
@@ -372,10 +373,10 @@ def _stop_if_group_removed(group_id: str, lease_id: int, zygote: Zygote, pid: in
     group = PlacementGroup(ray.PlacementGroupID(bytes.fromhex(group_id)))
     while not finished.wait(WATCHDOG_POLL_S):
         try:
-            state = ray.util.placement_group_table(group).get("state")
+            state = PlacementState.parse(ray.util.placement_group_table(group).get("state"))
         except Exception:  # GCS briefly unreachable: ask again next time
             continue
-        if state == "REMOVED" and not finished.is_set():
+        if state is PlacementState.REMOVED and not finished.is_set():
             os.write(2, f"gpusession: lease {lease_id} was taken back; stopping its rank process.\n".encode())
             zygote.kill(pid)
             return

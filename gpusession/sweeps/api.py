@@ -6,6 +6,7 @@ from typing import Any, Callable
 from .plan import SweepPlan, validate_sweep
 from .result import BestTrial, SweepFailed, SweepResult
 from .runner import SweepRunner
+from .trial import StopReason
 from .view import make_board
 
 
@@ -55,7 +56,7 @@ def sweep(train: Callable, space: Any, *, trials: int = 16, parallel: int = 4, o
     result = _result(plan, study, runner)
     if runner.fatal is not None:
         raise runner.fatal
-    if runner.stop.reason == "failed":
+    if runner.stop.reason is StopReason.FAILED:
         shown = "; ".join(f"trial {r.number}: {r.error}" for r in runner.failed[:3])
         raise SweepFailed(
             f"{len(runner.failed)} trials failed (max_failed={plan.max_failed}), so the sweep stopped after "

@@ -17,7 +17,7 @@ from ..errors import Infeasible, Preempted, QuotaExceeded
 from ..interrupts import deferred_interrupts
 from .plan import SweepPlan
 from .records import TrialRecord, TrialState, objective_value, record_from_frozen
-from .trial import StopSignal, TrialObserver
+from .trial import StopReason, StopSignal, TrialObserver
 from .view import SweepBoard
 from .warm import gpu_nodes, wait_for_warm_workers
 
@@ -81,7 +81,7 @@ class SweepRunner:
                 time.sleep(JOIN_EVERY_S)
                 self.board.tick()
         except KeyboardInterrupt:
-            self.stop.set("interrupted")
+            self.stop.set(StopReason.INTERRUPTED)
             with deferred_interrupts():  # a second Ctrl-C must not leave trials holding GPUs
                 # every started trial ends (its lease released); a slot still warming workers for
                 # its next trial holds no GPU and starts nothing more
@@ -109,7 +109,7 @@ class SweepRunner:
                     wait_for_warm_workers(gpu_nodes(used), workers, runtime_env)
         except BaseException as exc:  # a broken storage, say: stop the sweep, and say why
             self.fatal = self.fatal or exc
-            self.stop.set("failed")
+            self.stop.set(StopReason.FAILED)
 
     def _next_trial(self):
         with self.lock:
@@ -123,7 +123,7 @@ class SweepRunner:
             except BaseException as exc:  # the user's space function raised: the sweep cannot go on
                 self.study.tell(trial, state=_optuna_state(TrialState.FAILED))
                 self.fatal = exc
-                self.stop.set("failed")
+                self.stop.set(StopReason.FAILED)
                 return None
             record = TrialRecord(number=trial.number, params=dict(trial.params))
             self.ran.append(record)
@@ -158,7 +158,7 @@ class SweepRunner:
                 state = TrialState.INTERRUPTED
             except (Infeasible, QuotaExceeded) as exc:  # every other trial would get the same answer
                 self.fatal, state = exc, TrialState.INTERRUPTED
-                self.stop.set("failed")
+                self.stop.set(StopReason.FAILED)
             except Exception as exc:
                 record.error = _first_line(exc)
             break
@@ -190,7 +190,7 @@ class SweepRunner:
             if state is TrialState.FAILED:
                 self.failed.append(record)
                 if len(self.failed) >= self.plan.max_failed:
-                    self.stop.set("failed")
+                    self.stop.set(StopReason.FAILED)
             record.state = state  # last: a stopped sweep returns once every record is terminal
         self.board.changed(record)
 

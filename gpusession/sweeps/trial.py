@@ -6,6 +6,7 @@ worker stopped, the GPUs released, and the exception raised out of the call.
 """
 from __future__ import annotations
 
+import enum
 import threading
 import time
 from typing import Callable, Protocol
@@ -22,23 +23,32 @@ class Board(Protocol):
     def output(self, record: TrialRecord, rank: int, stream: str, text: str) -> None: ...
 
 
+class StopReason(str, enum.Enum):
+    """Why a sweep stops starting trials: it was interrupted, or too many trials failed."""
+    INTERRUPTED = "interrupted"
+    FAILED = "failed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 class StopSignal:
     """Set once, from any thread; every trial's poll raises when the sweep was interrupted."""
 
     def __init__(self) -> None:
-        self._reason: str | None = None
+        self._reason: StopReason | None = None
         self._lock = threading.Lock()
 
     @property
-    def reason(self) -> str | None:
+    def reason(self) -> StopReason | None:
         return self._reason
 
-    def set(self, reason: str) -> None:
+    def set(self, reason: StopReason) -> None:
         with self._lock:
-            self._reason = self._reason or reason
+            self._reason = self._reason or StopReason(reason)
 
     def check(self) -> None:
-        if self._reason == "interrupted":
+        if self._reason is StopReason.INTERRUPTED:
             raise KeyboardInterrupt("the sweep was stopped")
 
 
