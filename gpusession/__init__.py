@@ -7,7 +7,7 @@
         ctx = gs.context()
         ...
 """
-__version__ = "0.1.0"
+from ._version import __version__
 
 import importlib as _importlib
 import logging as _logging

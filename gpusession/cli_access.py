@@ -23,24 +23,14 @@ import os
 import urllib.error
 import urllib.parse
 import urllib.request
-from pathlib import Path
+
+from jupyter_ext.announce import ANNOUNCE_PREFIX, runtime_dir
 
 from . import status_endpoint
 from .cluster import where
 from .errors import GPUSessionError, InvalidRequest, LeaseNotFound, NotAuthorized
 
-ANNOUNCE_PREFIX = "gpusession-"
 TIMEOUT_S = 10.0
-
-
-def runtime_dir() -> Path:
-    from jupyter_core.paths import jupyter_runtime_dir
-
-    return Path(jupyter_runtime_dir())
-
-
-def announce_path(pid: int | None = None) -> Path:
-    return runtime_dir() / f"{ANNOUNCE_PREFIX}{pid or os.getpid()}.json"
 
 
 gpusession_home = where.state_dir  # without importing Ray

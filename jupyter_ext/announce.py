@@ -1,15 +1,26 @@
 """The file that tells this user's `gpusession` CLI where a gpusession server runs, so `gpusession
 status`, `leases` and `quota` answer through its REST API in well under a second instead of
-joining Ray (see gpusession.cli_access). Written privately in Jupyter's runtime directory, like
+joining Ray (see gpusession.cli_access, which reads it). Written privately in Jupyter's runtime directory, like
 Jupyter's own jpserver-<pid>.json (which holds the same token); removed at shutdown."""
 from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 from jupyter_core.paths import secure_write
 
-from gpusession.cli_access import announce_path
+ANNOUNCE_PREFIX = "gpusession-"
+
+
+def runtime_dir() -> Path:
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    return Path(jupyter_runtime_dir())
+
+
+def announce_path(pid: int | None = None) -> Path:
+    return runtime_dir() / f"{ANNOUNCE_PREFIX}{pid or os.getpid()}.json"
 
 
 def write(serverapp, ray_address: str) -> None:

@@ -15,7 +15,7 @@ import ray
 from packaging.version import Version
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .. import __version__
+from .._version import __version__
 from ..cluster import rayprivate
 from ..errors import BrokerOutdated, GPUSessionError, NotAuthorized
 from ..identity import Identity, current_identity

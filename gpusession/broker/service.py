@@ -24,7 +24,7 @@ import sys
 import time
 import uuid
 
-from .. import __version__
+from .._version import __version__
 from ..errors import InvalidRequest, LeaseNotFound, NotAuthorized
 from . import (authz, gpuids, rayview, reconcile, request as checks, secrets, settings, statedir,
                status_http, views)

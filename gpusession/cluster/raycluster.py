@@ -108,7 +108,7 @@ def _connect(local_gpus: int | None) -> None:
 def gateway_refusal(env) -> str | None:
     """PURE: why a process behind the gateway (a `gpusession hub` user's kernel) must not start a
     Ray cluster of its own when it finds none; None elsewhere."""
-    from ..gateway.client import GATEWAY_ENV
+    from .where import GATEWAY_ENV
 
     path = env.get(GATEWAY_ENV)
     if not path:

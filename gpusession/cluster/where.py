@@ -19,6 +19,8 @@ from pathlib import Path
 
 from . import rayprivate
 
+GATEWAY_ENV = "GPUSESSION_GATEWAY"  # the gateway's socket path; set in every server and kernel of a hub user
+
 LOCAL_HEAD_FILE = "local-head.json"
 LOCAL_GPUS_ENV = "GPUSESSION_LOCAL_GPUS"
 DEFAULT_LOCAL_GPUS = 4

@@ -4,12 +4,11 @@ from __future__ import annotations
 import os
 import socket
 
+from ..cluster.where import GATEWAY_ENV
 from ..errors import GPUSessionError
 from .frames import Connection
 from .server import VERSION
 from .kinds import Kind
-
-GATEWAY_ENV = "GPUSESSION_GATEWAY"  # the socket's path; set in every server and kernel of a hub user
 
 
 class GatewayRefused(GPUSessionError):

@@ -37,7 +37,7 @@ import time
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from .. import __version__
+from .._version import __version__
 from .zygote import Zygote
 from .worker import NODE_HOST_NAMESPACE, ZYGOTE_START_TIMEOUT_S, Worker, launcher_path
 
