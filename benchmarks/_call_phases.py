@@ -64,8 +64,8 @@ class PhaseClock:
     """Installs the observer and the release wrapper; `call(fn)` returns fn's result and Marks."""
 
     def __init__(self) -> None:
-        from gpusession import events
-        from gpusession.cluster.lease import Lease
+        from gpusession.observe import events
+        from gpusession.run.caller.lease import Lease
 
         self.marks = Marks()
         clock = self

@@ -114,7 +114,7 @@ def ray_train_loop(config) -> None:
 
 def run_gpusession(log: str, stop: str) -> dict:
     import gpusession as gs
-    from gpusession import events
+    from gpusession.observe import events
 
     events.set_observer_factory(lambda world_size: events.Observer())
     call = gs.distributed(gpus=4, min_gpus=2, timeout="1800s")(gpusession_loop)

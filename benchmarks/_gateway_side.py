@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 _HOST = """
 import sys
 from functools import partial
-from gpusession.broker import secrets
+from gpusession.broker.storage import secrets
 from gpusession.cluster import raycluster
 from gpusession.gateway.acting import ServiceKeys
 from gpusession.gateway.hosted import serve_run
@@ -35,7 +35,7 @@ server.stop()
 # A new process's one call, the same through the gateway as directly (call_overhead.py uses it too).
 FIRST_CALL = """
 import gpusession as gs
-from gpusession import events
+from gpusession.observe import events
 events.set_observer_factory(lambda world_size: events.Observer())
 
 @gs.distributed(gpus=2)

@@ -23,7 +23,7 @@ from pathlib import Path
 import ray
 
 import gpusession as gs
-from gpusession import events
+from gpusession.observe import events
 
 
 def allreduce():

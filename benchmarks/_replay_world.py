@@ -8,7 +8,7 @@ import random
 import statistics
 from dataclasses import dataclass, field
 
-from gpusession.broker.model import NodeCapacity, Quota
+from gpusession.broker.policy.model import NodeCapacity, Quota
 
 SEED = 11
 USERS = 20

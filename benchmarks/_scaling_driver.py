@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _scaling_train  # noqa: E402
 
 import gpusession as gs  # noqa: E402
-from gpusession import events  # noqa: E402
+from gpusession.observe import events  # noqa: E402
 
 
 def train_on_rank(model: str, compression: str, steps: int, warmup: int) -> dict:

@@ -23,8 +23,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-from gpusession.comm_options import validate_comm_options  # noqa: E402
-from gpusession.run import comm_hooks  # noqa: E402
+from gpusession.run.comm_options import validate_comm_options  # noqa: E402
+from gpusession.run.rank import comm_hooks  # noqa: E402
 
 BATCH = {"link": 64, "compute": 2048}  # per rank
 WIDTH = {"link": 1024, "compute": 64}

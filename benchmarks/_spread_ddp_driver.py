@@ -15,7 +15,7 @@ import sys
 import time
 
 import gpusession as gs
-from gpusession import events
+from gpusession.observe import events
 
 
 def ddp_body() -> dict:

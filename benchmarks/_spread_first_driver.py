@@ -19,7 +19,7 @@ STARTED = time.time()  # before any import
 import json  # noqa: E402
 
 import gpusession as gs  # noqa: E402
-from gpusession import events  # noqa: E402
+from gpusession.observe import events  # noqa: E402
 from _spread_ddp_driver import ddp_body  # noqa: E402  (beside this script: shipped to the ranks by value)
 
 IMPORTED = time.time()

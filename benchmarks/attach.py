@@ -90,7 +90,7 @@ def get_kept(name: str) -> float:
 
 def attach_live(run_id: str) -> tuple[float, float]:
     """(seconds until every report sent before the attach has arrived, the next report's delay)."""
-    from gpusession.events import Observer, RunInfo
+    from gpusession.observe.events import Observer, RunInfo
     from gpusession.gateway.reattach import follow_attached, open_attach
 
     arrivals: list[tuple[float, dict]] = []

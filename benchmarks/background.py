@@ -69,7 +69,7 @@ def background(train, steps: int, step_s: float) -> float:
 
 
 class SlowReleases(logging.Handler):
-    """Counts releases that waited the full bound for Ray's view (cluster/bundles.py's warning)."""
+    """Counts releases that waited the full bound for Ray's view (run/caller/bundles.py's warning)."""
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
@@ -98,7 +98,7 @@ def main() -> None:
     parser.add_argument("--step-s", type=float, default=0.25)
     args = parser.parse_args()
     import gpusession as gs
-    from gpusession import events
+    from gpusession.observe import events
 
     events.set_observer_factory(lambda world_size: events.Observer())  # measure the runs, not printing
     slow_releases = SlowReleases()

@@ -32,7 +32,7 @@ YEAR_S = 365.25 * 86400
 
 def seed_ledger(path: Path, *, years: float, now: float) -> int:
     """Years of finished leases (a lease every 4 h, 1-3 days long, 5 users), written directly."""
-    from gpusession.broker.ledger import Ledger
+    from gpusession.broker.storage.ledger import Ledger
 
     ledger = Ledger(path)
     rng = random.Random(7)

@@ -23,7 +23,7 @@ SIZES = {"1 KB": 1 << 10, "10 MB": 10 << 20}
 
 def save_times_ms(saves: int) -> dict:
     import gpusession as gs
-    from gpusession import events
+    from gpusession.observe import events
 
     events.set_observer_factory(lambda world_size: events.Observer())
 

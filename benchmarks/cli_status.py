@@ -38,7 +38,7 @@ def run(env: dict, *args: str) -> float:
 
 
 def wait_for_announcement(home: Path, timeout_s: float = 60.0) -> Path:
-    """The broker's announcement in the cluster's directory under `home` (broker/statedir.py)."""
+    """The broker's announcement in the cluster's directory under `home` (broker/storage/statedir.py)."""
     deadline = time.monotonic() + timeout_s
     while True:
         found = sorted(home.glob("clusters/*/status-endpoint.json"))

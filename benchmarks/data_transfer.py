@@ -53,7 +53,7 @@ def sides(mb: int):
     import torch
 
     import gpusession as gs
-    from gpusession import events
+    from gpusession.observe import events
 
     events.set_observer_factory(lambda world_size: events.Observer())
     elements = mb * MB // 4

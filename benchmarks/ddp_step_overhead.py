@@ -43,7 +43,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200, help="timed steps per run")
     args = parser.parse_args()
     import gpusession as gs
-    from gpusession import events
+    from gpusession.observe import events
 
     events.set_observer_factory(lambda world_size: events.Observer())
     loop = gs.distributed(gpus=2)(step_times)

@@ -40,10 +40,10 @@ HOLD_S = 3.0  # how long the high-priority lease keeps its 2 GPUs
 
 def gpusession_regrow_s(work: str) -> float:
     from gpusession.broker import client
-    from gpusession.events import Observer, RunInfo
+    from gpusession.observe.events import Observer, RunInfo
     from gpusession.identity import Identity
-    from gpusession.cluster.lease import Lease
-    from gpusession.options import validate_run_options
+    from gpusession.run.caller.lease import Lease
+    from gpusession.run.caller.options import validate_run_options
     from tests.integration.elastic_train import train
 
     broker = client.broker()  # started here: its admin token is written beside its ledger

@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gpusession.broker import policy  # noqa: E402
-from gpusession.broker.model import (  # noqa: E402
+from gpusession.broker.policy import policy  # noqa: E402
+from gpusession.broker.policy.model import (  # noqa: E402
     ActiveLease,
     NodeCapacity,
     Placement,

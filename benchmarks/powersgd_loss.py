@@ -71,7 +71,7 @@ def main() -> None:
                         "benchmarks/results (a smoke run that must not replace the measured file)")
     args = parser.parse_args()
     import gpusession as gs
-    from gpusession import events
+    from gpusession.observe import events
 
     events.set_observer_factory(lambda world_size: events.Observer())
     load_before = os.getloadavg()

@@ -56,7 +56,7 @@ def gpusession_recovery_s(marker: str) -> tuple[float, float]:
     import torch
 
     import gpusession as gs
-    from gpusession import events
+    from gpusession.observe import events
 
     transitions: list[float] = []
 

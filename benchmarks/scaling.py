@@ -8,7 +8,7 @@ imperfect network (200 Mbit/s, one host's link 20 ms slower each way, and for th
 model also losing 1 % of its frames each way, through the relay of tests/multihost/linkrelay.py:
 the same for both launchers). Then, over the 200 Mbit/s
 link with the link-bound model, each gradient compression gpusession applies (its hook,
-run/comm_hooks.py) in gpusession's ranks against plain DDP there, with the loss after the same
+run/rank/comm_hooks.py) in gpusession's ranks against plain DDP there, with the loss after the same
 steps. Needs root.
 
 Both launchers run the same `train` function with the same hook, the same steps and the same
@@ -20,7 +20,7 @@ short, as many as make a sample last at least --compute-min-s seconds (5), count
 calibration calls of each launcher before the first round, with a margin; the same count on every
 side; each row notes how long its samples took).
 The compute-bound model has a control side as well: torchrun with gpusession's malloc settings
-(MALLOC_TRIM_THRESHOLD_ and MALLOC_MMAP_THRESHOLD_ set as gpusession/run/heap.py sets them in a
+(MALLOC_TRIM_THRESHOLD_ and MALLOC_MMAP_THRESHOLD_ set as gpusession/run/rank/heap.py sets them in a
 rank), so the rows show how much of a difference comes from the launcher and how much from malloc.
 Each sample also prints rank 0's share of a CPU over the timed steps, its threads, niceness and
 scheduler group: on a shared machine, what a launcher's figure depends on. Samples alternate (gpusession, torchrun, then torchrun, gpusession in the next round),
@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from _results import Row, spread, write  # noqa: E402
 
-from gpusession.run.heap import MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES  # noqa: E402
+from gpusession.run.rank.heap import MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES  # noqa: E402
 from tests.multihost.simcluster import SimCluster, can_run, kill_session  # noqa: E402
 
 SCRIPT = str(ROOT / "benchmarks" / "_scaling_train.py")
@@ -69,7 +69,7 @@ COMPUTE_MIN_S = 5.0  # a compute-bound sample lasts at least this long (its step
 CALIBRATION_STEPS = 200
 COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")
 GPUSESSION, TORCHRUN, TORCHRUN_MALLOC = "gpusession", "torchrun", "torchrun with gpusession's malloc settings"
-# What gpusession/run/heap.py sets in each rank, as the environment variables glibc reads at start
+# What gpusession/run/rank/heap.py sets in each rank, as the environment variables glibc reads at start
 MALLOC_SETTINGS = {"MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD_BYTES), "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES)}
 CALL_TIMEOUT_S = 600
 

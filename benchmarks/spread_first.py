@@ -49,12 +49,12 @@ RUN_TIMEOUT_S = 600
 COLD_TIMEOUT_S = 60
 # What gpusession leaves on a GPU host between calls (process titles Ray gives its actors, and the
 # warm parent's command line): a sample is cold once none of these is left on either host.
-WARM_MARKS = ("ray::NodeHost", "ray::Worker", "gpusession.run.zygote")
+WARM_MARKS = ("ray::NodeHost", "ray::Worker", "gpusession.run.node.zygote")
 START_BROKER = "import ray; ray.init(); from gpusession.broker import client; client.broker(); print('broker up')"
 KILL_NODE_HOSTS = """
 import ray
 ray.init()
-from gpusession.run.nodehost import NAMESPACE, host_name
+from gpusession.run.node.nodehost import NAMESPACE, host_name
 for node in ray.nodes():
     try:
         ray.kill(ray.get_actor(host_name(node["NodeID"]), namespace=NAMESPACE), no_restart=True)
@@ -85,7 +85,7 @@ def warm_processes(cluster: SimCluster) -> list[str]:
 
 
 def _kind(cmdline: str) -> str:
-    for mark, kind in (("zygote", "warm parent (with its ranks)"), ("gpusession.run.prober", "prober"),
+    for mark, kind in (("zygote", "warm parent (with its ranks)"), ("gpusession.run.node.prober", "prober"),
                        ("ray::NodeHost", "node host"), ("ray::Worker", "worker actor"), ("ray::IDLE", "idle Ray worker"),
                        ("setup_worker", "Ray worker starting")):
         if mark in cmdline:

@@ -96,7 +96,7 @@ def run_gpusession(configs: list, parallel: int, epochs: int, prune: bool = True
     import optuna
 
     import gpusession as gs
-    from gpusession import events
+    from gpusession.observe import events
 
     events.set_observer_factory(lambda world_size: events.Observer())
     pruner = (optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=4, min_early_stopping_rate=0)

@@ -1,6 +1,6 @@
 """SIMULATED: a day of interactive notebook work replayed through the real policy, against a
 Kueue-like queue with gang admission, with and without priorities and preemption. Nothing runs on Ray: a virtual clock drives
-`gpusession.broker.policy.decide` and `gpusession.broker.elastic.offers` (the functions the
+`gpusession.broker.policy.policy.decide` and `gpusession.broker.policy.elastic.offers` (the functions the
 broker calls); its figures are a simulation's, and docs/speed.md shows them in their own table.
 
 The workload (seeded; every figure here is a constant of _replay_world.py):
@@ -50,9 +50,9 @@ from _replay_world import (DAY_S, ELASTIC_MIN, FALLBACK_BASELINE_START_S, FALLBA
                            FALLBACK_START_S, NODES, QUOTA, USERS, Clock, Costs, User, World, draw_users, figures)
 from _results import RESULTS, Row, inputs_when, spread, write  # noqa: E402
 
-from gpusession.broker.elastic import offers  # noqa: E402
-from gpusession.broker.model import ActiveLease, Placement, Priority, Request  # noqa: E402
-from gpusession.broker.policy import decide  # noqa: E402
+from gpusession.broker.policy.elastic import offers  # noqa: E402
+from gpusession.broker.policy.model import ActiveLease, Placement, Priority, Request  # noqa: E402
+from gpusession.broker.policy.policy import decide  # noqa: E402
 
 
 def resize_input() -> str:

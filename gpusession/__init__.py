@@ -26,17 +26,17 @@ _warnings.filterwarnings("ignore", message="IProgress not found", module=r"tqdm\
 # run/ (context.py, distributed.py, lease_api.py), the client's Lease and `gs.status` in cluster/
 # (tests/unit/test_package.py keeps it so).
 _EXPORTS = {
-    "context": "run.context", "load_checkpoint": "run.context", "prepare_loader": "run.context",
-    "prepare_model": "run.context", "report": "run.context", "save_checkpoint": "run.context",
-    "unwrap": "run.context", "should_checkpoint": "run.context", "step": "run.context",
-    "DistributedFunction": "run.distributed", "distributed": "run.distributed",
-    "Run": "run.background", "RunStatus": "run.background", "runs": "run.background",
-    "attach": "run.detached", "RunCancelled": "errors",
+    "context": "run.rank.context", "load_checkpoint": "run.rank.context", "prepare_loader": "run.rank.context",
+    "prepare_model": "run.rank.context", "report": "run.rank.context", "save_checkpoint": "run.rank.context",
+    "unwrap": "run.rank.context", "should_checkpoint": "run.rank.context", "step": "run.rank.context",
+    "DistributedFunction": "api.distributed", "distributed": "api.distributed",
+    "Run": "api.background", "RunStatus": "api.background", "runs": "api.background",
+    "attach": "api.detached", "RunCancelled": "errors",
     "GPUSessionError": "errors", "Infeasible": "errors", "LeaseRevoked": "errors", "Preempted": "errors",
     "QueueTimeout": "errors", "QuotaExceeded": "errors", "RunTimeout": "errors", "WorkerFailed": "errors",
     "ResultTooLarge": "errors",
-    "RunInfo": "events", "PowerSGD": "comm_options", "Lease": "cluster.lease", "lease": "run.lease_api", "Status": "cluster.status",
-    "status": "cluster.status",
+    "RunInfo": "observe.events", "PowerSGD": "run.comm_options", "Lease": "run.caller.lease", "lease": "api.lease_api", "Status": "api.status",
+    "status": "api.status",
     "sweep": "sweeps", "SweepFailed": "sweeps", "SweepResult": "sweeps", "choice": "sweeps",
     "loguniform": "sweeps", "randint": "sweeps", "uniform": "sweeps",
 }

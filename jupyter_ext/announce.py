@@ -1,6 +1,6 @@
 """The file that tells this user's `gpusession` CLI where a gpusession server runs, so `gpusession
 status`, `leases` and `quota` answer through its REST API in well under a second instead of
-joining Ray (see gpusession.cli_access, which reads it). Written privately in Jupyter's runtime directory, like
+joining Ray (see gpusession.cli.access, which reads it). Written privately in Jupyter's runtime directory, like
 Jupyter's own jpserver-<pid>.json (which holds the same token); removed at shutdown."""
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from jupyter_core.utils import ensure_async
 from jupyter_server.extension.application import ExtensionApp, ExtensionAppJinjaMixin
 
 from gpusession.identity import current_user
-from gpusession.kernelcell import NOTEBOOK_ROOT_ENV
+from gpusession.run.caller.kernelcell import NOTEBOOK_ROOT_ENV
 
 from . import announce, handlers, kernelenv, pages
 from .backend import Backend
@@ -61,7 +61,7 @@ class GPUSessionApp(ExtensionAppJinjaMixin, ExtensionApp):
         return {**await self.backend.kernel_env(), NOTEBOOK_ROOT_ENV: self.serverapp.root_dir}
 
     def _announce(self, ray_env: dict) -> None:
-        """Tell this user's `gpusession` CLI where to ask quickly (gpusession.cli_access)."""
+        """Tell this user's `gpusession` CLI where to ask quickly (gpusession.cli.access)."""
         announce.write(self.serverapp, ray_env.get("RAY_ADDRESS", ""))
 
     async def _start_jupyter_server_extension(self, serverapp) -> None:

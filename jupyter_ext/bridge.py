@@ -91,7 +91,7 @@ def connect(policy: dict | None) -> dict:
     import ray
 
     from gpusession.broker import client
-    from gpusession.broker.settings import BrokerConfig
+    from gpusession.broker.service.settings import BrokerConfig
     from gpusession.cluster.raycluster import _reachable
 
     address = os.environ.get("RAY_ADDRESS", "")

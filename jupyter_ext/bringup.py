@@ -3,7 +3,7 @@ the cluster is (starting the local head for ray_address "local"), and the admin 
 from __future__ import annotations
 
 from gpusession.cluster import localhead
-from gpusession.broker.secrets import admin_token_path
+from gpusession.broker.storage.secrets import admin_token_path
 from gpusession.errors import NotAuthorized
 
 from .brokerlink import BrokerLink

@@ -9,8 +9,8 @@ import re
 from traitlets import Bool, Dict, Float, Int, Set, TraitError, Unicode, default, validate
 from traitlets.config import LoggingConfigurable
 
-from gpusession.broker.model import Priority, Quota
-from gpusession.broker.settings import parse_quota_update
+from gpusession.broker.policy.model import Priority, Quota
+from gpusession.broker.service.settings import parse_quota_update
 from gpusession.identity import current_user
 
 ADDRESS = re.compile(r"^(local|auto|(ray://)?[A-Za-z0-9_.\-\[\]:]+:\d{1,5})$")

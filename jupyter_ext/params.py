@@ -1,7 +1,7 @@
 """Reading requests: each bad value raises InvalidRequest naming the field (the client gets a 400).
 
 The values the broker checks again (lease ids, usage ranges and groupings) go through the same
-checks as at the broker's door (gpusession.broker.request), so both refuse the same things."""
+checks as at the broker's door (gpusession.broker.protocol.request), so both refuse the same things."""
 from __future__ import annotations
 
 import datetime as dt
@@ -9,7 +9,7 @@ import json
 import math
 from typing import Any
 
-from gpusession.broker import request as checks
+from gpusession.broker.protocol import request as checks
 from gpusession.errors import InvalidRequest
 
 USAGE_GROUPINGS = checks.USAGE_GROUPINGS

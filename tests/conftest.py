@@ -240,7 +240,7 @@ def cluster(tmp_path_factory):
     init_local_head(num_gpus=CLUSTER_GPUS, num_cpus=4, include_dashboard=False, logging_level=logging.ERROR,
                     log_to_driver=True, resources={LOGICAL_GPUS_RESOURCE: 1})
     from gpusession.broker import client
-    from gpusession.broker.settings import BrokerConfig
+    from gpusession.broker.service.settings import BrokerConfig
 
     db_path = home / "ledger.db"
     broker = client.broker(BrokerConfig(db_path=str(db_path), preemption_grace_s=3.0, revoke_grace_s=3.0,
@@ -291,7 +291,7 @@ def no_leaked_gpus(request):
 @pytest.fixture
 def quiet():
     """Make calls in this test render nowhere (the console renderer is tested on its own)."""
-    from gpusession import events
+    from gpusession.observe import events
 
     events.set_observer_factory(lambda world_size: events.Observer())
     yield

@@ -1,6 +1,6 @@
 """Reference pages generated from the code, so they cannot drift from it.
 
-- ``gpusession-cli``: every command of ``gpusession.cli.build_parser()`` with its options;
+- ``gpusession-cli``: every command of ``gpusession.cli.main.build_parser()`` with its options;
 - ``gpusession-magic``: the flags of ``%%gpu`` and ``%gpu`` (their magic_arguments parsers);
 - ``gpusession-config``: every trait of ``jupyter_ext.config.GPUSession``: type, default, help.
 
@@ -88,7 +88,7 @@ class CliDirective(SphinxDirective):
     """``.. gpusession-cli::`` — the whole ``gpusession`` command line, a section a command."""
 
     def run(self):
-        from gpusession.cli import build_parser
+        from gpusession.cli.main import build_parser
 
         parser = build_parser()
         lines: list[str] = [_escape(parser.description or ""), ""] + _usage(parser)

@@ -20,10 +20,10 @@ from ..cluster import rayprivate
 from ..errors import BrokerOutdated, GPUSessionError, NotAuthorized
 from ..identity import Identity, current_identity
 from ..cluster.raycluster import ensure_connected, head_node_id, state_dir
-from .request import PROTOCOL
-from .secrets import admin_token_path
-from . import statedir
-from .settings import BrokerConfig, explicit_db_path
+from .protocol.request import PROTOCOL
+from .storage.secrets import admin_token_path
+from .storage import statedir
+from .service.settings import BrokerConfig, explicit_db_path
 
 log = logging.getLogger("gpusession")
 
@@ -168,7 +168,7 @@ def _retire(handle: Any, token: str | None) -> str | None:
 
 
 def _create(config: BrokerConfig) -> Any:
-    from .service import BrokerService
+    from .service.service import BrokerService
 
     actor_class = ray.remote(BrokerService)
     return actor_class.options(

@@ -21,7 +21,7 @@ from .where import (  # noqa: F401 - re-exported: where things are, known withou
 )
 from .where import reachable as _reachable
 from ..errors import GPUSessionError
-from ..events import _in_notebook_kernel
+from ..observe.events import _in_notebook_kernel
 
 log = logging.getLogger("gpusession")
 

@@ -11,7 +11,7 @@ import threading
 from typing import Any
 
 from ..errors import GPUSessionError
-from ..events import Observer, RunInfo
+from ..observe.events import Observer, RunInfo
 from .chunks import gather, send_chunked
 from .frames import Connection
 from .runwire import error_to_json, info_to_json, plain, stop_error

@@ -29,7 +29,7 @@ import logging
 import queue
 import threading
 
-from ..events import Fanout, RunInfo
+from ..observe.events import Fanout, RunInfo
 from .acting import Acting, identity_of
 from .activity import FOLLOWING
 from .following import Forwarder, StopWatch, free_when_gone, note_failure, result_frames, send_done
@@ -51,8 +51,8 @@ def serve_lease(conn: Connection, caller: Caller, first: Message, keys: Acting, 
     except BadRunMessage as exc:
         conn.send(Kind.FAILED, error={"type": "InvalidRequest", "message": f"The gateway refused the lease: {exc}."})
         return
-    from ..cluster.lease import Lease
-    from ..stepreport import StepToBroker
+    from ..run.caller.lease import Lease
+    from ..run.caller.stepreport import StepToBroker
 
     identity = identity_of(caller, keys)
     requests: queue.Queue = queue.Queue()
@@ -86,7 +86,7 @@ def _hold(conn: Connection, caller: Caller, lease, requests: queue.Queue, forwar
           watch: StopWatch) -> str:
     """The lease is held: tell the kernel, then run what it asks until it releases the lease or
     leaves. The release's reason."""
-    from ..run.idle_resize import resize_while_idle
+    from ..run.caller.idle_resize import resize_while_idle
 
     resize_while_idle(lease)  # an elastic lease gives GPUs up (and takes them back) between runs
     log.info("lease %s of %s: %g GPUs held for its kernel", lease.lease_id, caller.user, lease.gpus)
@@ -100,7 +100,7 @@ def _hold(conn: Connection, caller: Caller, lease, requests: queue.Queue, forwar
 def _run_on(conn: Connection, caller: Caller, lease, message: Message, forward: Forwarder,
             watch: StopWatch) -> None:
     from ..run.bulk import shipment_of
-    from ..run.controller import CallerPlace
+    from ..run.caller.controller import CallerPlace
 
     try:
         call = call_of(message)
@@ -139,7 +139,7 @@ def _tell(conn: Connection, watch: StopWatch, forward: Forwarder, lease, error: 
 
 def _reason(value) -> str:
     """The release reason the kernel gave, if the broker would take it; else 'released'."""
-    from ..broker.request import release_reason
+    from ..broker.protocol.request import release_reason
 
     try:
         return release_reason(value)

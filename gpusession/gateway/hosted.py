@@ -53,7 +53,7 @@ from contextlib import ExitStack
 from typing import Any
 
 from ..errors import GPUSessionError
-from ..events import Fanout, RunInfo
+from ..observe.events import Fanout, RunInfo
 from ..run.endings import EndReason
 from . import keeping
 from .acting import Acting, identity_of
@@ -163,12 +163,12 @@ def _run(conn: Connection, caller: Caller, request: RunRequest, keys: Acting, sh
 
 def _host(conn: Connection, caller: Caller, request: RunRequest, keys: Acting, shelf: Shelf,
           hosted: HostedRun | None) -> None:
-    from ..cluster.lease import Lease
-    from ..kernelcell import mark_background
+    from ..run.caller.lease import Lease
+    from ..run.caller.kernelcell import mark_background
     from ..run.bulk import shipment_of
-    from ..run.controller import CallerPlace, run_function
+    from ..run.caller.controller import CallerPlace, run_function
     from ..run.endings import end_reason
-    from ..stepreport import StepToBroker
+    from ..run.caller.stepreport import StepToBroker
 
     identity = identity_of(caller, keys)
     if hosted is not None:

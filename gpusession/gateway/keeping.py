@@ -21,7 +21,7 @@ from numbers import Real
 from typing import Any, Mapping
 
 from ..errors import ResultTooLarge  # noqa: F401 - a detached run whose result is over RESULT_CAP_BYTES ends with it
-from ..options import parse_duration
+from ..run.caller.options import parse_duration
 from .runwire import BadRunMessage
 from .kinds import Event
 

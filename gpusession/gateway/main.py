@@ -56,8 +56,8 @@ def broker_call(method: str, args: list):
 def load_keys(db_path: str) -> ServiceKeys:
     """The broker's secrets beside its ledger: this account's own private regular files (the broker
     made them), read as the hub's root reads a secret (no symlink, no FIFO, not empty)."""
-    from ..broker import secrets
-    from ..hub.rootfs import read_secret
+    from ..broker.storage import secrets
+    from ..launcher.rootfs import read_secret
 
     token_path, key_path = secrets.admin_token_path(db_path), secrets.identity_key_path(db_path)
     for path in (token_path, key_path):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import GPUSessionError
-from ..events import Observer, RunInfo
+from ..observe.events import Observer, RunInfo
 from .client import connect
 from .frames import Connection
 from .remote import _follow

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..errors import GPUSessionError
-from ..events import Observer, RunInfo
+from ..observe.events import Observer, RunInfo
 from .chunks import gather, send_chunked
 from .client import connect, gateway_path
 from .keeping import GATEWAYS_DEFAULT
@@ -53,7 +53,7 @@ def pickle_call(fn: Callable, args: tuple, kwargs: dict) -> tuple[bytes, list]:
     """The call as bulk.py pickles it for the ranks: protocol 5, big buffers out of band (their
     memory, not copies: they are sent as raw frames)."""
     from ..run.bulk import pickle_out_of_band
-    from ..shipping import call_arguments
+    from ..run.shipping import call_arguments
 
     args, kwargs = call_arguments(args, kwargs)
     header, buffers = pickle_out_of_band((fn, args, kwargs))
@@ -68,7 +68,7 @@ def call_fields(fn: Callable, buffers: list, name: str = "") -> dict:
 
 def asking() -> dict:
     """The labels of the lease request, as this kernel knows them (the sidebar's notebook and cell)."""
-    from ..kernelcell import asking_cell_id, asking_in_background, asking_notebook
+    from ..run.caller.kernelcell import asking_cell_id, asking_in_background, asking_notebook
 
     return {"notebook": asking_notebook(), "cell_id": asking_cell_id(), "background": asking_in_background()}
 

@@ -9,11 +9,11 @@ import logging
 import threading
 from typing import Any, Callable
 
-from .. import holding
+from ..run.caller import holding
 from ..errors import GPUSessionError, RunCancelled
-from ..events import Fanout, Observer, RunInfo
-from ..interrupts import deferred_interrupts
-from ..options import RunOptions
+from ..observe.events import Fanout, Observer, RunInfo
+from ..run.caller.interrupts import deferred_interrupts
+from ..run.caller.options import RunOptions
 from ..run.endings import told_when_ended
 from .chunks import send_chunked
 from .client import connect, gateway_path

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ..options import for_held_lease
+from ..run.caller.options import for_held_lease
 from . import keeping
 from .frames import Message
 from .runwire import BadRunMessage, options_from_json

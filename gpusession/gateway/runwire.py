@@ -13,9 +13,9 @@ from numbers import Real
 from typing import Any
 
 from .. import errors
-from ..comm_options import CommOptions, CommReport, Compression, validate_comm_options
-from ..events import RunInfo
-from ..options import RunOptions, validate_run_options
+from ..run.comm_options import CommOptions, CommReport, Compression, validate_comm_options
+from ..observe.events import RunInfo
+from ..run.caller.options import RunOptions, validate_run_options
 from .kinds import StopReason
 
 SWEEP_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,128}$")

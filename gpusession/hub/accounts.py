@@ -7,7 +7,7 @@ import secrets
 import subprocess
 from pathlib import Path
 
-from . import rootfs
+from ..launcher import rootfs
 from .plan import HubLayout
 
 

@@ -22,7 +22,8 @@ from pathlib import Path
 import psutil
 
 from ..cluster.localhead import READY_LINE, failure_cause, terminate
-from . import accounts, rootfs
+from . import accounts
+from ..launcher import rootfs
 from .launching import LauncherFailed, start_launcher, stop_launcher
 from .nodeplan import NodeOptions, node_environment, ray_node_command
 from .plan import NOT_SET_UP, HubLayout

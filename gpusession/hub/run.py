@@ -15,7 +15,8 @@ import urllib.request
 from pathlib import Path
 
 from ..cluster.localhead import first_line, terminate
-from . import accounts, rootfs
+from . import accounts
+from ..launcher import rootfs
 from .launching import LauncherFailed, start_launcher, stop_launcher
 from .nodeplan import join_command
 from .plan import (INSECURE_WARNING, NOT_SET_UP, HubLayout, HubOptions, broker_policy, culling_line,

@@ -27,8 +27,8 @@ from pathlib import Path
 
 from jupyter_ext.brokerlink import BrokerLink
 
-from ..broker import secrets
-from ..broker.states import LeaseState
+from ..broker.storage import secrets
+from ..broker.policy.states import LeaseState
 from ..cluster import localhead
 from ..gateway import process as gatewayproc
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from ..identity import SIGNATURE_ENV, SIGNED_FOR_S, USER_ENV, sign
-from . import rootfs
+from ..launcher import rootfs
 
 ADMIN_TOKEN_ENV = "GPUSESSION_ADMIN_TOKEN"
 

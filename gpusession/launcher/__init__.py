@@ -1,5 +1,5 @@
 """The privileged launcher (issue 28): under `gpusession hub`, root starts one per node; it is
-the warm parent of that node's rank processes (run/zygote.py's loop, torch imported) and each
+the warm parent of that node's rank processes (run/node/zygote.py's loop, torch imported) and each
 child it forks drops to the Unix account of the user the service verified before it runs
 anything. As slurmstepd is to slurmd: small, separate, holding no secret.
 

@@ -19,7 +19,7 @@ import socket
 import sys
 from pathlib import Path
 
-from ..hub import rootfs
+from . import rootfs
 from .policy import DEFAULT_MIN_UID, Rules
 
 SOCKET_NAME = "launcher.sock"
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     else:  # started on its own (a node's start command): it ends at SIGTERM only
         owner, _keep = socket.socketpair()
     signal.signal(signal.SIGTERM, _stop)
-    from ..run.zygote import _serve
+    from ..run.node.zygote import _serve
 
     _say({"ready": {"socket": str(path), "pid": os.getpid(), "cgroups": gate.tracker.kind}})
     try:

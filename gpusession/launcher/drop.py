@@ -33,7 +33,7 @@ def become(account: Account, *, keep_fd: int, tmpdir: str) -> None:
     import tempfile
 
     tempfile.tempdir = None  # the launcher's cached one is not the user's
-    try:  # the rank goes to the caller's folder later, when its user may enter it (run/child.py)
+    try:  # the rank goes to the caller's folder later, when its user may enter it (run/rank/child.py)
         os.chdir(account.pw_dir)
     except OSError:
         os.chdir("/")

@@ -1,5 +1,5 @@
 """What the warm parent does, run as root by the launcher, with each connection and request
-(run/zygote.py calls these; without a Gate it forks as its own account, as before).
+(run/node/zygote.py calls these; without a Gate it forks as its own account, as before).
 
 - a connection is kept only if its peer (SO_PEERCRED) is the service account;
 - a fork request names the account: refused (the reason goes back to the worker actor) unless
@@ -24,7 +24,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..hub import rootfs
+from . import rootfs
 from . import cgroups, drop
 from .policy import Account, Rules, peer_allowed, refusal
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
-from ..events import Observer, RunInfo
-from ..run.background import Run
-from ..run.detached import DetachedRun
+from ..observe.events import Observer, RunInfo
+from ..api.background import Run
+from ..api.detached import DetachedRun
 
 
 def pull_note(name: str, wanted: tuple[str, ...]) -> str:

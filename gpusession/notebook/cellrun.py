@@ -19,7 +19,7 @@ from typing import Any
 import cloudpickle
 
 from .cellcode import split_last_expression
-from ..shipping import cloudpickle_dumps, pickled_by_value
+from ..run.shipping import cloudpickle_dumps, pickled_by_value
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def _unpicklable(value: Any) -> str | None:
 def run_cell(payload: CellPayload) -> CellResult | None:
     """Runs the body as a notebook cell would, in a fresh namespace holding the shipped inputs.
     Every rank runs it; only rank 0 packs what comes back."""
-    from ..run.context import context
+    from ..run.rank.context import context
 
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
     namespace.update(unpack(Packed(payload.inputs)))
@@ -122,7 +122,7 @@ def to_cpu(value: Any, memo: dict[int, Any] | None = None) -> Any:
     if id(value) in memo:
         return memo[id(value)]
     if isinstance(value, torch.nn.Module):
-        from ..run.context import unwrap
+        from ..run.rank.context import unwrap
 
         converted = unwrap(value).to("cpu")  # in place: parameters keep their identity
     elif isinstance(value, torch.Tensor):

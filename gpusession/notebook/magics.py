@@ -17,12 +17,12 @@ from IPython.core.magic_arguments import argument, kwds, magic_arguments, parse_
 from .cellcode import CellCode, analyze, parse_names
 from .bgcell import CellRun, DetachedCellRun
 from .cellrun import CellPayload, CellResult, pack, run_cell, unpack
-from ..run.distributed import DistributedFunction, parse_options
-from ..comm_options import grad_compression_flag_value
+from ..api.distributed import DistributedFunction, parse_options
+from ..run.comm_options import grad_compression_flag_value
 from ..errors import GPUSessionError
-from ..broker.messages import gpus_text
-from ..options import parse_duration
-from ..shipping import local_modules
+from ..broker.policy.messages import gpus_text
+from ..run.caller.options import parse_duration
+from ..run.shipping import local_modules
 
 MAGIC_SYNTAX = ("The %%gpu body uses IPython syntax (%magic, !command or ?), which the workers cannot "
                 "run. Move those lines to a cell of their own.")
@@ -184,15 +184,15 @@ def load_ipython_extension(ipython) -> None:
 def warm_up() -> None:
     """What the first %%gpu cell would otherwise pay before its status line shows: finding the
     installed packages (~0.5 s, cached) to tell the user's own modules from libraries."""
-    from ..shipping import _installed_top_level_names
+    from ..run.shipping import _installed_top_level_names
 
     threading.Thread(target=_installed_top_level_names, name="gpusession-warm-up", daemon=True).start()
 
 
 # ----- %gpu ------------------------------------------------------------------------------------------
 def show_status() -> str:
-    from ..cluster.status import status
-    from ..holding import held_leases
+    from ..api.status import status
+    from ..run.caller.holding import held_leases
 
     held = held_leases()
     mine = "\n".join(f"  {lease!r}" for lease in held) or "  (none)"
@@ -200,7 +200,7 @@ def show_status() -> str:
 
 
 def release_kernel_leases() -> str:
-    from ..holding import held_leases, release_all
+    from ..run.caller.holding import held_leases, release_all
 
     gpus = sum(lease.gpus for lease in held_leases())
     count = release_all("released")
@@ -248,7 +248,7 @@ def attach_run(shell, run_id: str | None, handle: str | None) -> str:
     name = handle or DEFAULT_HANDLE
     if not name.isidentifier():
         raise UsageError(f"-o {name!r} is not a Python name; write e.g. -o run1.")
-    from ..run.detached import attach
+    from ..api.detached import attach
 
     try:
         run = attach(run_id, handle=DetachedCellRun, shell=shell, handle_name=name, wanted=(), bring_back=_bring_back)
@@ -275,7 +275,7 @@ def _detach_limit(args: argparse.Namespace) -> float | None:
         return None
     if not args.bg:
         raise UsageError("--detach needs --bg (e.g. %%gpu 2 --bg --detach -o run1). Nothing was leased.")
-    from ..run.detached import detach_limit
+    from ..api.detached import detach_limit
 
     try:
         return detach_limit(args.max_duration)
@@ -284,10 +284,10 @@ def _detach_limit(args: argparse.Namespace) -> float | None:
 
 
 def _status_now(options) -> None:
-    from .. import events
+    from ..observe import events
 
     if events._factory is None and events._in_notebook_kernel():  # the default renderer will adopt it
-        from .display import show_early
+        from ..observe.display import show_early
 
         show_early(options.lease.gpus, options.lease.workers)
 

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ..shipping import call_arguments, dumps_with_buffers
+from .shipping import call_arguments, dumps_with_buffers
 
 OUT_OF_BAND_MIN = 1 << 20  # smaller buffers stay inside the pickle: not worth a trip of their own
 NODE_ROOT = "/dev/shm" if os.path.isdir("/dev/shm") else None  # memory, not disk

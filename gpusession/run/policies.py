@@ -174,7 +174,7 @@ def workers_after_host_loss(size: int, lost: int, minimum: int | None) -> int:
     """PURE: the workers a run restarts with after a lost host took `lost` of its `size`: an
     elastic run (`minimum` below size) goes on with those that survived, if at least `minimum`
     (their GPUs are the lease's already: nothing to wait for); otherwise the full size, for which
-    the broker must find the lost host's share free on other hosts (broker/relocation.py)."""
+    the broker must find the lost host's share free on other hosts (broker/policy/relocation.py)."""
     survivors = size - lost
     if minimum is not None and minimum < size and lost > 0 and survivors >= minimum:
         return survivors

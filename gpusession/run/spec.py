@@ -9,7 +9,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 
-from ..comm_options import CommOptions
+from .comm_options import CommOptions
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,6 @@ def lease_scratch_dir(cluster: str, lease_id: int) -> str:
 
 def scratch_dir(spec: RankSpec) -> str:
     """The attempt's scratch directory on this node: keyed by cluster, lease and attempt, so two
-    clusters on one filesystem, or two attempts of one run, never share one (run/scratch.py
+    clusters on one filesystem, or two attempts of one run, never share one (run/node/scratch.py
     removes it)."""
     return os.path.join(lease_scratch_dir(spec.cluster, spec.lease_id), f"attempt-{spec.attempt}")

@@ -19,7 +19,7 @@ import json
 import numbers
 from typing import Any, Callable
 
-from ..comm_options import CommOptions, CommReport
+from .comm_options import CommOptions, CommReport
 from . import messages as m
 
 MAX_HEADER_BYTES = 16 * 1024 * 1024  # an Output frame of a chatty rank, a traceback, a report

@@ -8,8 +8,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from ..run.distributed import DistributedFunction, parse_options
-from ..options import RunOptions
+from ..api.distributed import DistributedFunction, parse_options
+from ..run.caller.options import RunOptions
 from .space import Space, parse_space
 
 
@@ -161,7 +161,7 @@ def _trial_function(fn: Any, priority: Any, distributed_options: dict) -> tuple[
     else:
         options = parse_options(distributed_options, where="gs.sweep()")
         base = fn
-    from ..broker.model import Priority
+    from ..broker.policy.model import Priority
 
     lease = dataclasses.replace(options.lease, priority=Priority.parse(priority))
     return base, dataclasses.replace(options, lease=lease)

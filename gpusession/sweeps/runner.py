@@ -12,9 +12,9 @@ import threading
 import time
 from typing import Any
 
-from ..run.distributed import DistributedFunction
+from ..api.distributed import DistributedFunction
 from ..errors import Infeasible, Preempted, QuotaExceeded
-from ..interrupts import deferred_interrupts
+from ..run.caller.interrupts import deferred_interrupts
 from .plan import SweepPlan
 from .records import TrialRecord, TrialState, objective_value, record_from_frozen
 from .trial import StopReason, StopSignal, TrialObserver

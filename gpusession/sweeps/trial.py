@@ -11,7 +11,7 @@ import threading
 import time
 from typing import Callable, Protocol
 
-from ..events import Observer, RunInfo
+from ..observe.events import Observer, RunInfo
 from .records import TrialRecord, TrialState
 
 

@@ -9,9 +9,9 @@ import sys
 import threading
 from collections import deque
 
-from ..console import LineAssembler
-from ..notebook.display import Throttle, _show
-from ..events import _in_notebook_kernel
+from ..observe.console import LineAssembler
+from ..observe.display import Throttle, _show
+from ..observe.events import _in_notebook_kernel
 from .records import TrialRecord, TrialState
 from .table import STATE_MARKS, plot_png, summary_line, table_html, table_rows, table_text
 

@@ -16,7 +16,7 @@ log = logging.getLogger("gpusession")
 
 def _pool():
     try:
-        from ..run.pool import pool
+        from ..run.caller.pool import pool
     except ImportError:
         return None
     warm = pool()

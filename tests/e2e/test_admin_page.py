@@ -7,8 +7,8 @@ from playwright.sync_api import expect
 
 from gpusession.broker import client
 from gpusession.identity import Identity
-from gpusession.cluster.lease import Lease
-from gpusession.options import validate_run_options
+from gpusession.run.caller.lease import Lease
+from gpusession.run.caller.options import validate_run_options
 
 from ..conftest import wait_for
 from .conftest import screenshot

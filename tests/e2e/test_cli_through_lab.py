@@ -16,7 +16,7 @@ from ..machine import cluster_line
 from .conftest import ADMIN
 
 # Run the CLI, then say whether Ray was ever imported: the fast path never needs it.
-PROBE = "import sys; from gpusession.cli import main; code = main(sys.argv[1:]); print('RAY', 'ray' in sys.modules); sys.exit(code)"
+PROBE = "import sys; from gpusession.cli.main import main; code = main(sys.argv[1:]); print('RAY', 'ray' in sys.modules); sys.exit(code)"
 
 
 def gpusession(cluster, jupyter, *args: str) -> tuple[subprocess.CompletedProcess, float]:

@@ -15,9 +15,9 @@ import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from gpusession.broker import client
-from gpusession.cluster.lease import Lease
+from gpusession.run.caller.lease import Lease
 from gpusession.identity import Identity
-from gpusession.options import validate_run_options
+from gpusession.run.caller.options import validate_run_options
 
 from ..conftest import CLUSTER_GPUS, free_gpus, wait_for
 from .conftest import ADMIN, lab_server, screenshot

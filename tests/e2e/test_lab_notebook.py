@@ -13,8 +13,8 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from gpusession.broker import client
 from gpusession.identity import Identity
-from gpusession.cluster.lease import Lease
-from gpusession.options import validate_run_options
+from gpusession.run.caller.lease import Lease
+from gpusession.run.caller.options import validate_run_options
 
 from ..conftest import CLUSTER_GPUS
 from ..machine import gpus_text

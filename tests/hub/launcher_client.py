@@ -17,7 +17,7 @@ from gpusession.errors import LaunchRefused
 from gpusession.run import bulk, handoff, wire
 from gpusession.run import messages as m
 from gpusession.run.spec import RankSpec
-from gpusession.run.zygote import Zygote
+from gpusession.run.node.zygote import Zygote
 
 
 def say(message: dict) -> None:

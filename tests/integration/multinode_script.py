@@ -10,7 +10,7 @@ import tempfile
 from ray.cluster_utils import Cluster
 
 import gpusession as gs
-from gpusession import events
+from gpusession.observe import events
 
 os.environ["GPUSESSION_HOME"] = tempfile.mkdtemp(prefix="gpusession-multinode-")
 cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
@@ -49,7 +49,7 @@ def forked_by():
 # Warm across nodes: every rank of a spread call, its repeat included, is forked by its node's
 # one warm parent (the node host's zygote), shared by every kernel and placement on that node.
 spread_parents = gs.distributed(gpus=4, placement="spread", return_all=True)(forked_by)
-from gpusession.run import nodehost  # noqa: E402
+from gpusession.run.node import nodehost  # noqa: E402
 
 report["spread_parents"] = [spread_parents(), spread_parents()]
 report["node_zygotes"] = {

@@ -7,7 +7,7 @@ import time
 import pytest
 
 import gpusession as gs
-from gpusession.run.background import RunStatus
+from gpusession.api.background import RunStatus
 from tests.conftest import CLUSTER_GPUS, free_gpus, wait_for
 
 

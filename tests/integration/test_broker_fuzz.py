@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import gpusession as gs
 from gpusession.broker import client
-from gpusession.broker.service import BrokerService
+from gpusession.broker.service.service import BrokerService
 from gpusession.errors import NotAuthorized
 
 from ..fuzzcheck import judge_broker_error

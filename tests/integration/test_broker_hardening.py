@@ -16,8 +16,8 @@ import ray
 
 import gpusession as gs
 from gpusession.broker import client
-from gpusession.broker.secrets import admin_token_path
-from gpusession.broker.settings import BrokerConfig
+from gpusession.broker.storage.secrets import admin_token_path
+from gpusession.broker.service.settings import BrokerConfig
 from gpusession.errors import InvalidRequest
 from gpusession.identity import current_user
 

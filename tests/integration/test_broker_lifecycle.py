@@ -10,7 +10,7 @@ from ray.util.placement_group import placement_group, remove_placement_group
 
 import gpusession as gs
 from gpusession.broker import client
-from gpusession.broker.settings import BrokerConfig
+from gpusession.broker.service.settings import BrokerConfig
 from gpusession.errors import NotAuthorized
 from gpusession.identity import current_user
 
@@ -173,7 +173,7 @@ def test_a_worker_stops_by_itself_when_its_leases_group_is_taken_back(cluster, q
         lease = next(l for l in client.call(broker.leases, admin) if l["state"] == "placed")
         group = next(pg for pg in ray.util.placement_group_table().values() if pg["name"] == lease["pg_name"])
         taken_at = time.monotonic()
-        from gpusession.broker.rayview import remove_group
+        from gpusession.broker.service.rayview import remove_group
 
         remove_group(group["placement_group_id"])  # what the broker does when it forces a lease off
         wait_for(lambda: not process_running(worker_pid),

@@ -9,7 +9,7 @@ import time
 import pytest
 
 import gpusession as gs
-from gpusession import events
+from gpusession.observe import events
 
 from ..conftest import CLUSTER_GPUS, free_gpus
 from ..machine import backend

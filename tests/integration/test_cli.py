@@ -10,7 +10,7 @@ import json
 import pytest
 
 import gpusession as gs
-from gpusession.broker.notice import NoticeKind
+from gpusession.broker.protocol.notice import NoticeKind
 from gpusession.identity import current_user
 
 from ..conftest import ROOT

@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 
 import gpusession as gs
-from gpusession import status_endpoint
+from gpusession.broker.http import status_endpoint
 from gpusession.broker import client
 from gpusession.identity import current_user
 

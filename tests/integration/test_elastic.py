@@ -12,10 +12,10 @@ import torch
 
 import gpusession as gs
 from gpusession.broker import client
-from gpusession.events import RunInfo
+from gpusession.observe.events import RunInfo
 from gpusession.identity import Identity
-from gpusession.cluster.lease import Lease
-from gpusession.options import validate_run_options
+from gpusession.run.caller.lease import Lease
+from gpusession.run.caller.options import validate_run_options
 
 from ..conftest import CLUSTER_GPUS, free_gpus, wait_for
 from .elastic_train import expected_weights, train

@@ -21,7 +21,7 @@ HERE = Path(__file__).parent
 
 @pytest.fixture(scope="module")
 def under_gpusession(cluster, tmp_path_factory) -> list[dict]:
-    from gpusession import events
+    from gpusession.observe import events
 
     events.set_observer_factory(lambda world_size: events.Observer())
     try:

@@ -196,9 +196,9 @@ def test_a_held_elastic_lease_shrinks_for_a_preemption_and_grows_back_while_idle
     """gs.lease(min_gpus=...) through the gateway: the gateway watches the idle lease, so it gives
     up 2 GPUs when the broker asks (no run going, nothing to commit) and takes them back once free;
     each run sees the size of that moment."""
-    from gpusession.cluster.lease import Lease
+    from gpusession.run.caller.lease import Lease
     from gpusession.identity import Identity
-    from gpusession.options import validate_run_options
+    from gpusession.run.caller.options import validate_run_options
 
     boss = f"boss-{uuid.uuid4().hex[:6]}"
     client.call(broker.set_quota, boss, {"max_priority": "high"}, admin)

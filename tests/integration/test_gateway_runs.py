@@ -28,7 +28,7 @@ FREE_WITHIN_S = 5.0  # SPEC: a kernel that dies frees its GPUs within 5 s
 HOST = """
 import os, sys
 from functools import partial
-from gpusession.broker import secrets
+from gpusession.broker.storage import secrets
 from gpusession.cluster import raycluster
 from gpusession.gateway.acting import ServiceKeys
 from gpusession.gateway.hosted import serve_run
@@ -49,9 +49,9 @@ DROP_TO_ACCOUNT = """
 import getpass, os, pwd
 import numpy
 import gpusession as gs
-import gpusession.console, gpusession.gateway.remote, gpusession.receipt, gpusession.renderer
-import gpusession.run.bulk, gpusession.run.distributed, gpusession.kernelcell, gpusession.shipping
-gpusession.shipping.local_modules()  # reads every installed package's metadata (cached)
+import gpusession.observe.console, gpusession.gateway.remote, gpusession.observe.receipt, gpusession.observe.renderer
+import gpusession.run.bulk, gpusession.api.distributed, gpusession.run.caller.kernelcell, gpusession.run.shipping
+gpusession.run.shipping.local_modules()  # reads every installed package's metadata (cached)
 account = pwd.getpwnam(os.environ["GS_TEST_ACCOUNT"])
 os.setgroups([])
 os.setgid(account.pw_gid)
@@ -63,8 +63,8 @@ os.environ.update(HOME=account.pw_dir, USER=account.pw_name, LOGNAME=account.pw_
 PRELUDE = """
 import json, sys, threading
 import gpusession as gs
-from gpusession import events
-from gpusession.console import ConsoleObserver
+from gpusession.observe import events
+from gpusession.observe.console import ConsoleObserver
 
 EVENTS = []
 STOP_ON = []  # a text: the observer's poll raises KeyboardInterrupt once a rank printed it
@@ -456,7 +456,7 @@ def test_a_malformed_message_mid_run_ends_the_connection_and_frees_the_gpus(gate
     from gpusession.gateway.client import connect
     from gpusession.gateway.remote import pickle_call
     from gpusession.gateway.runwire import options_to_json
-    from gpusession.options import validate_run_options
+    from gpusession.run.caller.options import validate_run_options
 
     header, buffers = pickle_call(_forever, (), {})
     conn, welcome = connect("run", gateway)

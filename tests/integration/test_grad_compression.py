@@ -21,7 +21,7 @@ CLOSE, POWERSGD_GAP = 0.02, 0.30
 
 @pytest.fixture(scope="module")
 def plain_loss(cluster):
-    from gpusession import events
+    from gpusession.observe import events
 
     events.set_observer_factory(lambda world_size: events.Observer())
     try:

@@ -97,9 +97,9 @@ def test_a_grant_revoked_while_it_is_being_placed_raises_the_brokers_reason(clus
     vanishes under it. The caller must see why (not a raw Ray error), and nothing stays held."""
     from gpusession.broker import client
 
-    from gpusession.run.pool import WorkerPool
+    from gpusession.run.caller.pool import WorkerPool
 
-    monkeypatch.setattr(importlib.import_module("gpusession.cluster.bundles"), "_probe", _probe_that_never_answers)
+    monkeypatch.setattr(importlib.import_module("gpusession.run.caller.bundles"), "_probe", _probe_that_never_answers)
     monkeypatch.setattr(WorkerPool, "probe_bundles", lambda self, *args: None)  # no node host probes either
     outcome: dict = {}
 

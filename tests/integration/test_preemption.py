@@ -13,10 +13,10 @@ import ray
 import gpusession as gs
 
 from gpusession.broker import client
-from gpusession.broker.notice import NoticeKind
+from gpusession.broker.protocol.notice import NoticeKind
 from gpusession.identity import Identity
-from gpusession.cluster.lease import Lease
-from gpusession.options import validate_run_options
+from gpusession.run.caller.lease import Lease
+from gpusession.run.caller.options import validate_run_options
 
 from ..conftest import wait_for
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpusession.broker.settings import DEFAULTS
+from gpusession.broker.service.settings import DEFAULTS
 
 from ..conftest import ROOT
 

@@ -10,7 +10,7 @@ import ray
 
 import gpusession as gs
 from gpusession.broker import client
-from gpusession.broker.service import TICK_S
+from gpusession.broker.service.service import TICK_S
 from gpusession.identity import current_user
 
 from ..conftest import CLUSTER_GPUS, wait_for

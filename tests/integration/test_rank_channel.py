@@ -16,7 +16,7 @@ def test_a_rank_that_writes_a_pickle_into_its_pipe_fails_and_the_actor_never_unp
         import pickle
         import time
 
-        from gpusession.run import context
+        from gpusession.run.rank import context
 
         class Evil:
             def __reduce__(self):

@@ -1,4 +1,4 @@
-"""A rank keeps the C heap memory it frees (run/heap.py): a training step's activations,
+"""A rank keeps the C heap memory it frees (run/rank/heap.py): a training step's activations,
 allocated together and freed together, reuse the same memory at the next step instead of
 faulting in fresh pages from the OS. A rank forked from the warm parent had faulted in ~960
 pages every step of a small model, and trained 14 % slower for it."""

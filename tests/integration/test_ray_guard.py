@@ -7,7 +7,7 @@ import sys
 import textwrap
 
 PROBE = textwrap.dedent("""
-    from gpusession.run import ray_guard
+    from gpusession.run.rank import ray_guard
     ray_guard.install()
     import ray, ray.util  # importing (also submodules) still works
     for name, call in (("get_runtime_context", lambda: ray.get_runtime_context().get_node_id()),

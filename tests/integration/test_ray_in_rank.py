@@ -52,7 +52,7 @@ def test_an_object_ref_argument_reaches_the_rank_as_its_value(cluster, quiet):
 
 
 def test_an_object_ref_inside_a_list_is_refused_naming_the_argument():
-    from gpusession.shipping import resolve_object_refs
+    from gpusession.run.shipping import resolve_object_refs
 
     ray_ref = ray.ObjectRef(b"\0" * 28)  # never fetched: refused before anything asks Ray for it
     with pytest.raises(TypeError, match="holds a Ray ObjectRef inside argument 0.*ray.get"):

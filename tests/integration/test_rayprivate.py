@@ -48,7 +48,7 @@ def test_the_clusters_key_value_store_keeps_a_record(cluster):
 
 def test_every_node_carries_its_id_as_the_label_a_group_can_avoid(cluster):
     """Not private, but relied on the same way: a group re-made after a host was lost excludes
-    that host with a bundle label selector on this label (cluster/lease.py)."""
+    that host with a bundle label selector on this label (run/caller/lease.py)."""
     from gpusession.cluster.raycluster import NODE_ID_LABEL
 
     assert all(node["Labels"].get(NODE_ID_LABEL) == node["NodeID"] for node in ray.nodes() if node["Alive"])

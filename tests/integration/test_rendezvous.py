@@ -63,7 +63,7 @@ def _rank(rank: int, ports, barrier, results) -> None:
     """One rank of runs whose function does nothing: join, leave at once; ROUNDS times."""
     import torch.distributed as dist
 
-    from gpusession.run.process_group import RankGroup
+    from gpusession.run.rank.process_group import RankGroup
     from gpusession.run.spec import RankSpec
 
     store = None

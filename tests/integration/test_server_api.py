@@ -20,8 +20,8 @@ from traitlets.config import Config
 from gpusession.broker import client
 from gpusession.errors import InvalidRequest, NotAuthorized
 from gpusession.identity import Identity
-from gpusession.cluster.lease import Lease
-from gpusession.options import validate_run_options
+from gpusession.run.caller.lease import Lease
+from gpusession.run.caller.options import validate_run_options
 
 from ..fuzzcheck import Crash, judge_http
 

@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from gpusession.cluster import localhead
-from gpusession.cli import main as gpusession
+from gpusession.cli.main import main as gpusession
 
 from ..conftest import wait_for
 from ..machine import cuda_gpus, own_cluster_logical

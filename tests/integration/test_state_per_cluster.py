@@ -14,9 +14,9 @@ import pytest
 import ray
 from ray.experimental import internal_kv
 
-from gpusession import status_endpoint
-from gpusession.broker import statedir
-from gpusession.broker.service import BrokerService
+from gpusession.broker.http import status_endpoint
+from gpusession.broker.storage import statedir
+from gpusession.broker.service.service import BrokerService
 
 from ..conftest import ROOT
 

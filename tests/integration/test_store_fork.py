@@ -10,7 +10,7 @@ from torch.distributed import TCPStore
 
 from gpusession.run import messages as m
 from gpusession.run import handoff, wire
-from gpusession.run.zygote import Zygote
+from gpusession.run.node.zygote import Zygote
 
 START_S = 180.0  # the warm parent imports torch; a loaded 2-core machine is slow
 STORE_TIMEOUT_S = 3.0  # the store's own: how long it tries an address before it gives up

@@ -7,8 +7,8 @@ import os
 import uuid
 
 import gpusession as gs
-from gpusession import events
-from gpusession.console import ConsoleObserver
+from gpusession.observe import events
+from gpusession.observe.console import ConsoleObserver
 
 from ..machine import gpus_text
 

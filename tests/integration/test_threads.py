@@ -78,8 +78,8 @@ def test_a_lease_taken_back_while_it_releases_kills_no_worker_of_another_threads
     as A's. B's run is on none of them: it returns its value. When A's workers went back to the
     pool at the start of its release, B took one and failed with WorkerFailed."""
     from gpusession.broker import client
-    from gpusession.cluster import lease as lease_module
-    from gpusession.run.background import RunStatus
+    from gpusession.run.caller import lease as lease_module
+    from gpusession.api.background import RunStatus
 
     held = gs.lease(gpus=1)
     held.run(lambda: None)  # its workers are ready and the broker knows them as A's
@@ -129,7 +129,7 @@ def broker_on_a_chosen_ledger(cluster, tmp_path):
     import ray
 
     from gpusession.broker import client
-    from gpusession.broker.settings import BrokerConfig
+    from gpusession.broker.service.settings import BrokerConfig
 
     session = dict(preemption_grace_s=3.0, revoke_grace_s=3.0, heartbeat_timeout_s=3.0, claim_timeout_s=10.0)
 

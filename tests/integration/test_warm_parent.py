@@ -8,14 +8,14 @@ import os
 import psutil
 import ray
 
-from gpusession.run import nodehost
+from gpusession.run.node import nodehost
 
 from ..conftest import CLUSTER_GPUS, free_gpus, process_running, wait_for
 
 PARENTS = """
 import os
 import gpusession as gs
-from gpusession import events
+from gpusession.observe import events
 events.set_observer_factory(lambda world_size: events.Observer())
 
 @gs.distributed(gpus=2, return_all=True)
@@ -29,8 +29,8 @@ print("PARENTS", sorted(parent for _, parent in parents()), flush=True)
 STUCK = """
 import os
 import gpusession as gs
-from gpusession import events
-from gpusession.run.pool import pool
+from gpusession.observe import events
+from gpusession.run.caller.pool import pool
 events.set_observer_factory(lambda world_size: events.Observer())
 
 with gs.lease(gpus=2) as lease:  # the kernel's workers, kept in its pool after the lease

@@ -9,7 +9,7 @@ import subprocess
 
 import psutil
 
-from gpusession.run.zygote import Zygote
+from gpusession.run.node.zygote import Zygote
 
 from ..conftest import process_running, wait_for
 

@@ -29,7 +29,7 @@ import time
 import ray
 
 import gpusession as gs
-from gpusession import events
+from gpusession.observe import events
 from gpusession.cluster import raycluster
 
 

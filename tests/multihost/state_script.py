@@ -10,7 +10,7 @@ import json
 import socket
 
 from gpusession.broker import client
-from gpusession.broker.secrets import identity_key_path
+from gpusession.broker.storage.secrets import identity_key_path
 
 
 def main() -> None:

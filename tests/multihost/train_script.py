@@ -13,7 +13,7 @@ import json
 import sys
 
 import gpusession as gs
-from gpusession import events
+from gpusession.observe import events
 
 
 def train():

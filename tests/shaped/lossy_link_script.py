@@ -15,7 +15,7 @@ import sys
 import time
 
 import gpusession as gs
-from gpusession import events
+from gpusession.observe import events
 
 WIDTH = 128  # 16 K weights: 64 KB of gradients a step, many frames for the link to lose
 STEP_PAUSE_S = 0.2  # the run lasts a few heartbeat silences, so a false "host lost" has time to show

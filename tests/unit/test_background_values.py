@@ -5,7 +5,7 @@ import pytest
 
 from gpusession.errors import RunCancelled, WorkerFailed
 from gpusession.notebook.bgcell import pull_note
-from gpusession.run.background import IllegalMove, RunStatus, ended_status, next_status
+from gpusession.api.background import IllegalMove, RunStatus, ended_status, next_status
 from gpusession.run.policies import run_began
 
 

@@ -9,11 +9,11 @@ import uuid
 
 import pytest
 
-from gpusession.broker.authz import Caller, Keys, caller, check_owner
-from gpusession.broker.books import Books, PolicySettings
-from gpusession.broker.journal import Journal
-from gpusession.broker.ledger import Ledger
-from gpusession.broker.model import NodeCapacity
+from gpusession.broker.service.authz import Caller, Keys, caller, check_owner
+from gpusession.broker.storage.books import Books, PolicySettings
+from gpusession.broker.storage.journal import Journal
+from gpusession.broker.storage.ledger import Ledger
+from gpusession.broker.policy.model import NodeCapacity
 from gpusession.errors import InvalidRequest, NotAuthorized
 from gpusession.identity import sign
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gpusession.run import bulk
-from gpusession.shipping import dumps_with_buffers
+from gpusession.run.shipping import dumps_with_buffers
 
 BIG = bulk.OUT_OF_BAND_MIN // 4 + 1  # float32 elements: just over the out-of-band minimum
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from gpusession.notebook import cellrun
-from gpusession.run import context as context_module
+from gpusession.run.rank import context as context_module
 from gpusession.notebook.cellcode import analyze, ends_with_semicolon, parse_names, split_last_expression
 
 

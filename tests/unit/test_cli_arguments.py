@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpusession import cli, cli_cluster
+from gpusession.cli import main as cli, cluster as cli_cluster
 
 BAD = [  # (argv, the option the message names, words saying what to write)
     (["revoke", "abc"], "argument ID", "a lease id"),

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 import gpusession as gs
-from gpusession.comm_options import (CommOptions, CommReport, Compression, PowerSGD, Precision,
+from gpusession.run.comm_options import (CommOptions, CommReport, Compression, PowerSGD, Precision,
                                      validate_comm_options)
-from gpusession.options import validate_run_options
+from gpusession.run.caller.options import validate_run_options
 
 
 def test_the_options_parse_into_enums():

@@ -6,7 +6,7 @@ from pathlib import Path
 import ray
 import yaml
 
-from gpusession.broker.settings import ENV_PREFIX, POLICY_KEYS
+from gpusession.broker.service.settings import ENV_PREFIX, POLICY_KEYS
 
 CLUSTER = Path(__file__).resolve().parents[2] / "cluster"
 

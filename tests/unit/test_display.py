@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from gpusession.notebook.display import (
+from gpusession.observe.display import (
     Throttle,
     metric_series,
     metric_table,
@@ -14,8 +14,8 @@ from gpusession.notebook.display import (
     table_bundle,
     wants_log_scale,
 )
-from gpusession.events import RunInfo
-from gpusession.notebook.livestatus import changes_html, timed, with_changes_text
+from gpusession.observe.events import RunInfo
+from gpusession.observe.livestatus import changes_html, timed, with_changes_text
 
 
 def test_queue_line_says_gpus_position_reason_and_elapsed():

@@ -5,11 +5,11 @@ from dataclasses import replace
 
 import pytest
 
-from gpusession.broker import elastic
-from gpusession.broker.books import Books, PolicySettings
-from gpusession.broker.notice import Notice, NoticeKind
-from gpusession.broker.ledger import Ledger
-from gpusession.broker.model import (
+from gpusession.broker.policy import elastic
+from gpusession.broker.storage.books import Books, PolicySettings
+from gpusession.broker.protocol.notice import Notice, NoticeKind
+from gpusession.broker.storage.ledger import Ledger
+from gpusession.broker.policy.model import (
     ActiveLease,
     NodeCapacity,
     Placement,
@@ -19,10 +19,10 @@ from gpusession.broker.model import (
     Request,
     WaitKind,
 )
-from gpusession.broker.policy import decide
-from gpusession.broker.reconcile import Withdraw, reconcile
-from gpusession.broker.rayview import Snapshot
-from gpusession.run import resize
+from gpusession.broker.policy.policy import decide
+from gpusession.broker.service.reconcile import Withdraw, reconcile
+from gpusession.broker.service.rayview import Snapshot
+from gpusession.run.caller import resize
 
 LOW, NORMAL, HIGH = Priority.LOW, Priority.NORMAL, Priority.HIGH
 NODES = [NodeCapacity("n0", 4.0)]

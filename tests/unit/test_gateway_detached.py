@@ -15,7 +15,7 @@ import pytest
 
 import gpusession as gs
 from gpusession import errors
-from gpusession.events import Observer, RunInfo
+from gpusession.observe.events import Observer, RunInfo
 from gpusession.gateway import keeping
 from gpusession.gateway.client import GATEWAY_ENV
 from gpusession.gateway.detached import Registry
@@ -23,7 +23,7 @@ from gpusession.gateway.hosted import run_request, serve_run
 from gpusession.gateway.frames import Message
 from gpusession.gateway.runwire import BadRunMessage, error_to_json, info_to_json, options_to_json
 from gpusession.gateway.server import GatewayServer
-from gpusession.options import validate_run_options
+from gpusession.run.caller.options import validate_run_options
 
 ME = getpass.getuser()
 
@@ -225,7 +225,7 @@ def test_list_shows_only_the_callers_runs(hosting):
 
 
 def test_attach_replays_history_output_and_the_end(hosting):
-    from gpusession import events
+    from gpusession.observe import events
 
     recorder = Recorder()
     events.set_observer_factory(lambda workers: recorder)

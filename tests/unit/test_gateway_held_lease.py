@@ -13,8 +13,9 @@ import threading
 import pytest
 
 import gpusession as gs
-from gpusession import errors, holding
-from gpusession.events import Observer, RunInfo
+from gpusession import errors
+from gpusession.run.caller import holding
+from gpusession.observe.events import Observer, RunInfo
 from gpusession.gateway.chunks import gather, send_chunked
 from gpusession.gateway.client import GATEWAY_ENV
 from gpusession.gateway.following import StopWatch
@@ -22,7 +23,7 @@ from gpusession.gateway.frames import Connection, Message
 from gpusession.gateway.runrequest import lease_request
 from gpusession.gateway.runwire import BadRunMessage, error_to_json, info_to_json, options_to_json
 from gpusession.gateway.server import GatewayServer
-from gpusession.options import validate_run_options
+from gpusession.run.caller.options import validate_run_options
 
 TOLD: list = []  # what the fake gateway was told: ("release", reason), ("stop", reason)
 SPINNING = threading.Event()  # the fake has the run "spin" going
@@ -86,7 +87,7 @@ class Recorder(Observer):
 
 @pytest.fixture
 def recorder(monkeypatch):
-    from gpusession import events
+    from gpusession.observe import events
 
     seen = Recorder()
     monkeypatch.setattr(events, "_factory", lambda workers: seen)

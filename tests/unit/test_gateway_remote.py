@@ -14,7 +14,7 @@ import pytest
 
 import gpusession as gs
 from gpusession import errors
-from gpusession.events import Observer, RunInfo
+from gpusession.observe.events import Observer, RunInfo
 from gpusession.gateway.chunks import gather, send_chunked
 from gpusession.gateway.client import GATEWAY_ENV
 from gpusession.gateway.runwire import error_to_json, info_to_json
@@ -131,7 +131,7 @@ def test_a_kernel_that_runs_through_the_gateway_never_imports_ray(gateway):
     code = f"""
 import json, sys
 import gpusession as gs
-from gpusession import events
+from gpusession.observe import events
 events.set_observer_factory(lambda workers: events.Observer())
 
 @gs.distributed(gpus=2)

@@ -9,15 +9,15 @@ import pytest
 
 import gpusession as gs
 from gpusession import errors
-from gpusession.comm_options import CommReport, validate_comm_options
-from gpusession.events import RunInfo
+from gpusession.run.comm_options import CommReport, validate_comm_options
+from gpusession.observe.events import RunInfo
 from gpusession.gateway.frames import Message
 from gpusession.gateway.hosted import run_request
 from gpusession.gateway.shelf import Shelf
 from gpusession.gateway.runwire import (BadRunMessage, add_report, apply_info, error_from_json, error_to_json,
                                         info_to_json, options_from_json, options_to_json, plain, stop_error,
                                         stop_reason)
-from gpusession.run.distributed import parse_options
+from gpusession.api.distributed import parse_options
 
 
 def _travel(data):

@@ -1,9 +1,9 @@
-"""run/heap.py leaves malloc alone where the user set their own MALLOC_* variables."""
+"""run/rank/heap.py leaves malloc alone where the user set their own MALLOC_* variables."""
 from __future__ import annotations
 
 import pytest
 
-from gpusession.run.heap import USER_SETTINGS, keep_freed_memory
+from gpusession.run.rank.heap import USER_SETTINGS, keep_freed_memory
 
 
 @pytest.mark.parametrize("name", USER_SETTINGS)

@@ -1,9 +1,9 @@
-"""The leases a process holds (cluster/held.py): what %gpu lists and %gpu_release releases."""
+"""The leases a process holds (run/caller/held.py): what %gpu lists and %gpu_release releases."""
 from __future__ import annotations
 
 import threading
 
-from gpusession.cluster import held
+from gpusession.run.caller import held
 
 
 class _Lease:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpusession.cli import build_parser
+from gpusession.cli.main import build_parser
 from gpusession.hub import run as hub_run
 from gpusession.hub.cli import options_from
 from gpusession.hub.plan import HubLayout, HubOptions, broker_policy, jupyterhub_config, user_environment

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from gpusession.cli import build_parser
+from gpusession.cli.main import build_parser
 from gpusession.cluster import localhead
 from gpusession.hub.cli import options_from
 from gpusession.hub.plan import INSECURE_WARNING, HubLayout, is_loopback, jupyterhub_config, listen_refusal
-from gpusession.lab import private_log
+from gpusession.cli.lab import private_log
 
 
 def parse(*argv: str):

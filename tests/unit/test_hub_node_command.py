@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpusession.cli import build_parser
+from gpusession.cli.main import build_parser
 from gpusession.hub.cli import node_options_from, options_from
 from gpusession.hub.node import NodeFailed, last_error, read_token
 from gpusession.hub.nodeplan import NodeOptions, join_command, node_environment, ray_node_command

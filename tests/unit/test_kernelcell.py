@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import contextvars
 
-from gpusession.kernelcell import asking_in_background, mark_background, notebook_path
+from gpusession.run.caller.kernelcell import asking_in_background, mark_background, notebook_path
 
 
 def test_a_lease_names_its_notebook_relative_to_the_servers_root():

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from gpusession import cli_access
-from gpusession.cli import build_parser
-from gpusession.lab import plan
+from gpusession.cli import access as cli_access
+from gpusession.cli.main import build_parser
+from gpusession.cli.lab import plan
 
 
 def test_lab_runs_jupyterlab_with_the_extension_a_token_and_the_chosen_port():

@@ -69,7 +69,7 @@ def test_a_refused_launch_reaches_the_caller_as_launch_refused_naming_user_and_n
     import ray
 
     from gpusession.errors import GPUSessionError, LaunchRefused
-    from gpusession.run import controller
+    from gpusession.run.caller import controller
 
     reason = "The launcher refused to start the rank: the user 'zed' does not exist on node gpu-3 (...)."
 

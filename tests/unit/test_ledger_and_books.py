@@ -7,11 +7,11 @@ import uuid
 
 import pytest
 
-from gpusession.broker import views
-from gpusession.broker.books import Books, PolicySettings
-from gpusession.broker.ledger import MIGRATIONS, Ledger
-from gpusession.broker.model import NodeCapacity, Priority, Quota
-from gpusession.broker.settings import parse_quota_update
+from gpusession.broker.service import views
+from gpusession.broker.storage.books import Books, PolicySettings
+from gpusession.broker.storage.ledger import MIGRATIONS, Ledger
+from gpusession.broker.policy.model import NodeCapacity, Priority, Quota
+from gpusession.broker.service.settings import parse_quota_update
 
 NODES = [NodeCapacity("node-a", 4.0)]
 T0 = 1_800_000_000.0

@@ -12,12 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpusession.broker import ledger as ledger_module
-from gpusession.broker import views
-from gpusession.broker.books import Books, PolicySettings
-from gpusession.broker.ledger import Ledger
-from gpusession.broker.model import NodeCapacity
-from gpusession.broker.states import TRANSITIONS, IllegalTransition, LeaseState, check_move, sources
+from gpusession.broker.storage import ledger as ledger_module
+from gpusession.broker.service import views
+from gpusession.broker.storage.books import Books, PolicySettings
+from gpusession.broker.storage.ledger import Ledger
+from gpusession.broker.policy.model import NodeCapacity
+from gpusession.broker.policy.states import TRANSITIONS, IllegalTransition, LeaseState, check_move, sources
 
 NODES = [NodeCapacity("aa01", 4.0)]
 T0 = 1_800_000_000.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import time
 
-from gpusession.broker import messages
+from gpusession.broker.policy import messages
 from gpusession.cluster import liveness
 
 
@@ -55,8 +55,8 @@ def test_an_unplaced_grant_blames_outside_use_only_when_ray_shows_it():
 
 
 def test_a_node_whose_host_started_ray_again_on_the_same_ports_is_lost_though_the_port_answers():
-    from gpusession.broker.rayview import Snapshot, replaced
-    from gpusession.broker.model import NodeCapacity
+    from gpusession.broker.service.rayview import Snapshot, replaced
+    from gpusession.broker.policy.model import NodeCapacity
     from gpusession.cluster.raycluster import NodeInfo
 
     old, new, other = (NodeInfo("old", "10.0.0.12", 2.0, False, True, 52369),
@@ -72,7 +72,7 @@ def test_a_node_whose_host_started_ray_again_on_the_same_ports_is_lost_though_th
 
 
 def test_the_nodes_whose_scratch_the_broker_sweeps_are_those_that_joined_or_came_back():
-    from gpusession.broker.rayview import Snapshot, joined
+    from gpusession.broker.service.rayview import Snapshot, joined
 
     def reading(seen: list[str], lost: tuple[str, ...] = ()) -> Snapshot:
         return Snapshot([], True, lost={n: "10.0.0.9" for n in lost}, first_seen={n: 1.0 for n in seen})

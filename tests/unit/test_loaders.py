@@ -1,11 +1,11 @@
 """gs.prepare_loader's loader without a cluster: which epoch each pass iterates, and which epoch
-a restarted attempt must iterate first (run/loaders.py; the run carries it, test_checkpoints.py)."""
+a restarted attempt must iterate first (run/rank/loaders.py; the run carries it, test_checkpoints.py)."""
 from __future__ import annotations
 
 import torch
 from torch.utils.data import DataLoader
 
-from gpusession.run.loaders import distributed_loader
+from gpusession.run.rank.loaders import distributed_loader
 
 ITEMS = list(range(8))  # 2 ranks: 4 items each, 2 batches of 2 per epoch
 

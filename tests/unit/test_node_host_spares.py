@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpusession.run.nodehost import MAX_DEFAULT_SPARES, QUIET_S, SPARES_ENV, default_spares, spares_due
+from gpusession.run.node.nodehost import MAX_DEFAULT_SPARES, QUIET_S, SPARES_ENV, default_spares, spares_due
 
 
 @pytest.mark.parametrize("gpus, spares", [(0, 1), (0.5, 1), (2, 2), (2.5, 3), (4, 4), (64, MAX_DEFAULT_SPARES)])
@@ -55,7 +55,7 @@ def test_a_settled_host_replaces_a_spare_handed_out_at_once():
 
 
 def test_a_host_this_kernel_just_started_is_not_asked_to_probe_it_has_no_prober_yet():
-    from gpusession.run.pool import too_young_to_probe
+    from gpusession.run.caller.pool import too_young_to_probe
 
     assert too_young_to_probe(started=100.0, now=100.5)
     assert not too_young_to_probe(started=100.0, now=100.0 + QUIET_S)

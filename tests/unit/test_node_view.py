@@ -2,9 +2,9 @@
 what is free, and a lost node's GPUs as lost (never free)."""
 from __future__ import annotations
 
-from gpusession.broker.model import ActiveLease, NodeCapacity, Priority
-from gpusession.broker.rayview import Snapshot
-from gpusession.broker.views import node_view
+from gpusession.broker.policy.model import ActiveLease, NodeCapacity, Priority
+from gpusession.broker.service.rayview import Snapshot
+from gpusession.broker.service.views import node_view
 
 
 def lease(lease_id: int, nodes: dict | None, *, over_quota: bool = False, gpus_per_worker: float = 1.0) -> ActiveLease:
@@ -28,7 +28,7 @@ def test_a_lost_node_has_no_free_gpus_and_names_its_address():
 
 
 def test_gpusession_status_prints_each_node_and_each_runs_step_and_notebook_as_the_sidebar_does():
-    from gpusession.cluster.status import Status
+    from gpusession.api.status import Status
 
     snapshot = Snapshot([NodeCapacity("a1b2c3d4e5", 4.0), NodeCapacity("ffee", 2.0, 2.0)], logical=True,
                         lost={"ffee": "10.0.0.7"})

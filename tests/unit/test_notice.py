@@ -5,10 +5,10 @@ import dataclasses
 
 import pytest
 
-from gpusession.broker import books
-from gpusession.broker.notice import Notice, NoticeKind
+from gpusession.broker.storage import books
+from gpusession.broker.protocol.notice import Notice, NoticeKind
 from gpusession.errors import LeaseRevoked, Preempted
-from gpusession.run.notices import notice_error
+from gpusession.run.caller.notices import notice_error
 
 
 def test_the_broker_and_the_client_use_one_notice_kind():

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 import gpusession as gs
-from gpusession.options import validate_lease_options, parse_duration, validate_run_options
+from gpusession.run.caller.options import validate_lease_options, parse_duration, validate_run_options
 
 
 @pytest.mark.parametrize(

@@ -7,8 +7,9 @@ import subprocess
 import sys
 
 import gpusession
-from gpusession.run import lease_api as lease_module
-from gpusession.run import context as context_module, distributed as distributed_module
+from gpusession.api import lease_api as lease_module
+from gpusession.run.rank import context as context_module
+from gpusession.api import distributed as distributed_module
 
 from ..conftest import ROOT
 

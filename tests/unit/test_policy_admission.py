@@ -1,8 +1,8 @@
 """check_admission: what is rejected at once (SPEC section 1, admission-error table)."""
 import pytest
 
-from gpusession.broker.model import NodeCapacity, Placement, Priority, Quota, Request
-from gpusession.broker.policy import check_admission
+from gpusession.broker.policy.model import NodeCapacity, Placement, Priority, Quota, Request
+from gpusession.broker.policy.policy import check_admission
 
 TWO_NODES = [NodeCapacity("a", 4.0), NodeCapacity("b", 4.0)]
 

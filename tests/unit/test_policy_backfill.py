@@ -1,5 +1,5 @@
 """Backfill without starvation, and borrowing idle GPUs (SPEC section 4). Virtual time only."""
-from gpusession.broker.model import (
+from gpusession.broker.policy.model import (
     ActiveLease,
     NodeCapacity,
     Placement,
@@ -8,7 +8,7 @@ from gpusession.broker.model import (
     Request,
     WaitKind,
 )
-from gpusession.broker.policy import decide
+from gpusession.broker.policy.policy import decide
 
 LOW, NORMAL, HIGH = Priority.LOW, Priority.NORMAL, Priority.HIGH
 

@@ -4,7 +4,7 @@ Time is passed in (`now`); nothing sleeps. Backfill and preemption have their ow
 """
 import pytest
 
-from gpusession.broker.model import (
+from gpusession.broker.policy.model import (
     ActiveLease,
     NodeCapacity,
     Placement,
@@ -13,7 +13,7 @@ from gpusession.broker.model import (
     Request,
     WaitKind,
 )
-from gpusession.broker.policy import decide
+from gpusession.broker.policy.policy import decide
 
 LOW, NORMAL, HIGH = Priority.LOW, Priority.NORMAL, Priority.HIGH
 ONE_NODE = [NodeCapacity("n0", 4.0)]

@@ -15,8 +15,8 @@ from unittest import mock
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpusession.broker import scheduler
-from gpusession.broker.model import (
+from gpusession.broker.policy import scheduler
+from gpusession.broker.policy.model import (
     EPSILON,
     ActiveLease,
     NodeCapacity,
@@ -26,8 +26,8 @@ from gpusession.broker.model import (
     Request,
     WaitKind,
 )
-from gpusession.broker.placement import gpus_of, plan
-from gpusession.broker.policy import decide
+from gpusession.broker.policy.placement import gpus_of, plan
+from gpusession.broker.policy.policy import decide
 
 USERS = ["ann", "ben", "cat", "dan", "eve"]
 NOW = 1_000.0

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from gpusession.broker.model import ActiveLease, NodeCapacity, Placement, Priority, Quota, Request
-from gpusession.broker.policy import decide
+from gpusession.broker.policy.model import ActiveLease, NodeCapacity, Placement, Priority, Quota, Request
+from gpusession.broker.policy.policy import decide
 
 
 def busy_cluster(n_queued: int, *, borrowing: bool) -> dict:

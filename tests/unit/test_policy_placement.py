@@ -1,8 +1,8 @@
 """The fit function: where a gang's workers go, per placement, or None when it cannot fit now."""
 import pytest
 
-from gpusession.broker.model import NodeCapacity, Placement
-from gpusession.broker.placement import cluster_limit, drain, plan, slots
+from gpusession.broker.policy.model import NodeCapacity, Placement
+from gpusession.broker.policy.placement import cluster_limit, drain, plan, slots
 
 PACK, SPREAD = Placement.PACK, Placement.SPREAD
 STRICT_PACK, STRICT_SPREAD = Placement.STRICT_PACK, Placement.STRICT_SPREAD

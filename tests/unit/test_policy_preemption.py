@@ -1,5 +1,5 @@
 """Preemption: who may be preempted, in which order, how many, and the notice period."""
-from gpusession.broker.model import (
+from gpusession.broker.policy.model import (
     ActiveLease,
     NodeCapacity,
     Placement,
@@ -9,7 +9,7 @@ from gpusession.broker.model import (
     Request,
     WaitKind,
 )
-from gpusession.broker.policy import decide
+from gpusession.broker.policy.policy import decide
 
 LOW, NORMAL, HIGH = Priority.LOW, Priority.NORMAL, Priority.HIGH
 

@@ -1,9 +1,9 @@
 """Reconciliation with Ray's view: every way a caller vanishes closes its lease, nothing else does."""
 from __future__ import annotations
 
-from gpusession.broker.model import Priority
-from gpusession.broker.rayview import GroupState, Snapshot
-from gpusession.broker.reconcile import Close, Force, MarkPlaced, MarkVanished, Timeouts, reconcile
+from gpusession.broker.policy.model import Priority
+from gpusession.broker.service.rayview import GroupState, Snapshot
+from gpusession.broker.service.reconcile import Close, Force, MarkPlaced, MarkVanished, Timeouts, reconcile
 
 NOW = 1_000.0
 TIMEOUTS = Timeouts(claim_s=15, heartbeat_s=5, vanish_s=10)
@@ -67,7 +67,7 @@ def test_a_queued_request_is_dropped_when_its_job_died_or_it_stopped_polling():
 
 
 def test_a_queued_request_of_a_running_job_outlasts_a_late_poll_but_not_a_long_silence():
-    from gpusession.broker.reconcile import LIVE_CALLER_SILENCE_S
+    from gpusession.broker.service.reconcile import LIVE_CALLER_SILENCE_S
 
     live = _snapshot(live_jobs={"0a000000"})
     late = _run([_row(1, "queued")], live, last_seen={1: NOW - 6})  # over the 5 s heartbeat: a loaded machine
@@ -85,7 +85,7 @@ def test_a_notice_past_its_deadline_forces_the_lease_off_its_gpus():
 
 
 def test_a_run_far_past_its_declared_timeout_is_forced_counting_from_its_placement():
-    from gpusession.broker.reconcile import RUN_DEADLINE_SLACK_S
+    from gpusession.broker.service.reconcile import RUN_DEADLINE_SLACK_S
 
     late = _row(max_hold_s=10, granted_at=NOW - 2000, placed_at=NOW - 11 - RUN_DEADLINE_SLACK_S)
     in_setup = _row(lease_id=2, max_hold_s=10, granted_at=NOW - 2000, placed_at=NOW - 20)
@@ -97,7 +97,7 @@ def test_a_group_rescheduling_after_a_node_loss_is_not_treated_as_vanished():
 
 
 def test_a_lost_node_lends_nothing_but_what_active_leases_still_hold_there():
-    from gpusession.broker.model import ActiveLease, NodeCapacity
+    from gpusession.broker.policy.model import ActiveLease, NodeCapacity
 
     # Read while lease 7's group still held 2 GPUs on the lost node "b"; lease 7 has ended since.
     snapshot = Snapshot(nodes=[NodeCapacity("a", 2.0), NodeCapacity("b", 2.0, 0.0)], logical=True, lost={"b": "10.0.0.2"})

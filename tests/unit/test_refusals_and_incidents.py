@@ -11,8 +11,8 @@ import pytest
 from tornado import web
 
 from gpusession import errors
-from gpusession.broker.admin_api import AdminMethods
-from gpusession.broker.door import door
+from gpusession.broker.service.admin_api import AdminMethods
+from gpusession.broker.service.door import door
 from gpusession.errors import BrokerFailed, InvalidRequest, LeaseNotFound, NotAuthorized
 from jupyter_ext.bridge import error_type
 from jupyter_ext.brokerlink import BrokerUnavailable, _error
@@ -86,7 +86,7 @@ def test_a_call_with_arguments_the_method_does_not_take_is_refused_as_invalid_re
 
 
 def test_every_broker_method_is_behind_the_door():
-    from gpusession.broker.service import BrokerService
+    from gpusession.broker.service.service import BrokerService
 
     public = {name: fn for name, fn in inspect.getmembers(BrokerService, inspect.iscoroutinefunction)
               if not name.startswith("_")}
@@ -157,7 +157,7 @@ def test_tornado_http_errors_pass_the_error_mapping_as_they_are():
 @pytest.mark.parametrize("given", [None, "", [1], 7, {"a": 1}, "ü" * 24, "wrong"])
 def test_an_admin_token_that_is_not_the_token_is_no_match_whatever_its_type(given):
     """Found by the broker fuzz: a list as the token made hmac raise TypeError inside the broker."""
-    from gpusession.broker.secrets import token_matches
+    from gpusession.broker.storage.secrets import token_matches
 
     assert token_matches(given, "s3cret-token") is False
     assert token_matches("s3cret-token", "s3cret-token") is True

@@ -1,7 +1,7 @@
 """A run that lost a host restarts at its size only where GPUs are free now: the pure decision
-(broker/relocation.py) of where the lost host's workers go, or why they cannot, in numbers."""
-from gpusession.broker.model import Placement
-from gpusession.broker.relocation import relocate
+(broker/policy/relocation.py) of where the lost host's workers go, or why they cannot, in numbers."""
+from gpusession.broker.policy.model import Placement
+from gpusession.broker.policy.relocation import relocate
 
 TOTAL = {"x": 2.0, "y": 2.0, "z": 2.0}
 

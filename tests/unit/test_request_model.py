@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpusession.broker.model import NodeCapacity, Placement, Priority
-from gpusession.broker.request import (FIELD_NAMES, MIN_GPUS_PER_WORKER, InvalidRequest, LeaseRequest,
+from gpusession.broker.policy.model import NodeCapacity, Placement, Priority
+from gpusession.broker.protocol.request import (FIELD_NAMES, MIN_GPUS_PER_WORKER, InvalidRequest, LeaseRequest,
                                        node_workers, notebook_label, cell_label, usage_range)
 from gpusession.errors import GPUSessionError
 
@@ -121,7 +121,7 @@ def test_any_request_either_parses_into_sane_values_or_is_refused_as_invalid(cha
 
 
 def test_half_gpu_workers_of_two_leases_may_share_a_gpu_but_not_overfill_it():
-    from gpusession.broker import gpuids
+    from gpusession.broker.policy import gpuids
 
     node = "ab" * 28
     half = gpuids.Holder(1, 0.5, {node: [["0"]]})

@@ -1,4 +1,4 @@
-"""What root does to the hub's paths (gpusession/hub/rootfs.py), on real files: a symlink, a FIFO, a
+"""What root does to the hub's paths (gpusession/launcher/rootfs.py), on real files: a symlink, a FIFO, a
 file or another account's directory where root expected its own is refused, naming the path, and
 nothing is changed; secrets are read only from private regular files of the service account."""
 from __future__ import annotations
@@ -10,7 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from gpusession.hub import accounts, rootfs, spawnhook
+from gpusession.hub import accounts, spawnhook
+from gpusession.launcher import rootfs
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="changes file owners: needs root (CI runs as root)")
 SERVICE = 1  # `daemon`: an account other than root, present on every Debian machine

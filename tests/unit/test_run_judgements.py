@@ -1,15 +1,15 @@
 """The follower's judgements are pure: which failure ends an attempt, whom a lost worker blames,
-what the clock and a broker notice make the run do (run/judgements.py), and how the controller
-tells an attempt's ends apart (run/outcome.py)."""
+what the clock and a broker notice make the run do (run/caller/judgements.py), and how the controller
+tells an attempt's ends apart (run/caller/outcome.py)."""
 from __future__ import annotations
 
 import pytest
 
-from gpusession.broker.notice import Notice, NoticeKind
+from gpusession.broker.protocol.notice import Notice, NoticeKind
 from gpusession.errors import LeaseRevoked, Preempted, RunCancelled, RunTimeout, WorkerFailed
-from gpusession.run import judgements as judge
+from gpusession.run.caller import judgements as judge
 from gpusession.run.endings import end_reason, terminal_state
-from gpusession.run.outcome import Failed, Finished, Resize, Stopped, TimedOut
+from gpusession.run.caller.outcome import Failed, Finished, Resize, Stopped, TimedOut
 from gpusession.run.policies import Fault, FaultKind, RunState
 
 ECHO, OWN = True, False

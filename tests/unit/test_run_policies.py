@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpusession.events import RunInfo
-from gpusession.options import validate_run_options
-from gpusession.run.commits import last_step, resume_point
+from gpusession.observe.events import RunInfo
+from gpusession.run.caller.options import validate_run_options
+from gpusession.run.caller.commits import last_step, resume_point
 from gpusession.run.policies import (Action, Fault, FailurePolicy, FaultKind, RunState, can_move, is_collective_fault,
                                      restart_line, workers_after_host_loss)
 
@@ -104,7 +104,7 @@ def test_an_elastic_run_goes_on_with_the_workers_a_lost_host_left_never_below_it
     ("nccl", "cpu:gloo,cuda:nccl", "NEW_GROUP"),  # gpusession's nccl group cannot reduce CPU tensors
 ])
 def test_a_scripts_init_process_group_keeps_gpusessions_group_only_if_it_serves_the_backends_asked(ours, asked, step):
-    from gpusession.run.process_group import Step, backend_map, decide
+    from gpusession.run.rank.process_group import Step, backend_map, decide
 
     decision = decide(ours=backend_map(ours), wanted=backend_map(asked), own_rendezvous=False, ours_up=True)
     assert decision is Step[step]
@@ -113,7 +113,7 @@ def test_a_scripts_init_process_group_keeps_gpusessions_group_only_if_it_serves_
 def test_a_scripts_init_process_group_after_its_destroy_or_with_its_own_store_is_not_gpusessions_group():
     import torch
 
-    from gpusession.run.process_group import Step, backend_map, decide
+    from gpusession.run.rank.process_group import Step, backend_map, decide
 
     gloo = backend_map("gloo")
     assert decide(ours=gloo, wanted=gloo, own_rendezvous=False, ours_up=False) is Step.NEW_GROUP

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from IPython.lib.pretty import pretty
 
-from gpusession.events import RunInfo
-from gpusession.receipt import ranks_on_hosts
-from gpusession.run.controller import _reset_run_fields
+from gpusession.observe.events import RunInfo
+from gpusession.observe.receipt import ranks_on_hosts
+from gpusession.run.caller.controller import _reset_run_fields
 
 
 def a_long_run() -> RunInfo:

@@ -61,7 +61,7 @@ def test_each_compute_bound_configuration_has_a_torchrun_control_with_gpusession
     assert len(controls) == 5 and all(row["measure"].startswith("compute-bound model") for row in controls)
     assert all(row["measure"].endswith("(control: torchrun with gpusession's malloc settings)") for row in controls)
     assert "MALLOC_TRIM_THRESHOLD_=268435456, MALLOC_MMAP_THRESHOLD_=33554432" in controls[0]["alternative"]
-    from gpusession.run.heap import MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES
+    from gpusession.run.rank.heap import MMAP_THRESHOLD_BYTES, TRIM_THRESHOLD_BYTES
 
     assert scaling.MALLOC_SETTINGS == {"MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD_BYTES),
                                        "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES)}

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpusession.run import scratch
+from gpusession.run.node import scratch
 from gpusession.run.spec import RankSpec, lease_scratch_dir, scratch_dir
 
 
@@ -42,7 +42,7 @@ def test_a_directory_whose_holder_was_killed_is_stale_and_a_held_one_is_kept(tmp
     orphan = str(tmp_path / "session_2" / "lease-9" / "attempt-3")
     claim = scratch.Claim(held)
     holder = subprocess.Popen(  # another cluster's rank on this filesystem, then its host dies
-        [sys.executable, "-c", "import sys, time; from gpusession.run.scratch import Claim; "
+        [sys.executable, "-c", "import sys, time; from gpusession.run.node.scratch import Claim; "
          "Claim(sys.argv[1]); print('held', flush=True); time.sleep(600)", orphan],
         stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
     try:

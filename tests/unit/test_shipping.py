@@ -8,7 +8,7 @@ import types
 
 import cloudpickle
 
-from gpusession.shipping import dumps, local_modules, pickled_by_value
+from gpusession.run.shipping import dumps, local_modules, pickled_by_value
 
 
 def test_a_module_in_the_callers_directory_is_local_and_an_installed_one_is_not(tmp_path, monkeypatch):
@@ -71,7 +71,7 @@ def test_a_virtualenv_inside_the_project_directory_is_a_library_not_user_code(tm
     import os
     import torch
 
-    from gpusession.shipping import is_user_file
+    from gpusession.run.shipping import is_user_file
 
     project = (os.path.dirname(os.path.dirname(torch.__file__)),)  # a root that contains the venv
     assert not is_user_file(torch.__file__, project)

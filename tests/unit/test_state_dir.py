@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpusession.broker import statedir
+from gpusession.broker.storage import statedir
 
 
 def test_two_clusters_on_one_host_sharing_a_home_get_two_directories(tmp_path):

@@ -136,8 +136,8 @@ def test_a_gateway_message_of_unknown_kind_is_refused_naming_the_field(header, f
 
 
 def test_a_ledger_row_states_its_lease_state_as_the_enum(tmp_path):
-    from gpusession.broker.ledger import Ledger
-    from gpusession.broker.states import LeaseState
+    from gpusession.broker.storage.ledger import Ledger
+    from gpusession.broker.policy.states import LeaseState
 
     ledger = Ledger(tmp_path / "ledger.db")
     lease_id = ledger.add_lease({"user": "alice", "gpus": 1.0, "workers": 1, "gpus_per_worker": 1.0,
@@ -147,7 +147,7 @@ def test_a_ledger_row_states_its_lease_state_as_the_enum(tmp_path):
 
 
 def test_ray_placement_group_states_are_parsed_and_unknown_ones_refused():
-    from gpusession.broker.states import PlacementState
+    from gpusession.broker.policy.states import PlacementState
 
     assert PlacementState.parse("CREATED") is PlacementState.CREATED
     with pytest.raises(ValueError, match="'state' is 'EXPLODED'"):

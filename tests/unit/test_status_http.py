@@ -7,9 +7,10 @@ import threading
 
 import pytest
 
-from gpusession import cli_access, status_endpoint
-from gpusession.broker import authz
-from gpusession.broker.status_http import BadRequest, StatusEndpoint, parse_head
+from gpusession.cli import access as cli_access
+from gpusession.broker.http import status_endpoint
+from gpusession.broker.service import authz
+from gpusession.broker.http.status_http import BadRequest, StatusEndpoint, parse_head
 from gpusession.errors import NotAuthorized
 from gpusession.identity import sign
 

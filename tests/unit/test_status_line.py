@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import io
 
-from gpusession.console import ConsoleObserver
-from gpusession.events import RunInfo
-from gpusession.receipt import receipt_text
-from gpusession.statusline import BORROWED, Phase, Status, status_html, status_text, step_of
+from gpusession.observe.console import ConsoleObserver
+from gpusession.observe.events import RunInfo
+from gpusession.observe.receipt import receipt_text
+from gpusession.observe.statusline import BORROWED, Phase, Status, status_html, status_text, step_of
 
 QUEUE_VIEW = {"position": 2, "reason": "waiting for capacity: 4 of 4 GPUs in use"}
 

@@ -1,8 +1,8 @@
 """The live step JupyterLab shows: the report's own step, or how many reports came."""
 from __future__ import annotations
 
-from gpusession.events import RunInfo
-from gpusession.stepreport import step_of
+from gpusession.observe.events import RunInfo
+from gpusession.run.caller.stepreport import step_of
 
 
 def test_the_step_is_the_reports_own_whole_step_or_the_count_of_reports():

@@ -6,7 +6,7 @@ import optuna
 import pytest
 
 import gpusession as gs
-from gpusession.broker.model import Priority
+from gpusession.broker.policy.model import Priority
 from gpusession.sweeps.plan import validate_sweep
 from gpusession.sweeps.space import parse_space
 

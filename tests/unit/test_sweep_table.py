@@ -7,7 +7,7 @@ import threading
 import optuna
 import pytest
 
-from gpusession.events import RunInfo
+from gpusession.observe.events import RunInfo
 from gpusession.sweeps.records import TrialRecord, TrialState
 from gpusession.sweeps.table import plot_png, sorted_records, summary_line, table_rows
 from gpusession.sweeps.trial import StopSignal, TrialObserver

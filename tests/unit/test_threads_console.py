@@ -5,9 +5,9 @@ from __future__ import annotations
 import io
 import threading
 
-from gpusession.console import ConsoleObserver
-from gpusession.events import RunInfo
-from gpusession.run.distributed import DistributedFunction, parse_options
+from gpusession.observe.console import ConsoleObserver
+from gpusession.observe.events import RunInfo
+from gpusession.api.distributed import DistributedFunction, parse_options
 
 
 def test_each_thread_sees_its_own_last_run_and_a_thread_that_made_no_call_the_latest_of_any():

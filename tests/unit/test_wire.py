@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy
 import pytest
 
-from gpusession.comm_options import CommOptions, CommReport, validate_comm_options
+from gpusession.run.comm_options import CommOptions, CommReport, validate_comm_options
 from gpusession.run import messages as m
 from gpusession.run import wire
 

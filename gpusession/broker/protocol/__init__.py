@@ -1,0 +1,1 @@
+"""What travels between a caller and the broker: a lease request, a notice."""

@@ -1,0 +1,1 @@
+"""The `gpusession` command: its parsers and subcommands (`python -m gpusession.cli` runs it)."""
