@@ -191,10 +191,10 @@ def _code_of_this_client() -> dict:
     Ray uploads local py_modules only for whole jobs, so the package is uploaded here through
     Ray's own helper and the actor gets the resulting gcs:// URI (a detached actor keeps it
     referenced). If that helper is unavailable the broker runs the head node's installed copy."""
-    import gpusession
+    package_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # gpusession/
 
     try:
-        return rayprivate.upload_package(gpusession.__path__[0], log)
+        return rayprivate.upload_package(package_dir, log)
     except Exception as exc:  # a Ray without this helper: fall back to the installed copy
         log.warning("Could not ship gpusession %s to the broker (%s); using the head's copy.", __version__, exc)
         return {}
