@@ -23,8 +23,8 @@ _warnings.filterwarnings("ignore", message="IProgress not found", module=r"tqdm\
 # Public names resolve on first use (PEP 562), so `import gpusession` -- and the `gpusession` CLI --
 # import neither Ray nor torch until something needs them (`gpusession status` answers in well
 # under a second). No public function shares its name with a submodule: the rank-side API lives in
-# run/ (context.py, distributed.py, lease_api.py), the client's Lease and `gs.status` in cluster/
-# (tests/unit/test_package.py keeps it so).
+# run/rank/context.py, the caller's in api/ (distributed.py, lease_api.py, status.py), the Lease in
+# run/caller/ (tests/unit/test_package.py keeps it so).
 _EXPORTS = {
     "context": "run.rank.context", "load_checkpoint": "run.rank.context", "prepare_loader": "run.rank.context",
     "prepare_model": "run.rank.context", "report": "run.rank.context", "save_checkpoint": "run.rank.context",
