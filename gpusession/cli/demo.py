@@ -13,7 +13,7 @@ QUICKSTART = "quickstart.ipynb"
 def find_quickstart() -> Path:
     """The repo's examples/ (a checkout), else the copy pip installed under share/gpusession."""
     candidates = [
-        Path(__file__).resolve().parent.parent / "examples" / QUICKSTART,
+        Path(__file__).resolve().parents[2] / "examples" / QUICKSTART,
         Path(sys.prefix) / "share" / "gpusession" / "examples" / QUICKSTART,
     ]
     for path in candidates:
