@@ -147,7 +147,7 @@ def test_a_ledger_row_states_its_lease_state_as_the_enum(tmp_path):
 
 
 def test_ray_placement_group_states_are_parsed_and_unknown_ones_refused():
-    from gpusession.broker.policy.states import PlacementState
+    from gpusession.cluster.placement import PlacementState
 
     assert PlacementState.parse("CREATED") is PlacementState.CREATED
     with pytest.raises(ValueError, match="'state' is 'EXPLODED'"):

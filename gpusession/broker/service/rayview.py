@@ -13,7 +13,7 @@ from ray.util.placement_group import PlacementGroup, remove_placement_group
 from ...cluster import liveness, rayprivate
 from ...cluster.raycluster import nodes as alive_nodes
 from ..policy.model import ActiveLease, NodeCapacity
-from ..policy.states import PlacementState
+from ...cluster.placement import PlacementState
 
 PG_PREFIX = "gpusession"
 PROBE_TIMEOUT_S = 1.0  # a node whose raylet does not answer a connect within this lends no GPUs

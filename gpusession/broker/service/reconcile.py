@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..protocol.notice import NoticeKind, kind_of
-from ..policy.states import LeaseState, PlacementState
+from ..policy.states import LeaseState
+from ...cluster.placement import PlacementState
 
 if TYPE_CHECKING:  # the decisions here are pure: they take a snapshot, and never import Ray
     from .rayview import Snapshot

@@ -40,7 +40,8 @@ from ..protocol.request import PROTOCOL, LeaseRequest
 from .relocate_api import RelocateMethods
 from .progress_api import ProgressMethods
 from .resize_api import ResizeMethods
-from ..policy.states import LeaseState, PlacementState
+from ..policy.states import LeaseState
+from ...cluster.placement import PlacementState
 from .timings import Timings
 
 log = logging.getLogger("gpusession.broker")

@@ -12,7 +12,7 @@ from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from ...cluster import raycluster
-from ...broker.policy.states import PlacementState
+from ...cluster.placement import PlacementState
 from ...errors import Infeasible
 from .pool import pool
 

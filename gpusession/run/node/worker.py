@@ -25,7 +25,7 @@ from .. import handoff
 from .. import messages as m
 from .. import wire
 from ..bulk import Shipment
-from ...broker.policy.states import PlacementState
+from ...cluster.placement import PlacementState
 from ...errors import LaunchRefused
 from .zygote import Zygote
 from . import scratch
