@@ -16,8 +16,9 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 
-# What a results file measures when it does not say: the run path, the cluster glue and the broker.
-DEFAULT_MEASURES = ("gpusession/run", "gpusession/cluster", "gpusession/broker")
+# What a results file measures when it does not say: the run path (its entry points in api/ too), the
+# cluster glue and the broker.
+DEFAULT_MEASURES = ("gpusession/api", "gpusession/run", "gpusession/cluster", "gpusession/broker")
 # What each script measures besides DEFAULT_MEASURES: its helpers and the code its figures depend
 # on (a results file records the whole list when written; older files are judged by this).
 EXTRA_MEASURES = {
