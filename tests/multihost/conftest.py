@@ -27,14 +27,31 @@ def sim_cluster():
 
 
 @pytest.fixture(scope="module", autouse=True)
-def whole_cluster(sim_cluster):
+def whole_cluster(request, sim_cluster):
     """Each module starts with the head up: if a scenario of an earlier module left it down (that
-    module's test failed with why), the cluster is made again rather than failing this one too."""
-    if not sim_cluster.gcs_running():
+    module's test failed with why), the cluster is made again rather than failing this one too.
+    After the last module of the session that takes the cluster, it is stopped at once rather than
+    at the session's end: its idle Ray nodes would otherwise share the 2-core machine with every
+    module that runs after (test_the_hub_on_hosts's hosts, tests/shaped's clusters, tests/unit)."""
+    if getattr(sim_cluster, "stopped_early", False):  # stopped after what looked like its last module
+        sim_cluster.stopped_early = False
+        sim_cluster.start()
+    elif not sim_cluster.gcs_running():
         warnings.warn(f"the simulated cluster's head was down; making the cluster again.{sim_cluster.head_report()}")
         sim_cluster.stop()
         sim_cluster.start()
     yield sim_cluster
+    if not _wanted_later(request, "sim_cluster"):
+        sim_cluster.stop()  # the session fixture's stop() at the end finds nothing left: it never raises
+        sim_cluster.stopped_early = True
+
+
+def _wanted_later(request, fixture: str) -> bool:
+    """Whether a test that runs after this module's last one (this session's order) takes `fixture`."""
+    items = request.session.items
+    last = max((i for i, item in enumerate(items) if getattr(item, "module", None) is request.module),
+               default=len(items))
+    return any(fixture in getattr(item, "fixturenames", ()) for item in items[last + 1:])
 
 
 def run_driver(cluster: SimCluster, script: str, *args: str, timeout: float = 300) -> dict:
