@@ -1,8 +1,10 @@
-"""One `gpusession hub` for the module's tests, on loopback, with three Unix accounts made for
-it (an admin and two users) and its own service account; everything is removed on every path.
+"""A `gpusession hub` for a module's tests, on loopback, with three Unix accounts made for it (an
+admin and two users) and its own service account; everything is removed on every path. Modules
+with the same HUB_ARGS share one while they run one after another (`hub`).
 Needs root (useradd, and the Hub spawns servers as other users) and `scripts/setup --hub`."""
 from __future__ import annotations
 
+import itertools
 import os
 import pwd
 import secrets
@@ -146,21 +148,33 @@ def _remove_everything(prefix: str, names: list[str], state: Path, layout: HubLa
     shutil.rmtree(layout.ray_tmp, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def hub(request):
-    """A module may set HUB_ARGS (a list of `gpusession hub` options) for its hub."""
-    reason = needs_root_and_setup()
-    if reason:
-        pytest.skip(reason)
-    stale = installed_matches_checkout(HubLayout(PREFIX, Path("/"), "x"))
-    if stale:
-        pytest.fail(stale)
-    prefix = f"gsh{os.getpid() % 100000}"
+@dataclass
+class _Made:
+    """A started hub and what its fixture made for it (removed by `close`, on every path)."""
+    hub: Hub | None
+    proc: subprocess.Popen | None
+    prefix: str
+    names: list[str]
+    state: Path
+    layout: HubLayout
+
+    def close(self) -> None:
+        if self.proc is not None:
+            stop_hub(self.proc)
+        _remove_everything(self.prefix, self.names, self.state, self.layout)
+
+
+_STARTS = itertools.count()  # two hubs of one session (other options) never share account names
+
+
+def _start(args: tuple[str, ...]) -> _Made:
+    """A hub with these extra `gpusession hub` options, up and answering; on failure everything
+    made for it is removed before the error goes on."""
+    prefix = f"gsh{os.getpid() % 100000}{next(_STARTS)}"
     names = [f"{prefix}a", f"{prefix}b", f"{prefix}c", f"{prefix}s"]
     state = Path(tempfile.mkdtemp(prefix=f"{prefix}-", dir="/tmp"))
     os.chmod(state, 0o755)
-    layout = HubLayout(PREFIX, state / "state", names[3])
-    proc = None
+    made = _Made(None, None, prefix, names, state, HubLayout(PREFIX, state / "state", names[3]))
     try:
         passwords = [_add_account(name) for name in names[:3]]
         port = _free_port()
@@ -168,19 +182,76 @@ def hub(request):
         config.write_text('{"allow_borrowing": false}')
         output = state / "hub-output.txt"
         with open(output, "w") as out:
-            proc = subprocess.Popen(
+            made.proc = subprocess.Popen(
                 [sys.executable, "-m", "gpusession.cli", "hub", "--ip", "127.0.0.1", "--port", str(port),
-                 "--admin", names[0], "--config", str(config), "--prefix", str(PREFIX), "--state-dir", str(layout.state),
-                 "--service-user", layout.service_user, *getattr(request.module, "HUB_ARGS", ())],
+                 "--admin", names[0], "--config", str(config), "--prefix", str(PREFIX),
+                 "--state-dir", str(made.layout.state), "--service-user", made.layout.service_user, *args],
                 cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
-        wait_for_line(output, "gpusession hub: ready:", proc, READY_TIMEOUT_S)
+        wait_for_line(output, "gpusession hub: ready:", made.proc, READY_TIMEOUT_S)
         url = f"http://127.0.0.1:{port}"
-        users = [HubUser(url, name, password) for name, password in zip(names, passwords)]
-        yield Hub(url, proc, layout, output, *users)
+        made.hub = Hub(url, made.proc, made.layout, output,
+                       *(HubUser(url, name, password) for name, password in zip(names, passwords)))
+        return made
+    except BaseException:
+        made.close()
+        raise
+
+
+def _hub_args(module) -> tuple[str, ...]:
+    return tuple(getattr(module, "HUB_ARGS", ()))
+
+
+def _wanted_next(request, args: tuple[str, ...]) -> bool:
+    """Whether the next module that takes a hub, after this module's last test in this session's
+    order (random or not), wants one with the same options. Only then is this one kept: never two
+    hubs at once (a 2-core machine), and none left idle while other modules run to the end."""
+    items = request.session.items
+    last = max((i for i, item in enumerate(items) if getattr(item, "module", None) is request.module),
+               default=len(items))
+    later = (item for item in items[last + 1:] if "hub" in getattr(item, "fixturenames", ()))
+    following = next(later, None)
+    return following is not None and _hub_args(following.module) == args
+
+
+@pytest.fixture(scope="session")
+def _hubs():
+    """The session's running hubs by their options; whatever is left is stopped and removed at the
+    session's end (after a failure with -x or an interrupt, when no later module stopped it)."""
+    running: dict[tuple[str, ...], _Made] = {}
+    try:
+        yield running
     finally:
-        if proc is not None:
-            stop_hub(proc)
-        _remove_everything(prefix, names, state, layout)
+        for made in running.values():
+            made.close()
+
+
+@pytest.fixture(scope="module")
+def hub(request, _hubs):
+    """A module may set HUB_ARGS (a list of `gpusession hub` options) for its hub. Modules with the
+    same options share one (a hub's start and stop take minutes): it is kept when the next module
+    to take a hub in this session wants the same options, else stopped and removed with the
+    module. A module that stops its hub (test_hub_stop) leaves the next one to start a fresh one.
+    The state a module leaves in a shared hub is what its tests leave: each test sets up what it
+    needs (`_ready`), and compares before and after rather than assume an empty ledger."""
+    reason = needs_root_and_setup()
+    if reason:
+        pytest.skip(reason)
+    stale = installed_matches_checkout(HubLayout(PREFIX, Path("/"), "x"))
+    if stale:
+        pytest.fail(stale)
+    args = _hub_args(request.module)
+    made = _hubs.get(args)
+    if made is not None and made.proc.poll() is not None:  # an earlier module stopped it
+        _hubs.pop(args).close()
+        made = None
+    if made is None:
+        made = _hubs[args] = _start(args)
+    try:
+        yield made.hub
+    finally:
+        if made.proc.poll() is not None or not _wanted_next(request, args):
+            _hubs.pop(args, None)
+            made.close()
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,8 @@ and terminals hold no Ray address or token and none of the service's secrets, ca
 cannot read the service's files, cannot use admin methods through the gateway (the admin can),
 and garbage or unknown sessions at the gateway's socket change nothing. What users need still
 answers through the gateway: status, `%gpu status`, the REST API the Lab sidebar and the admin
-page use, the `gpusession` CLI."""
+page use, the `gpusession` CLI. That stopping the hub ends the gateway and removes its socket is
+test_hub_stop's (it stops the hub this module shares with test_hub)."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ import re
 import psutil
 import pytest
 
-from .test_hub import _ready
+from .test_hub import HUB_ARGS, _ready  # noqa: F401 (HUB_ARGS: test_hub's hub, shared)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -251,17 +252,3 @@ def test_a_held_lease_in_bobs_kernel_runs_as_bob_through_the_gateway_and_starts_
             if p.info["username"] == hub.bob.name
             and any(part in " ".join(p.info["cmdline"] or ()) for part in ("raylet", "gcs_server", "ray start"))]
     assert bobs == []
-
-
-def test_stopping_the_hub_ends_the_gateway_and_removes_its_socket(hub):
-    """It stops this module's hub (so it is the module's last test)."""
-    from .conftest import stop_hub
-
-    gateway = [p for p in hub.descendants() if "gpusession.gateway.main" in " ".join(p.cmdline())]
-    assert len(gateway) == 1 and gateway[0].username() == hub.layout.service_user, gateway
-    assert hub.layout.gateway_socket.is_socket()
-    stop_hub(hub.proc)
-    assert hub.proc.returncode == 0, hub.output.read_text()[-2000:]
-    assert not gateway[0].is_running() or gateway[0].status() == psutil.STATUS_ZOMBIE
-    assert not hub.layout.gateway_socket.exists()
-    assert hub.processes() == [], f"processes of the hub's accounts still running: {hub.processes()}"

@@ -63,7 +63,9 @@ def small_head():
     try:
         yield {**env, "RAY_ADDRESS": f"127.0.0.1:{port}", "PYTHONUNBUFFERED": "1"}
     finally:
-        localhead.terminate(head.pid, timeout_s=30)
+        # SIGTERM, then SIGKILL to the head and every process under it: `ray start --block` takes
+        # ~30 s to stop gracefully on a loaded machine, and nothing of this throwaway head is kept
+        localhead.terminate(head.pid, timeout_s=5)
         head.wait(timeout=30)
         log.close()
         for _ in range(50):  # the raylet's children may hold the mount a moment longer

@@ -32,7 +32,7 @@ def whole_cluster(request, sim_cluster):
     module's test failed with why), the cluster is made again rather than failing this one too.
     After the last module of the session that takes the cluster, it is stopped at once rather than
     at the session's end: its idle Ray nodes would otherwise share the 2-core machine with every
-    module that runs after (test_hub_nodes's hosts, tests/shaped's clusters, tests/unit)."""
+    module that runs after (test_the_hub_on_hosts's hosts, tests/shaped's clusters, tests/unit)."""
     if getattr(sim_cluster, "stopped_early", False):  # stopped after what looked like its last module
         sim_cluster.stopped_early = False
         sim_cluster.start()

@@ -5,7 +5,10 @@ is the server asking the gateway for live runs). A detached run outlives its cul
 its restarted kernel, and a new kernel of the same user attaches to its value.
 
 One window of time serves the first four tests (the hub tests are slow, and every wait here is
-the culler's): the three servers are set going at once and watched together (`window`)."""
+the culler's): the three servers are set going at once and watched together (`window`).
+Its hub has options of its own (HUB_ARGS); the file's name puts it after test_hub_stop in file
+order, so the hub test_hub, test_hub_gateway and test_hub_stop share is stopped before this one
+starts (two idle-or-busy hubs at once would slow the culler's timing on a 2-core machine)."""
 from __future__ import annotations
 
 import pwd

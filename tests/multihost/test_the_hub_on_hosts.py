@@ -6,7 +6,8 @@ and group without that account, so its launcher finds no such user (a real mecha
 (ranks run as the user, who must read the Python they run).
 
 This module makes its own network (no Ray nodes of simcluster's): the session's simulated
-cluster is not started for it (whole_cluster is overridden below)."""
+cluster is not started for it (whole_cluster is overridden below), and the file's name puts it after
+the modules that take that cluster (conftest.py stops it after the last of them)."""
 from __future__ import annotations
 
 import json
@@ -247,6 +248,24 @@ def hub_hosts():
         shutil.rmtree(f"/tmp/gsh-{service}", ignore_errors=True)
 
 
+# In file order host2 first, then host1 for the rest: each node starts once (a node's start takes
+# half a minute here). Each test still says which nodes it needs (`only`), so any order works.
+def test_a_node_that_does_not_know_the_user_fails_the_call_naming_node_and_user(hub_hosts):
+    """host2 joins, its passwd without ann: a 2-rank call on the head and host2 fails, naming host2
+    and ann, and every GPU is free again."""
+    hub_hosts.only("host2")
+    launcher = int(re.search(r"the launcher runs \(pid (\d+)\)", hub_hosts.output("host2").read_text()).group(1))
+    seen = Path(f"/proc/{launcher}/root/etc/passwd").read_text()  # /etc/passwd as host2's launcher reads it
+    assert f"\n{hub_hosts.ann}:" not in f"\n{seen}" and f"\n{hub_hosts.service}:" in f"\n{seen}"
+    looked_up = subprocess.run(["nsenter", "-t", str(launcher), "-m", "getent", "passwd", hub_hosts.ann],
+                               capture_output=True, text=True)
+    assert looked_up.returncode == 2, looked_up  # getent: no such key
+    result, after = hub_hosts.run_as_ann(2)
+    assert result.get("error") == "LaunchRefused", f"{result}\nhost2's launcher log:\n{hub_hosts.log('host2')}"
+    assert f"the user {hub_hosts.ann!r} does not exist on node host2" in result["message"]
+    assert after["open"] == [] and after["free"] == after["total"]
+
+
 def test_the_hub_keeps_rays_token_for_root_alone_and_a_node_gets_it_on_no_command_line(hub_hosts):
     hub_hosts.only("host1")
     found = os.stat(hub_hosts.token_path)
@@ -270,22 +289,6 @@ def test_a_users_run_on_a_joined_node_runs_as_that_user_there(hub_hosts):
     assert "ranks" in result, result
     assert sorted(rank["host"] for rank in result["ranks"]) == ["head", "host1"]
     assert all(rank["uid"] == rank["euid"] == ann.pw_uid and rank["gid"] == ann.pw_gid for rank in result["ranks"])
-    assert after["open"] == [] and after["free"] == after["total"]
-
-
-def test_a_node_that_does_not_know_the_user_fails_the_call_naming_node_and_user(hub_hosts):
-    """host2 joins, its passwd without ann: a 2-rank call on the head and host2 fails, naming host2
-    and ann, and every GPU is free again."""
-    hub_hosts.only("host2")
-    launcher = int(re.search(r"the launcher runs \(pid (\d+)\)", hub_hosts.output("host2").read_text()).group(1))
-    seen = Path(f"/proc/{launcher}/root/etc/passwd").read_text()  # /etc/passwd as host2's launcher reads it
-    assert f"\n{hub_hosts.ann}:" not in f"\n{seen}" and f"\n{hub_hosts.service}:" in f"\n{seen}"
-    looked_up = subprocess.run(["nsenter", "-t", str(launcher), "-m", "getent", "passwd", hub_hosts.ann],
-                               capture_output=True, text=True)
-    assert looked_up.returncode == 2, looked_up  # getent: no such key
-    result, after = hub_hosts.run_as_ann(2)
-    assert result.get("error") == "LaunchRefused", f"{result}\nhost2's launcher log:\n{hub_hosts.log('host2')}"
-    assert f"the user {hub_hosts.ann!r} does not exist on node host2" in result["message"]
     assert after["open"] == [] and after["free"] == after["total"]
 
 
