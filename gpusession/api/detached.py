@@ -15,6 +15,7 @@ import threading
 from typing import Any, Callable
 
 from ..errors import GPUSessionError
+from ..gateway.keeping import Detach
 from ..observe.events import Observer, RunInfo
 from .background import Run
 
@@ -23,15 +24,15 @@ from .background import Run
 RUN_ID_WAIT_S = 360.0
 
 
-def detach_limit(max_duration: Any) -> float:
-    """The max_duration (s) of a detached run (keeping.GATEWAYS_DEFAULT when it names none: the
-    gateway applies the admin's default), or the error that says why it cannot be detached here
+def detach_limit(max_duration: Any) -> Detach:
+    """A detached run with its time limit (none named: the gateway applies its admin's default),
+    or the error that says why it cannot be detached here
     (ValueError: the limit; GPUSessionError: the embedded cluster, which ends with this kernel)."""
     from ..gateway.client import gateway_path
-    from ..gateway.keeping import GATEWAYS_DEFAULT, detach_policy_from_env, max_duration_of
+    from ..gateway.keeping import detach_policy_from_env, max_duration_of
     from ..gateway.usergateway import cluster_address, detach_refusal
 
-    limit = GATEWAYS_DEFAULT if max_duration is None else max_duration_of(max_duration)
+    limit = Detach(None if max_duration is None else max_duration_of(max_duration))
     hub = gateway_path()
     refusal = None if hub else detach_refusal(cluster_address())
     if refusal:

@@ -13,6 +13,7 @@ from ..run.caller.stepreport import StepToBroker
 from .background import Run
 from ..run.endings import told_when_ended
 from ..gateway.client import gateway_path
+from ..gateway.keeping import Detach
 from ..gateway.remote import RemoteCheckpoint
 from ..run.caller.options import RunOptions, validate_run_options
 
@@ -76,10 +77,10 @@ class DistributedFunction:
 
         return self.start_background(args, kwargs, detach=detach_limit(max_duration))
 
-    def start_background(self, args: tuple, kwargs: dict, *, handle: type[Run] = Run, detach: float | None = None,
+    def start_background(self, args: tuple, kwargs: dict, *, handle: type[Run] = Run, detach: Detach | None = None,
                          **extra: Any) -> Run:
         """submit() with the handle's class chosen (a %%gpu --bg cell's handle can pull());
-        detach: the max_duration of a run the gateway hosts past this kernel."""
+        detach: a run the gateway hosts past this kernel, with its time limit."""
         observer = self.observer or default_observer(self.options.lease.workers, background=True)
         taken: list = []  # the handle, told the run's id once the gateway took it
 
@@ -112,7 +113,7 @@ class DistributedFunction:
         return self._run(args, kwargs, checkpoint_ref=last.checkpoint_ref, checkpoint_step=last.checkpoint_step)
 
     def _run(self, args: tuple, kwargs: dict, *, checkpoint_ref, checkpoint_step=None,
-             observer: Any = None, info: RunInfo | None = None, detach: float | None = None,
+             observer: Any = None, info: RunInfo | None = None, detach: Detach | None = None,
              on_detached: Any = None) -> Any:
         info = info if info is not None else RunInfo()
         self._note(info, (args, kwargs))
@@ -140,7 +141,7 @@ class DistributedFunction:
                                     shipment=shipped[0])
 
     def _run_through_gateway(self, args: tuple, kwargs: dict, *, observer, info: RunInfo,
-                             checkpoint_ref, checkpoint_step, detach: float | None = None,
+                             checkpoint_ref, checkpoint_step, detach: Detach | None = None,
                              on_detached: Any = None) -> Any:
         """The same call, run by the one run path in the gateway (gateway/remote.py); the gateway
         tells the broker the live step, so no StepToBroker here."""

@@ -29,13 +29,23 @@ DEFAULT_MAX_DURATION_S = 24 * 3600.0  # a detached run's time limit unless the c
 MAX_MAX_DURATION_S = 30 * 24 * 3600.0  # the longest limit a call (or an admin's default) may ask for
 RETENTION_S = 7 * 24 * 3600.0  # how long an ended run's result, metrics, output and receipt are kept (out of the box)
 MIN_RETENTION_S, MAX_RETENTION_S = 60.0, 365 * 24 * 3600.0  # what an admin may set
-GATEWAYS_DEFAULT = 0.0  # a detach that named no time limit: the gateway's default applies (a limit is above 0)
 MAX_DURATION_ENV, RETENTION_ENV = "GPUSESSION_DETACH_MAX_DURATION", "GPUSESSION_DETACH_RETENTION"
 RESULT_CAP_BYTES = 512 * 2**20  # the largest result (all its frames) the gateway keeps for a run
 MAX_EVENTS = 20_000  # events kept for replay per run (outputs beyond it are dropped, reports are kept)
 RUNS_PER_USER = 64  # ended runs an account keeps; the oldest ended ones go first
 RESULT_BYTES_PER_USER = 2 * 2**30  # the results an account's ended runs keep in all; the oldest go first
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+@dataclass(frozen=True)
+class Detach:
+    """A run to be hosted by a gateway past its kernel: its time limit in seconds, or None when the
+    call named none (the gateway then applies its admin's default)."""
+
+    max_duration_s: float | None = None
+
+    def as_json(self) -> dict:
+        return {"max_duration": self.max_duration_s}
 
 
 def max_duration_of(value: Any, *, where: str = "max_duration") -> float:

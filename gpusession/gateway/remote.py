@@ -20,7 +20,7 @@ from ..errors import GPUSessionError
 from ..observe.events import Observer, RunInfo
 from .chunks import gather, send_chunked
 from .client import connect, gateway_path
-from .keeping import GATEWAYS_DEFAULT
+from .keeping import Detach
 from .usergateway import detached_gateway
 from .frames import Connection, Message
 from .runwire import add_report, apply_info, error_from_json, options_to_json, stop_reason
@@ -75,10 +75,10 @@ def asking() -> dict:
 
 def run_remote(fn: Callable, args: tuple, kwargs: dict, options, *, info: RunInfo, observer: Observer,
                checkpoint_ref: Any = None, checkpoint_step: Any = None, name: str = "",
-               detach: float | None = None, on_detached: Callable[[dict], None] | None = None) -> Any:
+               detach: Detach | None = None, on_detached: Callable[[dict], None] | None = None) -> Any:
     """What Lease(...).acquire() + run_function() do in the local path, through the gateway: the
     value, or the error the local path would raise. observer.finished is the caller's to call.
-    detach: the run's max_duration (s), hosted by the gateway past this kernel (issue 32): the
+    detach: a run the gateway hosts past this kernel, with its time limit (issue 32): the
     hub's, else this user's own (started if none runs: usergateway.py); on_detached is then told
     {run_id, max_duration, started} once the gateway took it. A resumed run goes to the gateway
     that holds its checkpoint."""
@@ -103,7 +103,7 @@ def run_remote(fn: Callable, args: tuple, kwargs: dict, options, *, info: RunInf
                      options=options_to_json(options),
                      checkpoint=checkpoint_ref.handle if checkpoint_ref is not None else None,
                      checkpoint_step=checkpoint_step, asking=asking(),
-                     detach=None if detach is None else {"max_duration": None if detach == GATEWAYS_DEFAULT else detach})
+                     detach=None if detach is None else detach.as_json())
         del header, buffers
         return _follow(conn, path, info, observer, on_detached)
     finally:

@@ -20,6 +20,7 @@ from .cellrun import CellPayload, CellResult, pack, run_cell, unpack
 from ..api.distributed import DistributedFunction, parse_options
 from ..run.comm_options import grad_compression_flag_value
 from ..errors import GPUSessionError
+from ..gateway.keeping import Detach
 from ..broker.policy.messages import gpus_text
 from ..run.caller.options import parse_duration
 from ..run.shipping import local_modules
@@ -267,8 +268,8 @@ def _handle_name(args: argparse.Namespace) -> str:
     return name
 
 
-def _detach_limit(args: argparse.Namespace) -> float | None:
-    """The max_duration of a --detach cell (None: not detached); UsageError on a mistake."""
+def _detach_limit(args: argparse.Namespace) -> Detach | None:
+    """How a --detach cell is detached (None: not detached); UsageError on a mistake."""
     if args.max_duration is not None and not args.detach:
         raise UsageError("--max-duration is the time limit of a detached run: use it with --bg --detach.")
     if not args.detach:

@@ -139,13 +139,13 @@ def test_detach_mistakes_are_usage_errors_before_anything_is_leased(monkeypatch,
 
 def test_a_detached_cell_leaves_the_limit_to_the_gateways_default_or_names_its_own(monkeypatch):
     from gpusession.gateway.client import GATEWAY_ENV
-    from gpusession.gateway.keeping import GATEWAYS_DEFAULT
+    from gpusession.gateway.keeping import Detach
     from gpusession.notebook.magics import _detach_limit
 
     monkeypatch.setenv(GATEWAY_ENV, "/g.sock")
     assert _detach_limit(parse_argstring(GPUMagics.gpu_cell, "2 --bg")) is None
-    assert _detach_limit(parse_argstring(GPUMagics.gpu_cell, "2 --bg --detach")) == GATEWAYS_DEFAULT
-    assert _detach_limit(parse_argstring(GPUMagics.gpu_cell, "2 --bg --detach --max-duration 2h")) == 7200
+    assert _detach_limit(parse_argstring(GPUMagics.gpu_cell, "2 --bg --detach")) == Detach(None)
+    assert _detach_limit(parse_argstring(GPUMagics.gpu_cell, "2 --bg --detach --max-duration 2h")) == Detach(7200.0)
 
 
 def test_attach_needs_an_id_and_a_python_name_and_the_other_actions_take_neither():
