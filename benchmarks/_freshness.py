@@ -159,6 +159,6 @@ def newer_inputs(derived_when: str, recorded: dict[str, str] | None, inputs_when
     return tuple(newer)
 
 
-def refused_summary(findings: dict[str, list[Finding]]) -> list[str]:
+def refused_summary(findings: list[tuple[str, list[Finding]]]) -> list[str]:
     """One line per refused row, for the terminal: 'NAME: mark; mark'."""
-    return [f"{where}: " + "; ".join(f.mark for f in found) for where, found in findings.items() if found]
+    return [f"{where}: " + "; ".join(f.mark for f in found) for where, found in findings if found]

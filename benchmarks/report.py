@@ -166,10 +166,16 @@ def document_lines(document: dict, line, simulated: bool, facts: dict | None = N
     return lines
 
 
-def findings_by_row(documents: list[dict], facts: dict) -> dict[str, list[Finding]]:
-    """'benchmark: measure' -> what refuses that row (empty: it stands)."""
-    return {f"{d['benchmark']}: {row['measure']}": judge(row, facts[(d["benchmark"], i)])
-            for d in documents for i, row in enumerate(d.get("rows", []))}
+def findings_by_row(documents: list[dict], facts: dict) -> list[tuple[str, list[Finding]]]:
+    """Each row's name ('benchmark: measure', and its alternative when it has one: a measure set
+    against two alternatives is two rows) with what refuses it (empty: it stands)."""
+    return [(row_name(d, row), judge(row, facts[(d["benchmark"], i)]))
+            for d in documents for i, row in enumerate(d.get("rows", []))]
+
+
+def row_name(document: dict, row: dict) -> str:
+    name = f"{document['benchmark']}: {row['measure']}"
+    return f"{name} (against {row['alternative']})" if row.get("alternative") else name
 
 
 def benchmark_scripts(folder: Path) -> list[str]:
