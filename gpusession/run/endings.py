@@ -27,6 +27,9 @@ class EndReason(str, enum.Enum):
     def __str__(self) -> str:  # "finished" in messages and f-strings, like the plain value
         return self.value
 
+    def __repr__(self) -> str:  # what a notebook shows of run.end_reason: 'finished', as before
+        return repr(self.value)
+
 
 def end_reason(error: BaseException | None) -> EndReason:
     """The end reason of a run (or a lease) that ended with `error` (None: it finished)."""
