@@ -477,7 +477,21 @@ def namespace_pids(netns: str) -> list[int]:
 
 
 def kill_namespace(netns: str, timeout_s: float = 5.0) -> int:
-    pids = namespace_pids(netns)
+    """Every process of the host at once, as a host that loses power: each is stopped (SIGSTOP)
+    first, again for any forked meanwhile, and only then all are SIGKILLed. Killed one by one, a
+    process of the host could see another die and act on it before its own turn (a node's worker
+    once saw its rank die and reported a plain rank death, cleaning up, before the host was gone)."""
+    pids: list[int] = []
+    for _ in range(20):  # until no new process appeared while the others were being stopped
+        new = [pid for pid in namespace_pids(netns) if pid not in pids]
+        if not new:
+            break
+        for pid in new:
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
+        pids += new
     for pid in pids:
         try:
             os.kill(pid, signal.SIGKILL)

@@ -17,6 +17,7 @@ from ...cluster.placement import PlacementState
 
 PG_PREFIX = "gpusession"
 PROBE_TIMEOUT_S = 1.0  # a node whose raylet does not answer a connect within this lends no GPUs
+SETTLE_S = 10.0  # at most this long, a removed group of a lease still open counts as ours (a resize, a move)
 
 
 def gcs_address() -> str:
@@ -38,6 +39,15 @@ class GroupState:
 
 
 @dataclass(frozen=True)
+class Settling:
+    """A group of ours that Ray removed lately: Ray's per-node view may still show its GPUs in use."""
+
+    lease_id: int
+    gpus_by_node: dict[str, float]
+    since: float  # the first reading that no longer listed it as created
+
+
+@dataclass(frozen=True)
 class Snapshot:
     nodes: list[NodeCapacity]
     logical: bool  # every GPU node declares GPUs with no real accelerator behind them
@@ -49,6 +59,7 @@ class Snapshot:
     addresses: dict[str, str] = field(default_factory=dict)  # node id -> address, of every GPU node
     first_seen: dict[str, float] = field(default_factory=dict)  # node id -> the first reading that listed it
     live_jobs: frozenset[str] = frozenset()  # job ids Ray lists as running (a kernel, a driver)
+    settling: dict[str, Settling] = field(default_factory=dict)  # group id -> one removed lately
 
     def with_lost(self, node_ids: Iterable[str]) -> "Snapshot":
         """This reading, with these nodes lost as well (a run reported them lost since it was taken)."""
@@ -71,23 +82,30 @@ class Snapshot:
                 if n.node_id in self.lost else n for n in self.nodes]
 
 
-def take(ledger_id: str, previous: Snapshot | None = None) -> Snapshot:
+def take(ledger_id: str, previous: Snapshot | None = None, open_leases: Iterable[int] = ()) -> Snapshot:
     """Read Ray once, and probe each GPU node (liveness.py). Unmanaged GPUs are those in use on a
-    node beyond our own groups; the smaller of this and the previous reading is kept because
-    Ray's resource view lags group creation and removal by ~0.1 s and a transient must not look
-    like foreign use. A node that does not answer keeps its place (a request it could hold stays
-    feasible, it may come back) but lends nothing: all of its GPUs that our groups do not hold
-    count as unavailable, until it answers again."""
+    node beyond our own groups: those Ray holds as created, and those removed while their lease
+    is still open in the books (`open_leases`, as they were before this reading began). A caller
+    removes its group, waits until Ray's view shows the GPUs free, and only then tells the broker
+    its lease ended; a reading in between saw the GPUs neither in a group nor free, and counted
+    them as used outside gpusession while the books still counted them leased (seen: a user's
+    gs.status() right after a run on two hosts showed 3 of 5 GPUs free). Of this and the previous
+    reading the smaller is kept, so a transient does not look like foreign use either. A node that
+    does not answer keeps its place (a request it could hold stays feasible, it may come back) but
+    lends nothing: all of its GPUs that our groups do not hold count as unavailable, until it
+    answers again."""
+    still_open = frozenset(open_leases)
     groups = _our_groups(ledger_id)
     free = {n: r.get("GPU", 0.0) for n, r in rayprivate.available_resources_per_node().items()}
+    now = time.time()
+    settling = settling_groups(previous, groups, still_open, now)
     ours: dict[str, float] = {}
-    for group in groups.values():
-        if group.state == PlacementState.CREATED:
-            for node_id, gpus in group.gpus_by_node.items():
-                ours[node_id] = ours.get(node_id, 0.0) + gpus
+    for gpus_by_node in [g.gpus_by_node for g in groups.values() if g.state == PlacementState.CREATED] + [
+            s.gpus_by_node for s in settling.values()]:
+        for node_id, gpus in gpus_by_node.items():
+            ours[node_id] = ours.get(node_id, 0.0) + gpus
     before = previous.raw_unmanaged if previous else {}
     infos = [info for info in alive_nodes() if info.gpus > 0]
-    now = time.time()
     first_seen = {i.node_id: (previous.first_seen if previous else {}).get(i.node_id, now) for i in infos}
     silent = liveness.unreachable({i.node_id: (i.address, i.raylet_port) for i in infos}, timeout_s=PROBE_TIMEOUT_S)
     silent |= replaced(infos, first_seen)
@@ -105,7 +123,23 @@ def take(ledger_id: str, previous: Snapshot | None = None) -> Snapshot:
     dead, live = _jobs()
     return Snapshot(nodes, logical and bool(nodes), groups=groups, dead_jobs=dead, raw_unmanaged=raw, lost=lost,
                     addresses={info.node_id: info.address for info in infos}, first_seen=first_seen,
-                    live_jobs=live)
+                    live_jobs=live, settling=settling)
+
+
+def settling_groups(previous: Snapshot | None, groups: dict[int, GroupState], open_leases: frozenset[int],
+                    now: float) -> dict[str, Settling]:
+    """PURE: by group id, the groups that the previous reading listed as created and this one does
+    not (removed, or gone from Ray's table), while their lease is open in the books and for at
+    most SETTLE_S from the first reading that missed them (a lease that resized or moved holds a
+    new group: its old one's GPUs are free by then)."""
+    if previous is None:
+        return {}
+    created = {g.pg_id for g in groups.values() if g.state == PlacementState.CREATED}
+    missed = {g.pg_id: Settling(lease_id, dict(g.gpus_by_node), now) for lease_id, g in previous.groups.items()
+              if g.state == PlacementState.CREATED and g.pg_id not in created}
+    candidates = {**missed, **previous.settling}  # an earlier entry keeps its first time
+    return {pg: s for pg, s in candidates.items()
+            if pg not in created and s.lease_id in open_leases and now - s.since < SETTLE_S}
 
 
 def replaced(infos, first_seen: dict[str, float]) -> set[str]:

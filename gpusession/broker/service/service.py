@@ -385,7 +385,7 @@ class BrokerService(AdminMethods, ResizeMethods, RelocateMethods, ProgressMethod
 
     async def _tick(self) -> None:
         before, began = self.snapshot, time.time()
-        reading = await asyncio.to_thread(rayview.take, self.ledger_id, self.snapshot)
+        reading = await asyncio.to_thread(rayview.take, self.ledger_id, self.snapshot, set(self.books.rows))
         self.snapshot = self._keep_reported_lost(reading, began)
         _log_node_changes(before, self.snapshot)
         joined = rayview.joined(before, self.snapshot)
