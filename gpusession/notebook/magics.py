@@ -185,9 +185,9 @@ def load_ipython_extension(ipython) -> None:
 def warm_up() -> None:
     """What the first %%gpu cell would otherwise pay before its status line shows: finding the
     installed packages (~0.5 s, cached) to tell the user's own modules from libraries."""
-    from ..run.shipping import _installed_top_level_names
+    from ..run.shipping import installed_top_level_names
 
-    threading.Thread(target=_installed_top_level_names, name="gpusession-warm-up", daemon=True).start()
+    threading.Thread(target=installed_top_level_names, name="gpusession-warm-up", daemon=True).start()
 
 
 # ----- %gpu ------------------------------------------------------------------------------------------

@@ -28,6 +28,20 @@ def test_a_module_in_the_callers_directory_is_local_and_an_installed_one_is_not(
     assert cloudpickle.loads(payload)() == 7  # it travelled as code, not as an import by name
 
 
+def test_a_users_module_named_like_a_standard_one_is_still_local(tmp_path, monkeypatch):
+    """Standard modules are told apart by name without a path check each (a rank pickles its
+    result in ~1 ms): a file of the user's that shadows one (here `colorsys`) still ships as code."""
+    import colorsys  # the standard one, from the standard library's folder
+
+    monkeypatch.chdir(tmp_path)
+    assert colorsys.__name__ not in {m.__name__ for m in local_modules()}
+    (tmp_path / "colorsys.py").write_text("def f():\n    return 8\n")
+    shadow = types.ModuleType("colorsys")
+    shadow.__file__ = str(tmp_path / "colorsys.py")
+    monkeypatch.setitem(sys.modules, "colorsys", shadow)
+    assert "colorsys" in {m.__name__ for m in local_modules()}
+
+
 def test_a_registration_the_user_made_stays_after_gpusession_pickles():
     module = types.ModuleType("users_own_registration")
     sys.modules[module.__name__] = module

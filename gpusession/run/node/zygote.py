@@ -68,6 +68,9 @@ def _serve(owner: socket.socket, listener: socket.socket | None, gate=None) -> N
 
     for name in PRELOAD:
         importlib.import_module(name)
+    from ..shipping import installed_top_level_names
+
+    installed_top_level_names()  # read once here, not in every rank that pickles a result (~0.4 s each)
     asked: dict[socket.socket, set[int]] = {owner: set()}  # each connection: the children it asked for
     children: dict[int, socket.socket | None] = {}  # each child: the connection told when it ends
     # A child's exit wakes the loop at once (SIGCHLD writes to this socket), so the caller hears
