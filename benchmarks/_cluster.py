@@ -37,5 +37,12 @@ def timed(fn, repeat: int) -> list[float]:
     return durations
 
 
+def in_turn(round_: int, *sides) -> None:
+    """Run each side once: in the order given on even rounds, reversed on odd ones, so that no
+    side always runs first (on a machine just quiet) or last (after the others' load)."""
+    for side in sides if round_ % 2 == 0 else sides[::-1]:
+        side()
+
+
 def median(values) -> float:
     return statistics.median(values)

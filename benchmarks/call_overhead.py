@@ -6,7 +6,7 @@ function, measured side by side in one run. The same calls through the gateway (
 hub kernel holds no Ray; the service hosts the run), from a process that reaches the cluster
 only through it (benchmarks/_gateway_side.py), are set beside the direct ones.
 
-    .venv/bin/python benchmarks/call_overhead.py [--rounds 3] [--calls 5] [--cold 3]
+    .venv/bin/python benchmarks/call_overhead.py [--rounds 5] [--calls 5] [--cold 6]
 
 Every side reserves 2 GPUs, runs 2 ranks with a gloo process group, all-reduces one tensor and
 returns. Every call of gpusession leases 2 GPUs, forks 2 fresh rank processes from the node's
@@ -16,8 +16,8 @@ The Ray pool pays none of that per call: it is the price of fresh processes, a l
 per call, shown as it is. Ray Train starts a trainer, a controller and fresh workers on every
 fit(). A new process's first call takes spare worker actors from the node host, so it starts no
 process of its own (nodehost.py). Warm-up alike: each side's first call is discarded; in each
-round gpusession and pool calls alternate, then one fit(); first calls of new processes and
-torchrun runs alternate, and both of those are timed from outside as whole subprocesses, so load
+round gpusession, gateway and pool calls alternate (which goes first flips each time), then one
+fit(); first calls of new processes and torchrun runs alternate the same way, and both of those are timed from outside as whole subprocesses, so load
 from elsewhere falls on every side alike. The cluster has 6 logical GPUs: the pool holds 2 all
 along, and each other side takes 2 while it runs.
 Writes benchmarks/results/call_overhead.json. Goals: warm median <= 0.2 s (SPEC, a quiet machine);
@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _call_phases import PHASES, PhaseClock, phases, timed_body  # noqa: E402
-from _cluster import local_cluster, median, timed  # noqa: E402
+from _cluster import in_turn, local_cluster, median, timed  # noqa: E402
 from _gateway_side import FIRST_CALL, GatewaySide  # noqa: E402
 from _results import Row, spread, write  # noqa: E402
 
@@ -126,11 +126,10 @@ def warm_calls_and_fits(rounds: int, calls_per_round: int, gateway: GatewaySide)
         fit()
         kept_phases.clear()
         calls, gateway_calls, pool_calls, fits = [], [], [], []
-        for _ in range(rounds):
-            for _ in range(calls_per_round):
-                calls += timed(call, 1)
-                gateway_calls.append(gateway.call())
-                pool_calls += timed(pool_call, 1)
+        for round_ in range(rounds):
+            for i in range(calls_per_round):
+                in_turn(round_ * calls_per_round + i, lambda: calls.extend(timed(call, 1)),
+                        lambda: gateway_calls.append(gateway.call()), lambda: pool_calls.extend(timed(pool_call, 1)))
             fits += timed(fit, 1)
     finally:
         pool.shutdown()
@@ -180,18 +179,18 @@ def torchrun_cold_seconds() -> float:
 def first_calls_and_torchrun(runs: int, gateway: GatewaySide) -> tuple[list[float], list[float], list[float]]:
     """Alternating, so a burst of load from elsewhere does not fall on one side only."""
     firsts, torchruns, through_gateway = [], [], []
-    for _ in range(runs):
-        firsts.append(first_call_seconds())
-        through_gateway.append(gateway.first_call_seconds())
-        torchruns.append(torchrun_cold_seconds())
+    for i in range(runs):
+        in_turn(i, lambda: firsts.append(first_call_seconds()),
+                lambda: through_gateway.append(gateway.first_call_seconds()),
+                lambda: torchruns.append(torchrun_cold_seconds()))
     return firsts, torchruns, through_gateway
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of warm calls alternated with one fit()")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of warm calls alternated with one fit()")
     parser.add_argument("--calls", type=int, default=5, help="warm @gs.distributed calls per round")
-    parser.add_argument("--cold", type=int, default=3, help="first calls of new processes, and torchrun runs")
+    parser.add_argument("--cold", type=int, default=6, help="first calls of new processes, and torchrun runs")
     parser.add_argument("--out", default=None, help="write the results file into this folder instead of "
                         "benchmarks/results (a smoke run that must not replace the measured file)")
     args = parser.parse_args()
@@ -224,7 +223,7 @@ def main() -> None:
     print(f"torchrun cold, whole subprocess, alternating with those: {spread(torchrun_times)} s")
     configured = ("all: 2 logical GPUs, gloo, one all_reduce, return_all on gpusession (each rank's phase "
                   "times); each side's first call discarded as warm-up; per round "
-                  f"{args.calls} gpusession calls alternated with {args.calls} pool calls, then one fit(), "
+                  f"{args.calls} gpusession calls alternated with {args.calls} pool calls (the first flipped each time), then one fit(), "
                   f"{args.rounds} rounds")
     note = f"gpusession's phases, median s: {phase_text}"
     rows = [
@@ -240,7 +239,10 @@ def main() -> None:
         Row("first call of a new process (interpreter, import, connect, lease, 2 ranks), whole subprocess", "s",
             first_times, "torchrun --standalone --nproc-per-node=2, cold", torchrun_times,
             "both timed from outside as a whole subprocess, alternated, no warm-up on either side; gpusession "
-            "joins the running cluster (its node host already started)", "<= 1.0"),
+            "joins the running cluster (its node host already started)", "<= 1.0",
+            goal_note="a new process that calls directly joins Ray as a driver (imports Ray, connects to the "
+                      "cluster), which torchrun never does; a kernel behind the hub or `gpusession lab` calls "
+                      "through the gateway instead: see 'first call of a new process through the gateway'"),
     ]
     gateway_setup = ("a gateway host (gpusession.gateway.hosted.serve_run behind a GatewayServer, a Ray driver "
                      "of the same cluster, as the hub's gateway process is) and a caller with GPUSESSION_GATEWAY "

@@ -22,7 +22,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from _cluster import local_cluster, median  # noqa: E402
+from _cluster import in_turn, local_cluster, median  # noqa: E402
 from ddp_loop import median_step, step_times  # noqa: E402
 from _results import Row, write  # noqa: E402
 
@@ -52,11 +52,9 @@ def main() -> None:
     load_before = os.getloadavg()
     with local_cluster():
         loop(10)  # start the broker and the warm workers outside the measurement
-        for round_ in range(args.rounds):  # which launcher goes first flips each round
-            sides = [lambda: torchrun_runs.append(torchrun_median_step(args.steps)),
-                     lambda: gs_runs.append(median_step(loop(args.steps)))]
-            for side in sides if round_ % 2 == 0 else sides[::-1]:
-                side()
+        for round_ in range(args.rounds):
+            in_turn(round_, lambda: torchrun_runs.append(torchrun_median_step(args.steps)),
+                    lambda: gs_runs.append(median_step(loop(args.steps))))
     gs_step, torchrun_step = median(gs_runs), median(torchrun_runs)
     print(f"torchrun: median step {torchrun_step * 1e3:.3f} ms (rounds: {', '.join(f'{t*1e3:.3f}' for t in torchrun_runs)})")
     print(f"@gs.distributed: median step {gs_step * 1e3:.3f} ms (rounds: {', '.join(f'{t*1e3:.3f}' for t in gs_runs)})")
