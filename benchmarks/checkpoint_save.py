@@ -1,7 +1,7 @@
 """What one gs.save_checkpoint costs a training step: the time rank 0 waits in the call (it returns
 once the caller holds its own copy), for a 1 KB and a 10 MB state, on one node.
 
-    .venv/bin/python benchmarks/checkpoint_save.py [--samples 3] [--saves 20]
+    .venv/bin/python benchmarks/checkpoint_save.py [--samples 5] [--saves 20]
 
 Each sample is one 2-rank @gs.distributed call on a fresh local cluster (4 logical GPUs) in which
 rank 0 saves --saves times per size; a sample's figure is the median of its saves. No alternative
@@ -51,7 +51,7 @@ def save_times_ms(saves: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=3)
+    parser.add_argument("--samples", type=int, default=5)
     parser.add_argument("--saves", type=int, default=20)
     args = parser.parse_args()
     load_before = os.getloadavg()
