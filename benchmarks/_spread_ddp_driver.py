@@ -4,8 +4,8 @@
 
 The same small DDP function (issue 23, item 5: gs.prepare_model(Linear(4, 1)), 5 steps, an
 all_reduce and an all_gather; no Ray inside) as a 4-rank call spread over 2 hosts and packed on
-one; one warm-up call each, then SAMPLES calls each, alternated. Each call's wall-clock and, per
-rank, where its seconds went (time.time(): every simulated host shares the machine's clock).
+one; one warm-up call each, then SAMPLES calls each, alternated (the first flipped each time).
+Each call's wall-clock and, per rank, where its seconds went (time.time(): every simulated host shares the machine's clock).
 Prints one line `RESULT {json}`.
 """
 from __future__ import annotations
@@ -69,8 +69,8 @@ def main() -> None:
     result: dict = {"first": {}, "samples": {placement: [] for placement in calls}}
     for placement, call in calls.items():  # the first call of each: nodes' warm parents, workers
         result["first"][placement] = one_call(call)
-    for _ in range(samples):
-        for placement, call in calls.items():
+    for sample in range(samples):  # which placement goes first flips each sample
+        for placement, call in list(calls.items())[::1 if sample % 2 == 0 else -1]:
             result["samples"][placement].append(one_call(call))
     print("RESULT " + json.dumps(result), flush=True)
 

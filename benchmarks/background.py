@@ -1,13 +1,13 @@
 """Four trainings of 2 GPUs each on 4 GPUs: one after another as blocking calls (blocking cells),
 against `train.submit(...)` (what `%%gpu 2 --bg` does), two at a time, side by side in one run.
 
-    .venv/bin/python benchmarks/background.py [--samples 3] [--steps 20] [--step-s 0.25]
+    .venv/bin/python benchmarks/background.py [--samples 6] [--steps 20] [--step-s 0.25]
 
 Each training is 2 ranks x `steps` steps; a step is `step_s` seconds of GPU time (simulated
 with a sleep: these are logical GPUs on a CPU machine, and two trainings on 2 shared cores would
 measure the cores, not the scheduling) plus a real gloo all_reduce of a 1 MB gradient. Both sides
 run warm (a first call before the samples, as in a kernel after its first cell), with the same
-function and the same trainings; samples alternate (blocking, background, blocking, ...). The
+function and the same trainings; samples alternate (blocking, background, background, blocking, ...: the first flips each time). The
 background side submits all four at once: two run, two wait in the broker's queue and start as
 GPUs free. Result: benchmarks/results/background.json; the last line is the wall-clock ratio
 background / blocking (goal <= 0.55).
@@ -93,7 +93,7 @@ def machine() -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--samples", type=int, default=3)
+    parser.add_argument("--samples", type=int, default=6)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--step-s", type=float, default=0.25)
     args = parser.parse_args()
@@ -111,8 +111,8 @@ def main() -> None:
         slow_releases.count = 0
         load_before = os.getloadavg()
         sides: dict[str, list[float]] = {"blocking": [], "background": []}
-        for sample in range(args.samples):
-            for name, side in (("blocking", blocking), ("background", background)):
+        for sample in range(args.samples):  # which side goes first flips each sample
+            for name, side in (("blocking", blocking), ("background", background))[::1 if sample % 2 == 0 else -1]:
                 sides[name].append(side(train, args.steps, args.step_s))
                 print(f"sample {sample + 1} {name}: {sides[name][-1]:.2f} s", flush=True)
         info = machine()

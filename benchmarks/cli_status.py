@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _cluster import local_cluster  # noqa: E402
+from _cluster import in_turn, local_cluster  # noqa: E402
 from _results import Row, spread, write  # noqa: E402
 
 CLI = str(Path(sys.executable).with_name("gpusession"))
@@ -78,9 +78,9 @@ def main() -> None:
         announcement = wait_for_announcement(home)
         sample(env, announcement, endpoint=True), sample(env, announcement, endpoint=False)  # warm-up
         mine, theirs = [], []
-        for _ in range(args.samples):
-            mine.append(sample(env, announcement, endpoint=True))
-            theirs.append(sample(env, announcement, endpoint=False))
+        for round_ in range(args.samples):
+            in_turn(round_, lambda: mine.append(sample(env, announcement, endpoint=True)),
+                    lambda: theirs.append(sample(env, announcement, endpoint=False)))
         ray.kill(ray.get_actor(client.BROKER_NAME, namespace=client.NAMESPACE), no_restart=True)
     print(f"through the endpoint: {spread(mine)} s; joining Ray: {spread(theirs)} s")
     row = Row(measure="`gpusession status` on an idle cluster, no Jupyter server, wall-clock", unit="s",
@@ -88,7 +88,7 @@ def main() -> None:
               alternative_samples=theirs,
               configured="both: the installed gpusession console script as a subprocess with RAY_ADDRESS "
                          "set, a local head with 4 logical GPUs, broker up and idle; the Ray side with the "
-                         "endpoint's announcement moved away", goal="< 1.5 s")
+                         "endpoint's announcement moved away; alternated, the first flipped each time", goal="< 1.5 s")
     path = write("cli_status", [row], loadavg_before=load_before)
     document = row.as_json()
     print(f"wrote {path}")

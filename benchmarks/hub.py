@@ -4,7 +4,7 @@ a kernel, the first call), against the same first result in `gpusession lab` sta
 (JupyterLab, its embedded cluster, a kernel, the first call): what a shared server costs a user
 over a personal one, from a cold start.
 
-    sudo .venv/bin/python benchmarks/hub.py [--samples 3]      (root: it makes a test account)
+    sudo .venv/bin/python benchmarks/hub.py [--samples 6]      (root: it makes a test account)
 
 Needs `scripts/setup --hub` (GPUSESSION_HUB_PREFIX honoured). Samples alternate (lab, hub, lab,
 ...), each side from a cold start with fresh state directories; the same two cells run on each
@@ -26,6 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).parent))
+from _cluster import in_turn  # noqa: E402
 from _results import Row, spread, write  # noqa: E402
 
 from gpusession.hub.plan import DEFAULT_PREFIX, HubLayout  # noqa: E402
@@ -122,23 +123,25 @@ def wait_for_lab(output: Path, proc: subprocess.Popen, timeout_s: float = 600.0)
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--samples", type=int, default=3)
+    parser.add_argument("--samples", type=int, default=6, help="of each side, alternated (the first flipped each time)")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("benchmarks/hub.py makes a Unix account for the Hub's user and runs `gpusession hub`: run it as root")
         return 2
     loadavg = os.getloadavg()
     hub, lab = [], []
-    for sample in range(args.samples):
-        lab.append(lab_sample())
-        print(f"lab sample {sample + 1}: {lab[-1]:.1f} s", flush=True)
-        hub.append(hub_sample())
-        print(f"hub sample {sample + 1}: {hub[-1]:.1f} s", flush=True)
+    def take(side: str, samples: list, sample) -> None:
+        samples.append(sample())
+        print(f"{side} sample {len(samples)}: {samples[-1]:.1f} s", flush=True)
+
+    for round_ in range(args.samples):
+        in_turn(round_, lambda: take("lab", lab, lab_sample), lambda: take("hub", hub, hub_sample))
     row = Row(measure="start to a user's first %%gpu 2 result, cold", unit="s", gpusession_samples=hub,
               alternative="gpusession lab started by hand", alternative_samples=lab,
               configured="hub: `gpusession hub` (4 logical GPUs), login through the Hub's form, the server spawned "
                          "as the user's Unix account; lab: `gpusession lab --no-browser` (4 logical GPUs); both: a "
-                         "kernel over the websocket, %load_ext then a %%gpu 2 all_reduce cell",
+                         "kernel over the websocket, %load_ext then a %%gpu 2 all_reduce cell; samples alternated, "
+                         "the first flipped each time",
               goal="<= 1.5")
     path = write("hub", [row], loadavg_before=loadavg)
     print(f"hub {spread(hub)} s; lab {spread(lab)} s; written to {path}")

@@ -5,7 +5,7 @@ per call), and a long-lived pool of actors (benchmarks/_ray_pool.py) as Ray's do
 fault-tolerant actors show: the dead actor restarted by Ray (max_restarts), the process group
 formed again on every rank, the loop called again from its last checkpoint.
 
-    .venv/bin/python benchmarks/recovery.py [--repeat 3]
+    .venv/bin/python benchmarks/recovery.py [--repeat 6]
 
 Both loops checkpoint every step (gpusession: gs.save_checkpoint into the caller's object store;
 Ray Train: ray.train.report with a Checkpoint directory) and rank 1 SIGKILLs its own process
@@ -25,7 +25,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _cluster import local_cluster, median  # noqa: E402
+from _cluster import in_turn, local_cluster, median  # noqa: E402
 from _ray_pool import RayPool  # noqa: E402
 from _results import Row, spread, write  # noqa: E402
 
@@ -196,7 +196,7 @@ def ray_pool_recovery_s(pool: RayPool, marker: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=3, help="kills to time on each side, alternated")
+    parser.add_argument("--repeat", type=int, default=6, help="kills to time on each side, alternated (the first flipped each time)")
     args = parser.parse_args()
     load_before = os.getloadavg()
     work = tempfile.mkdtemp(prefix="gpusession-recovery-")
@@ -205,9 +205,9 @@ def main() -> None:
         pool = RayPool(2)
         try:
             for i in range(args.repeat):
-                gs_runs.append(gpusession_recovery_s(os.path.join(work, f"gs-{i}")))
-                pool_runs.append(ray_pool_recovery_s(pool, os.path.join(work, f"pool-{i}")))
-                rt_runs.append(ray_train_recovery_s(os.path.join(work, f"rt-{i}")))
+                in_turn(i, lambda: gs_runs.append(gpusession_recovery_s(os.path.join(work, f"gs-{i}"))),
+                        lambda: pool_runs.append(ray_pool_recovery_s(pool, os.path.join(work, f"pool-{i}"))),
+                        lambda: rt_runs.append(ray_train_recovery_s(os.path.join(work, f"rt-{i}"))))
         finally:
             pool.shutdown()
     steps = [s for _, s in gs_runs]
@@ -217,7 +217,7 @@ def main() -> None:
     print(f"Ray Train FailureConfig(max_failures=1): kill -> next step done {spread(rt_runs)} s")
     configured = ("all: the same 2-rank DDP loop on one local cluster (gloo, logical GPUs), a checkpoint every "
                   "step (gpusession: gs.save_checkpoint; pool: rank 0 writes a file; Ray Train: ray.train.report "
-                  "with a Checkpoint directory); gpusession max_failures default 3; samples alternated, before "
+                  "with a Checkpoint directory); gpusession max_failures default 3; samples alternated (the first flipped each time), before "
                   "each sample one run of the same loop without a kill on each side")
     write("recovery", [
         Row("a rank SIGKILLed mid-run -> the next completed step", "s", steps,

@@ -3,7 +3,7 @@ item 5), on simulated hosts (tests/multihost/simcluster.py: network namespaces, 
 with where each rank's seconds go: to the function (fork, rendezvous), gs.prepare_model, 5
 steps, 2 collectives, and the call's end after the last rank returned.
 
-    sudo .venv/bin/python benchmarks/spread_ddp.py [--samples 5]
+    sudo .venv/bin/python benchmarks/spread_ddp.py [--samples 6]
 
 Writes benchmarks/results/spread_ddp.json; the last line printed is the ratio spread / packed.
 """
@@ -42,7 +42,7 @@ def described(phases: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--samples", type=int, default=5)
+    parser.add_argument("--samples", type=int, default=6)
     args = parser.parse_args()
     reason = can_run()
     if reason:
@@ -69,7 +69,7 @@ def main() -> None:
               alternative="the same gpusession call packed on one host",
               alternative_samples=[c["wall_s"] for c in packed_calls],
               configured="simulated hosts (network namespaces), 4 logical GPUs on each of 2 hosts, gloo on CPU; "
-                         "one warm-up call each, then spread and packed calls alternated",
+                         "one warm-up call each, then spread and packed calls alternated (the first flipped each time)",
               goal="<= 1.5", note=f"slowest rank's phases, median s: spread {described(phases['spread'])}; "
                                   f"packed {described(phases['packed'])}; first calls (cold nodes): "
                                   f"spread {first['spread']:g} s, packed {first['pack']:g} s")

@@ -17,7 +17,7 @@ from launching the process(es) to the last one exiting:
 Neither side has a process with torch imported beforehand; both read the same files, in the page
 cache after one discarded run of each. Samples alternate (gpusession first, then torchrun first).
 
-    sudo .venv/bin/python benchmarks/spread_first.py [--samples 3]
+    sudo .venv/bin/python benchmarks/spread_first.py [--samples 6]
 
 Writes benchmarks/results/spread_first.json; the last line printed is the ratio gpusession / torchrun.
 """
@@ -202,7 +202,7 @@ def median_phases(samples: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=3)
+    parser.add_argument("--samples", type=int, default=6)
     args = parser.parse_args()
     reason = can_run()
     if reason:
