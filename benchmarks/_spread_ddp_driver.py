@@ -5,7 +5,8 @@
 The same small DDP function (issue 23, item 5: gs.prepare_model(Linear(4, 1)), 5 steps, an
 all_reduce and an all_gather; no Ray inside) as a 4-rank call spread over 2 hosts and packed on
 one; one warm-up call each, then SAMPLES calls each, alternated (the first flipped each time).
-Each call's wall-clock and, per rank, where its seconds went (time.time(): every simulated host shares the machine's clock).
+Each call's wall-clock and, per rank, where its seconds went (time.time(): every simulated host
+shares the machine's clock).
 Prints one line `RESULT {json}`.
 """
 from __future__ import annotations

@@ -7,7 +7,8 @@ Each training is 2 ranks x `steps` steps; a step is `step_s` seconds of GPU time
 with a sleep: these are logical GPUs on a CPU machine, and two trainings on 2 shared cores would
 measure the cores, not the scheduling) plus a real gloo all_reduce of a 1 MB gradient. Both sides
 run warm (a first call before the samples, as in a kernel after its first cell), with the same
-function and the same trainings; samples alternate (blocking, background, background, blocking, ...: the first flips each time). The
+function and the same trainings; samples alternate, the first flipped each time (blocking,
+background, background, blocking, ...). The
 background side submits all four at once: two run, two wait in the broker's queue and start as
 GPUs free. Result: benchmarks/results/background.json; the last line is the wall-clock ratio
 background / blocking (goal <= 0.55).

@@ -121,7 +121,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="how long each phase runs")
     parser.add_argument("--clients", type=int, default=50, help="client threads requesting and releasing")
     parser.add_argument("--years", type=float, default=10.0, help="years of history in the ledger")
-    parser.add_argument("--samples", type=int, default=6, help="phases of each kind, alternated (the first flipped each time)")
+    parser.add_argument("--samples", type=int, default=6,
+                        help="phases of each kind, alternated (the first flipped each time)")
     args = parser.parse_args()
     load_before = os.getloadavg()
     quiet, busy = [], []
@@ -140,7 +141,8 @@ def main() -> None:
         for round_ in range(args.samples):
             in_turn(round_, lambda: quiet.append(phase(broker, admin, clients=args.clients, seconds=args.seconds,
                                                        with_usage=False)),
-                    lambda: busy.append(phase(broker, admin, clients=args.clients, seconds=args.seconds, with_usage=True)))
+                    lambda: busy.append(phase(broker, admin, clients=args.clients, seconds=args.seconds,
+                                              with_usage=True)))
     print(f"ledger: {seeded} leases over {args.years:g} years; usage 1970-9999 by day: {len(days)} rows in "
           f"{alone_s * 1e3:.0f} ms; load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
 
@@ -152,7 +154,8 @@ def main() -> None:
     queries = [d for _, _, durations in busy for d in durations]
     print(f"usage queries during the busy phases: {len(queries)}, each {1e3 * sum(queries) / max(1, len(queries)):.0f} ms")
     configured = (f"{args.clients} client threads requesting and releasing, {args.years:g} years of ledger "
-                  f"({seeded} leases), {args.seconds:g} s phases alternated (the first flipped each time), {args.samples} of each; "
+                  f"({seeded} leases), {args.seconds:g} s phases alternated (the first flipped each time), "
+                  f"{args.samples} of each; "
                   "p99 inside the broker (its own timings)")
     rows = [Row("request p99 with ten-year usage reports by day running", "ms", p99s(busy, "request"),
                 "the same broker without the usage reports", p99s(quiet, "request"), configured,

@@ -90,7 +90,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="how long each sample runs")
     parser.add_argument("--threads", type=int, default=8, help="client threads issuing cycles at once")
-    parser.add_argument("--samples", type=int, default=6, help="samples of each, alternated (the first flipped each time)")
+    parser.add_argument("--samples", type=int, default=6,
+                        help="samples of each, alternated (the first flipped each time)")
     args = parser.parse_args()
     load_before = os.getloadavg()
     rates, cpus, groups = [], [], []
@@ -101,13 +102,15 @@ def main() -> None:
             cpus.append(cpu_us)
 
         for round_ in range(args.samples):
-            in_turn(round_, broker_sample, lambda: groups.append(ray_group_cycles_per_second(args.threads, args.seconds)))
+            in_turn(round_, broker_sample,
+                    lambda: groups.append(ray_group_cycles_per_second(args.threads, args.seconds)))
     print(f"load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (start {load_before[0]:.1f})")
     print(f"broker grant+release cycles through Ray, {args.threads} threads: {spread(rates)} /s (target >= 500)")
     print(f"broker CPU per cycle: {spread(cpus)} us")
     print(f"Ray placement group reserve+release (the other half of every call, not an alternative): {spread(groups)} /s")
     configured = (f"{args.threads} client threads, {args.seconds:g} s a sample, samples alternated with the placement "
-                  "group's, the first flipped each time; no alternative: every call pays both a broker cycle and a placement-group cycle")
+                  "group's, the first flipped each time; no alternative: every call pays both a broker cycle and "
+                  "a placement-group cycle")
     rows = [Row(f"broker grant+release cycles per second through the Ray actor, {args.threads} threads", "/s", rates,
                 configured=configured, goal=">= 500",
                 goal_note="every cycle is two Ray actor calls (request, release) into one process on a 2-core "

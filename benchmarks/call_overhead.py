@@ -17,7 +17,8 @@ per call, shown as it is. Ray Train starts a trainer, a controller and fresh wor
 fit(). A new process's first call takes spare worker actors from the node host, so it starts no
 process of its own (nodehost.py). Warm-up alike: each side's first call is discarded; in each
 round gpusession, gateway and pool calls alternate (which goes first flips each time), then one
-fit(); first calls of new processes and torchrun runs alternate the same way, and both of those are timed from outside as whole subprocesses, so load
+fit(); first calls of new processes and torchrun runs alternate the same way, and both of those
+are timed from outside as whole subprocesses, so load
 from elsewhere falls on every side alike. The cluster has 6 logical GPUs: the pool holds 2 all
 along, and each other side takes 2 while it runs.
 Writes benchmarks/results/call_overhead.json. Goals: warm median <= 0.2 s (SPEC, a quiet machine);
@@ -223,7 +224,8 @@ def main() -> None:
     print(f"torchrun cold, whole subprocess, alternating with those: {spread(torchrun_times)} s")
     configured = ("all: 2 logical GPUs, gloo, one all_reduce, return_all on gpusession (each rank's phase "
                   "times); each side's first call discarded as warm-up; per round "
-                  f"{args.calls} gpusession calls alternated with {args.calls} pool calls (the first flipped each time), then one fit(), "
+                  f"{args.calls} gpusession calls alternated with {args.calls} pool calls (the first flipped each "
+                  "time), then one fit(), "
                   f"{args.rounds} rounds")
     note = f"gpusession's phases, median s: {phase_text}"
     rows = [

@@ -40,7 +40,8 @@ def torchrun_median_step(steps: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=6, help="alternating rounds of each launcher (even: each goes first as often)")
+    parser.add_argument("--rounds", type=int, default=6,
+                        help="alternating rounds of each launcher (even: each goes first as often)")
     parser.add_argument("--steps", type=int, default=200, help="timed steps per run")
     args = parser.parse_args()
     import gpusession as gs
@@ -62,7 +63,8 @@ def main() -> None:
         "per step of the same DDP loop (an unmodified torchrun script), 2 ranks, gloo", "ms",
         [t * 1e3 for t in gs_runs], "torchrun --nproc_per_node=2", [t * 1e3 for t in torchrun_runs],
         f"both: benchmarks/ddp_loop.py, {args.steps} timed steps after 20 warm-up steps per run, a run's "
-        f"figure its median step; launchers alternated, the first flipped each round, {args.rounds} rounds", "<= 1.03")],
+        f"figure its median step; launchers alternated, the first flipped each round, {args.rounds} rounds",
+        "<= 1.03")],
         loadavg_before=load_before)
     print(f"ratio gpusession/torchrun per step: {gs_step / torchrun_step:.3f} (target <= 1.03)")
 

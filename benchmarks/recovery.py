@@ -196,7 +196,8 @@ def ray_pool_recovery_s(pool: RayPool, marker: str) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=6, help="kills to time on each side, alternated (the first flipped each time)")
+    parser.add_argument("--repeat", type=int, default=6,
+                        help="kills to time on each side, alternated (the first flipped each time)")
     args = parser.parse_args()
     load_before = os.getloadavg()
     work = tempfile.mkdtemp(prefix="gpusession-recovery-")
@@ -217,7 +218,8 @@ def main() -> None:
     print(f"Ray Train FailureConfig(max_failures=1): kill -> next step done {spread(rt_runs)} s")
     configured = ("all: the same 2-rank DDP loop on one local cluster (gloo, logical GPUs), a checkpoint every "
                   "step (gpusession: gs.save_checkpoint; pool: rank 0 writes a file; Ray Train: ray.train.report "
-                  "with a Checkpoint directory); gpusession max_failures default 3; samples alternated (the first flipped each time), before "
+                  "with a Checkpoint directory); gpusession max_failures default 3; samples alternated (the first "
+                  "flipped each time), before "
                   "each sample one run of the same loop without a kill on each side")
     write("recovery", [
         Row("a rank SIGKILLed mid-run -> the next completed step", "s", steps,

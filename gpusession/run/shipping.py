@@ -58,7 +58,8 @@ _STDLIB_DIR = sysconfig.get_paths()["stdlib"] + os.sep
 def _from_the_standard_library(name: str, module) -> bool:
     """A standard module, told without is_user_file's path checks (~0.1 ms each, ~150 such
     modules in a rank); a file of the user's that shadows one (a `code.py`) is not."""
-    return name in sys.stdlib_module_names and str(getattr(module, "__file__", None) or _STDLIB_DIR).startswith(_STDLIB_DIR)
+    file = str(getattr(module, "__file__", None) or _STDLIB_DIR)
+    return name in sys.stdlib_module_names and file.startswith(_STDLIB_DIR)
 
 
 def local_modules() -> list:
@@ -67,7 +68,8 @@ def local_modules() -> list:
     the user's folders: reading them costs a new process ~0.5 s, most of all a script's first call."""
     user_roots = _user_roots()
     found = [(name, module) for name, module in list(sys.modules.items())
-             if "." not in name and name not in ("__main__", "gpusession") and not _from_the_standard_library(name, module)
+             if "." not in name and name not in ("__main__", "gpusession")
+             and not _from_the_standard_library(name, module)
              and is_user_file(getattr(module, "__file__", None), user_roots)]
     if not found:
         return []

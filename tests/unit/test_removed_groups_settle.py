@@ -18,7 +18,8 @@ def reading(groups: dict[int, GroupState], settling: dict[str, Settling] | None 
 def test_a_group_removed_under_an_open_lease_settles_with_its_gpus_per_node():
     before = reading({7: group("pg7", PlacementState.CREATED, head=1.0, host1=1.0)})
     now = {7: group("pg7", PlacementState.REMOVED)}  # Ray's table no longer says where it was
-    assert settling_groups(before, now, frozenset({7}), 100.0) == {"pg7": Settling(7, {"head": 1.0, "host1": 1.0}, 100.0)}
+    settled = Settling(7, {"head": 1.0, "host1": 1.0}, 100.0)
+    assert settling_groups(before, now, frozenset({7}), 100.0) == {"pg7": settled}
 
 
 def test_a_settling_group_ends_with_the_first_reading_after_its_lease_closed():
