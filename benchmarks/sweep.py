@@ -1,7 +1,7 @@
 """The same hyperparameter search under gs.sweep and under Ray Tune's Tuner, side by side in one
 run on one cluster (4 logical GPUs): 16 trials of a small model, 4 in parallel, ASHA.
 
-    .venv/bin/python benchmarks/sweep.py [--trials 16] [--parallel 4] [--epochs 8] [--samples 3] [--unpruned]
+    .venv/bin/python benchmarks/sweep.py [--trials 16] [--parallel 4] [--epochs 8] [--samples 6] [--unpruned]
 
 Both sides run the same configurations: `trials` (lr, width) pairs drawn once (seeded) and given
 to each side as a grid over their index (gs.sweep sampler="grid"; Tune tune.grid_search). Both
@@ -151,7 +151,7 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=16)
     parser.add_argument("--parallel", type=int, default=4)
     parser.add_argument("--epochs", type=int, default=8)
-    parser.add_argument("--samples", type=int, default=3, help="searches timed on each side, alternated")
+    parser.add_argument("--samples", type=int, default=6, help="searches timed on each side, alternated")
     parser.add_argument("--unpruned", action="store_true",
                         help="no pruning on either side: every trial runs every epoch (equal work); writes "
                              "results/sweep-unpruned.json")
