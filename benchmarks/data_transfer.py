@@ -2,7 +2,7 @@
 400 MB tensor returned by rank 0, against Ray's own way: `ray.put` once and 2 long-lived actors
 (one logical GPU each) reading it; an actor returning the tensor through the object store.
 
-    .venv/bin/python benchmarks/data_transfer.py [--samples 3] [--mb 400] [--big-mb 2000]
+    .venv/bin/python benchmarks/data_transfer.py [--samples 6] [--mb 400] [--big-mb 2000]
 
 Both sides are warm (one discarded round each first) and alternated, the order flipped every
 round. A gpusession sample is one call (lease, ranks, the data in, the function, release); a Ray
@@ -113,7 +113,7 @@ def _both(readers, data):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--samples", type=int, default=3)
+    parser.add_argument("--samples", type=int, default=6)
     parser.add_argument("--mb", type=int, default=400)
     parser.add_argument("--big-mb", type=int, default=2000, help="one call with an argument this big (0: none)")
     args = parser.parse_args()
