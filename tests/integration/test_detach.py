@@ -5,9 +5,9 @@ account can neither list, attach nor cancel it; its time limit ends it and frees
 kernel attached.
 
 Each test runs in both hostings (issue 28 item 3): "hub", kernels behind the hub-style gateway
-host (test_gateway_runs.py's, as the service); "user", kernels of `gpusession lab` (RAY_ADDRESS,
-Ray in their own process, this test's account) whose first detach starts that user's own gateway
-(usergateway.py), which then outlives the kernel that started it."""
+host (`gateway`, tests/integration/conftest.py, as the service); "user", kernels of `gpusession
+lab` (RAY_ADDRESS, Ray in their own process, this test's account) whose first detach starts that
+user's own gateway (usergateway.py), which then outlives the kernel that started it."""
 from __future__ import annotations
 
 import os
@@ -21,7 +21,7 @@ from gpusession.broker import client
 from gpusession.gateway.usergateway import IDLE_ENV, SOCKET_NAME, directory_for
 
 from ..conftest import CLUSTER_GPUS, free_gpus, process_running, wait_for
-from .test_gateway_runs import (Kernel, gateway, other_account, user_gateway_pids, user_home,  # noqa: F401
+from .test_gateway_runs import (Kernel, other_account, user_gateway_pids, user_home,  # noqa: F401
                                 user_kernel_env)
 
 
