@@ -91,7 +91,10 @@ token = {'RAY_AUTH_MODE': 'token'}
 guessed = {**token, 'RAY_AUTH_TOKEN': 'f' * 64}
 tries = {'plain': (GCS, {}), 'token mode, no token': (GCS, token), 'guessed token': (GCS, guessed),
          'ray client': (CLIENT, {}), 'ray client, guessed token': (CLIENT, guessed)}
-procs = {name: subprocess.Popen([sys.executable, '-c', joins(where)], env={**os.environ, **extra}, text=True,
+# a refused attempt is refused at its first try: each gives up sooner than Ray's defaults would
+# (about 20 tries a second apart at the GCS; a Ray Client's three tries 5, 10 and 15 s apart)
+sooner = {'RAY_gcs_server_port_wait_time_s': '2', 'RAY_CLIENT_INITIAL_CONNECTION_TIMEOUT_S': '1'}
+procs = {name: subprocess.Popen([sys.executable, '-c', joins(where)], env={**os.environ, **sooner, **extra}, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL) for name, (where, extra) in tries.items()}
 joined = {}
 for name, proc in procs.items():

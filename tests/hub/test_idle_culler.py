@@ -1,4 +1,4 @@
-"""The hub's idle culler (issue 32) with a 30 s timeout: it stops a server whose kernels have no
+"""The hub's idle culler (issue 32) with a 20 s timeout: it stops a server whose kernels have no
 live run, and leaves alone past the timeout a server with a live background cell and one whose
 only sign of life is a run of a script its kernel started (no output at all: what keeps that one
 is the server asking the gateway for live runs). A detached run outlives its culled server and
@@ -19,14 +19,18 @@ from pathlib import Path
 
 import pytest
 
+from gpusession.hub.plan import Culling
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
-IDLE_AFTER_S = 30
-HUB_ARGS = ["--cull-idle-after", str(IDLE_AFTER_S)]  # the culler looks every 5 s; servers report every 5 s
-# a server last active at t is culled after t + 30 s, once the culler looks (5 s) after its report (5 s);
-# the slack is a loaded machine's (the Hub stopping a server, a late report)
-CULLED_WITHIN_S = IDLE_AFTER_S + 5 + 5 + 45
-KEPT_FOR_S = IDLE_AFTER_S + 5 + 5 + 10  # past the timeout and every delay in reaching the Hub's record
+IDLE_AFTER_S = 20  # short, as every wait here is the culler's; --cull-idle-after allows 10 s and more
+HUB_ARGS = ["--cull-idle-after", str(IDLE_AFTER_S)]
+CULLER = Culling(idle_after_s=IDLE_AFTER_S)  # what the hub derives from it: the culler looks every 3 s, servers
+# report every 3 s. A server last active at t is culled after t + 20 s, once the culler looks after its
+# report; the slack is a loaded machine's (the Hub stopping a server, a late report)
+CULLED_WITHIN_S = IDLE_AFTER_S + CULLER.every_s + CULLER.report_every_s + 45
+KEPT_FOR_S = IDLE_AFTER_S + CULLER.every_s + CULLER.report_every_s + 10  # past the timeout and every delay in
+# reaching the Hub's record
 SETUP = "%load_ext gpusession\nimport os, time, gpusession as gs"
 
 
@@ -105,7 +109,7 @@ def window(hub):
     running; bob's kernel starts a script whose run prints nothing. Then nobody touches any of
     the three servers: the admin's is watched until the Hub no longer lists it, alice's and bob's
     for KEPT_FOR_S. Their runs are stopped afterwards by the tests, by their users."""
-    for user, cell in ((hub.alice, BACKGROUND_CELL), (hub.bob, START_SCRIPT)):  # each at once: 30 s go fast
+    for user, cell in ((hub.alice, BACKGROUND_CELL), (hub.bob, START_SCRIPT)):  # each at once: 20 s go fast
         _fresh_kernel(user)
         assert user.run(cell).error is None
     _wait_for(lambda: (_home(hub.alice) / "bg.running").exists(), 180, "alice's background run to start")

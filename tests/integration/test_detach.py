@@ -5,9 +5,9 @@ account can neither list, attach nor cancel it; its time limit ends it and frees
 kernel attached.
 
 Each test runs in both hostings (issue 28 item 3): "hub", kernels behind the hub-style gateway
-host (test_gateway_runs.py's, as the service); "user", kernels of `gpusession lab` (RAY_ADDRESS,
-Ray in their own process, this test's account) whose first detach starts that user's own gateway
-(usergateway.py), which then outlives the kernel that started it."""
+host (`gateway`, tests/integration/conftest.py, as the service); "user", kernels of `gpusession
+lab` (RAY_ADDRESS, Ray in their own process, this test's account) whose first detach starts that
+user's own gateway (usergateway.py), which then outlives the kernel that started it."""
 from __future__ import annotations
 
 import os
@@ -21,7 +21,7 @@ from gpusession.broker import client
 from gpusession.gateway.usergateway import IDLE_ENV, SOCKET_NAME, directory_for
 
 from ..conftest import CLUSTER_GPUS, free_gpus, process_running, wait_for
-from .test_gateway_runs import (Kernel, gateway, other_account, user_gateway_pids, user_home,  # noqa: F401
+from .test_gateway_runs import (Kernel, other_account, user_gateway_pids, user_home,  # noqa: F401
                                 user_kernel_env)
 
 
@@ -187,9 +187,21 @@ def test_another_account_cannot_list_attach_or_cancel_and_a_cancel_from_another_
     assert time.monotonic() - stopped_at < FREE_WITHIN_S
 
 
+# A detached call that ends at once, first in the kernel: the hosting's gateway (a user's starts
+# with the first detach) and the node's warm parent are up before a run whose time limit is short.
+# Without it the first detach of a session (or of the user's hosting) spent its 4 s starting them.
+WARM_UP = """
+    @gs.distributed(gpus=2)
+    def warm_up():
+        return gs.context().world_size
+
+    assert warm_up.submit(detach=True, max_duration=300).result(timeout=180) == 2
+"""
+
+
 def test_the_time_limit_ends_a_detached_run_with_no_kernel_attached_and_frees_its_gpus(kernel, broker, admin):
     limit = 4.0
-    started = kernel(FOREVER.format(limit=limit))
+    started = kernel(WARM_UP + FOREVER.format(limit=limit))
     run_id = _run_id(started.wait_for_line("RUNID "))
     submitted = time.monotonic()
     started.wait_for_line("RUNNING")

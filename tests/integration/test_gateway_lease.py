@@ -1,7 +1,7 @@
 """Held leases through the gateway (issue 28): a kernel with GPUSESSION_GATEWAY and no Ray address
 holds `gs.lease(gpus=2)`; the gateway holds the lease for the kernel's account while the kernel's
 connection lives, runs each `lease.run` on it, and gives the GPUs back at release or when the
-kernel dies. One gateway host for the module (test_gateway_runs.py's)."""
+kernel dies. The gateway host of tests/integration/conftest.py."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,7 @@ import gpusession as gs
 from gpusession.broker import client
 
 from ..conftest import CLUSTER_GPUS, free_gpus, wait_for
-from .test_gateway_runs import gateway, kernel, other_account  # noqa: F401 - the fixtures
+from .test_gateway_runs import kernel, other_account  # noqa: F401 - the fixtures
 from .test_gateway_runs import gpus_free_everywhere, kill_and_see_gpus_freed
 
 HOLD = """

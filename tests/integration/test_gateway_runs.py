@@ -1,8 +1,9 @@
 """Runs through the gateway (issue 28): a kernel with GPUSESSION_GATEWAY and no Ray address calls
 `@gs.distributed`; the run path runs in a gateway process (a Ray driver of the session's cluster)
-that never unpickles what the kernel sent. One gateway host for the module, as the hub's service
-runs it; a few key tests run against a user's own gateway too (usergateway.py: the same process,
-run as the kernel's own account), the other hosting of the same run path (issue 28 item 3)."""
+that never unpickles what the kernel sent. One gateway host, as the hub's service runs it
+(`gateway`, tests/integration/conftest.py: shared with test_gateway_lease and test_detach); a few
+key tests run against a user's own gateway too (usergateway.py: the same process, run as the
+kernel's own account), the other hosting of the same run path (issue 28 item 3)."""
 from __future__ import annotations
 
 import json
@@ -24,24 +25,6 @@ from gpusession.broker import client
 from ..conftest import CLUSTER_GPUS, ROOT, free_gpus, wait_for
 
 FREE_WITHIN_S = 5.0  # SPEC: a kernel that dies frees its GPUs within 5 s
-
-HOST = """
-import os, sys
-from functools import partial
-from gpusession.broker.storage import secrets
-from gpusession.cluster import raycluster
-from gpusession.gateway.acting import ServiceKeys
-from gpusession.gateway.hosted import serve_run
-from gpusession.gateway.server import GatewayServer
-
-db = os.environ["GS_TEST_DB"]
-keys = ServiceKeys(secrets.identity_key(db), secrets.admin_token(db))
-raycluster.ensure_connected()
-server = GatewayServer(sys.argv[1], {"run": partial(serve_run, keys=keys)}).start()
-print("READY", flush=True)
-sys.stdin.read()  # until the test closes stdin
-server.stop()
-"""
 
 # The interpreter lives where only root may read (here, under /root): the kernel imports what its
 # call needs as root, then becomes the account for good (groups, gid, uid) before it connects.
@@ -91,29 +74,6 @@ events.set_observer_factory(Recorder)
 def say(**fields):
     print("RESULT " + json.dumps(fields), flush=True)
 """
-
-
-@pytest.fixture(scope="module")
-def gateway(cluster):
-    # a folder other accounts may pass through (pytest's own tmp folder is root's alone)
-    folder = tempfile.mkdtemp(prefix="gs-gateway-runs-")
-    os.chmod(folder, 0o711)
-    path = os.path.join(folder, "run.sock")
-    host = subprocess.Popen([sys.executable, "-c", HOST, path], env=cluster.env(GS_TEST_DB=str(cluster.db_path)),
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=str(ROOT))
-    line = host.stdout.readline()
-    if not line.startswith("READY"):
-        host.kill()
-        pytest.fail(f"the gateway host did not start: {line}{host.stdout.read()}")
-    yield path
-    host.stdin.close()
-    try:
-        host.wait(30)
-    except subprocess.TimeoutExpired:
-        host.kill()
-        host.wait()
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 class Kernel:
