@@ -233,7 +233,11 @@ def main() -> None:
             POOL, pool_times,
             f"{configured}; pool: 2 Ray actors (num_gpus=1, max_restarts=-1) with a torch process group formed "
             "once, one method call per call (benchmarks/_ray_pool.py); gpusession: a lease, 2 forked ranks, a "
-            "new process group and a release per call", "<= 0.2 s (SPEC)", note=note),
+            "new process group and a release per call", "<= 0.2 s (SPEC)", note=note,
+            goal_note="the release is the largest phase (see the note): it waits, bounded, until Ray's own view "
+                      "shows the lease's GPUs free before the broker hears of the end, so no other lease is "
+                      "placed on them first, and Ray refreshes that view on its raylets' report period; for the "
+                      "same call from a process without Ray, see 'warm call through the gateway'"),
         Row("warm call: call-to-result of a 2-rank allreduce on a running cluster", "s", gs_times,
             TRAINER, rt_times,
             f"{configured}; Ray Train as its docs show (ScalingConfig(num_workers=2, use_gpu=True), "
