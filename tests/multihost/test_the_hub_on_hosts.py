@@ -49,7 +49,7 @@ RUN_AS_USER = textwrap.dedent("""
     except Exception as exc:
         print("RESULT", json.dumps({"error": type(exc).__name__, "message": str(exc)}), flush=True)
     cluster = gs.status().cluster
-    print("FREE", json.dumps({"free": cluster["gpus_free"], "total": cluster["gpus_total"],
+    print("FREE", json.dumps({"free": cluster["gpus_free"], "total": cluster["gpus_total"], "lost": cluster["gpus_lost"],
                               "open": [l for l in gs.status().leases if l["state"] != "ended"]}), flush=True)
 """)
 
@@ -263,7 +263,10 @@ def test_a_node_that_does_not_know_the_user_fails_the_call_naming_node_and_user(
     result, after = hub_hosts.run_as_ann(2)
     assert result.get("error") == "LaunchRefused", f"{result}\nhost2's launcher log:\n{hub_hosts.log('host2')}"
     assert f"the user {hub_hosts.ann!r} does not exist on node host2" in result["message"]
-    assert after["open"] == [] and after["free"] == after["total"]
+    # A node the previous test stopped may still be listed by Ray (until it declares it dead) and
+    # count as lost, its GPUs unavailable (seen in CI: 3 of 5 free, host2's 2 lost): every GPU
+    # of a node that answers is free again.
+    assert after["open"] == [] and after["free"] == after["total"] - after["lost"], after
 
 
 def test_the_hub_keeps_rays_token_for_root_alone_and_a_node_gets_it_on_no_command_line(hub_hosts):
@@ -289,7 +292,10 @@ def test_a_users_run_on_a_joined_node_runs_as_that_user_there(hub_hosts):
     assert "ranks" in result, result
     assert sorted(rank["host"] for rank in result["ranks"]) == ["head", "host1"]
     assert all(rank["uid"] == rank["euid"] == ann.pw_uid and rank["gid"] == ann.pw_gid for rank in result["ranks"])
-    assert after["open"] == [] and after["free"] == after["total"]
+    # A node the previous test stopped may still be listed by Ray (until it declares it dead) and
+    # count as lost, its GPUs unavailable (seen in CI: 3 of 5 free, host2's 2 lost): every GPU
+    # of a node that answers is free again.
+    assert after["open"] == [] and after["free"] == after["total"] - after["lost"], after
 
 
 def test_a_node_that_leaves_stops_its_ray_node_and_its_launcher(hub_hosts):
