@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -26,6 +27,7 @@ def local_cluster(*, gpus: int = CLUSTER_GPUS, cpus: int = 4):
         yield
     finally:
         ray.shutdown()
+        shutil.rmtree(home, ignore_errors=True)  # its ledger and keys: nothing of a run stays behind
 
 
 def timed(fn, repeat: int) -> list[float]:

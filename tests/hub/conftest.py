@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import pwd
 import secrets
 import shutil
 import signal
@@ -24,7 +23,9 @@ import pytest
 
 from gpusession.hub.plan import DEFAULT_PREFIX, HubLayout
 
+from ..accounts import remove_accounts, uid_of
 from ..conftest import ROOT
+from ..session_order import items_after_module, takes
 from .client import HubUser
 
 PREFIX = Path(os.environ.get("GPUSESSION_HUB_PREFIX", DEFAULT_PREFIX))
@@ -49,7 +50,7 @@ class Hub:
         """Every process the hub's accounts run (users' servers and kernels, Ray, the broker).
         A zombie is left out: it has exited, and its parent (or init, for an orphan) reaps it
         moments later (seen in CI: two exited kernels listed as zombies just after the stop)."""
-        uids = {_uid(name) for name in self.accounts} - {None}
+        uids = {uid_of(name) for name in self.accounts} - {None}
         return [p for p in psutil.process_iter(["uids", "status"])
                 if p.info["uids"] and p.info["uids"].real in uids and p.info["status"] != psutil.STATUS_ZOMBIE]
 
@@ -90,13 +91,6 @@ def installed_matches_checkout(layout: HubLayout) -> str | None:
     return None
 
 
-def _uid(name: str) -> int | None:
-    try:
-        return pwd.getpwnam(name).pw_uid
-    except KeyError:
-        return None
-
-
 def _add_account(name: str) -> str:
     password = secrets.token_urlsafe(12)
     subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name], check=True, capture_output=True)
@@ -133,17 +127,7 @@ def stop_hub(hub_proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
 
 def _remove_everything(prefix: str, names: list[str], state: Path, layout: HubLayout) -> None:
     """Processes of the test accounts (by pid), the accounts with their homes, the directories."""
-    uids = {_uid(name) for name in names} - {None}
-    for proc in psutil.process_iter(["uids"]):
-        if proc.info["uids"] and proc.info["uids"].real in uids:
-            try:
-                proc.kill()
-            except psutil.NoSuchProcess:
-                pass
-    for name in names:
-        if _uid(name) is not None:
-            subprocess.run(["userdel", "--remove", "--force", name], capture_output=True)
-        subprocess.run(["groupdel", name], capture_output=True)
+    remove_accounts(names)
     shutil.rmtree(state, ignore_errors=True)
     shutil.rmtree(layout.ray_tmp, ignore_errors=True)
 
@@ -205,11 +189,7 @@ def _wanted_next(request, args: tuple[str, ...]) -> bool:
     """Whether the next module that takes a hub, after this module's last test in this session's
     order (random or not), wants one with the same options. Only then is this one kept: never two
     hubs at once (a 2-core machine), and none left idle while other modules run to the end."""
-    items = request.session.items
-    last = max((i for i, item in enumerate(items) if getattr(item, "module", None) is request.module),
-               default=len(items))
-    later = (item for item in items[last + 1:] if "hub" in getattr(item, "fixturenames", ()))
-    following = next(later, None)
+    following = next((item for item in items_after_module(request) if takes(item, "hub")), None)
     return following is not None and _hub_args(following.module) == args
 
 

@@ -19,32 +19,11 @@ import pytest
 from gpusession.hub.plan import HubLayout
 from gpusession.launcher.__main__ import socket_path
 
+from ..accounts import add_account, remove_accounts
 from .conftest import PREFIX, installed_matches_checkout, needs_root_and_setup
 
 CLIENT = Path(__file__).with_name("launcher_client.py")
 PYTHON = str(HubLayout(PREFIX, Path("/"), "x").python)  # every account may read it
-
-
-def _add(name: str, *, system: bool) -> pwd.struct_passwd:
-    flags = ["--system", "--no-create-home"] if system else ["--create-home"]
-    subprocess.run(["useradd", *flags, "--user-group", "--shell", "/bin/bash", name], check=True, capture_output=True)
-    return pwd.getpwnam(name)
-
-
-def _remove(names: list[str]) -> None:
-    for name in names:
-        try:
-            uid = pwd.getpwnam(name).pw_uid
-        except KeyError:
-            continue
-        for proc in psutil.process_iter(["uids"]):
-            if proc.info["uids"] and proc.info["uids"].real == uid:
-                try:
-                    proc.kill()
-                except psutil.NoSuchProcess:
-                    pass
-        subprocess.run(["userdel", "--remove", "--force", name], capture_output=True)
-        subprocess.run(["groupdel", name], capture_output=True)
 
 
 class Node:
@@ -84,9 +63,9 @@ def node():
     os.chmod(base, 0o755)
     launchers = []
     try:
-        _add(names[0], system=True)
-        _add(names[1], system=False)
-        _add(names[2], system=False)
+        add_account(names[0], system=True)
+        add_account(names[1], system=False)
+        add_account(names[2], system=False)
         env = {"PATH": f"{Path(PYTHON).parent}:/usr/bin:/bin", "LANG": "C.UTF-8",
                "GPUSESSION_ADMIN_TOKEN": "poison-never-in-a-rank"}  # what a careless start might pass on
         for name, extra in (("launcher", []), ("bare", ["--no-cgroups"])):
@@ -106,7 +85,7 @@ def node():
             except subprocess.TimeoutExpired:
                 launcher.kill()
                 launcher.wait()
-        _remove(names)
+        remove_accounts(names)
         shutil.rmtree(base, ignore_errors=True)
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import pytest
 
 from ..conftest import ROOT
+from ..session_order import items_after_module
 
 HOST = """
 import os, sys
@@ -85,10 +86,7 @@ def _wanted_next(request) -> bool:
     """Whether another module takes the gateway after this module's last test in this session's
     order (random or not): only then is the host kept (idle while modules between them run, as
     the hub's service keeps it), so none is left running while the session's last modules run."""
-    items = request.session.items
-    last = max((i for i, item in enumerate(items) if getattr(item, "module", None) is request.module),
-               default=len(items))
-    return any(_takes_this_gateway(item) for item in items[last + 1:])
+    return any(_takes_this_gateway(item) for item in items_after_module(request))
 
 
 @pytest.fixture(scope="session")

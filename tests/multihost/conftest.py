@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from ..session_order import items_after_module, takes
 from .simcluster import SimCluster, can_run
 
 HERE = Path(__file__).parent
@@ -41,17 +42,9 @@ def whole_cluster(request, sim_cluster):
         sim_cluster.stop()
         sim_cluster.start()
     yield sim_cluster
-    if not _wanted_later(request, "sim_cluster"):
+    if not any(takes(item, "sim_cluster") for item in items_after_module(request)):
         sim_cluster.stop()  # the session fixture's stop() at the end finds nothing left: it never raises
         sim_cluster.stopped_early = True
-
-
-def _wanted_later(request, fixture: str) -> bool:
-    """Whether a test that runs after this module's last one (this session's order) takes `fixture`."""
-    items = request.session.items
-    last = max((i for i, item in enumerate(items) if getattr(item, "module", None) is request.module),
-               default=len(items))
-    return any(fixture in getattr(item, "fixturenames", ()) for item in items[last + 1:])
 
 
 def run_driver(cluster: SimCluster, script: str, *args: str, timeout: float = 300) -> dict:

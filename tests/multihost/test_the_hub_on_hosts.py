@@ -26,6 +26,7 @@ import pytest
 
 from gpusession.hub.plan import HubLayout
 
+from ..accounts import add_account, remove_accounts
 from ..hub.conftest import PREFIX, installed_matches_checkout, needs_root_and_setup, stop_hub, wait_for_line
 from .simcluster import SimCluster, can_run, namespace_pids
 
@@ -179,30 +180,6 @@ def stop_node(proc: subprocess.Popen, timeout_s: float = 120.0) -> int | None:
     return proc.returncode
 
 
-def _add_account(name: str, *, system: bool) -> pwd.struct_passwd:
-    flags = ["--system", "--no-create-home"] if system else ["--create-home"]
-    subprocess.run(["useradd", *flags, "--user-group", "--shell", "/usr/sbin/nologin" if system else "/bin/bash",
-                    name], check=True, capture_output=True)
-    return pwd.getpwnam(name)
-
-
-def _remove_accounts(names: list[str]) -> None:
-    """Processes of the accounts (by pid), then the accounts with their homes and groups."""
-    for name in names:
-        try:
-            uid = pwd.getpwnam(name).pw_uid
-        except KeyError:
-            continue
-        for proc in psutil.process_iter(["uids"]):
-            if proc.info["uids"] and proc.info["uids"].real == uid:
-                try:
-                    proc.kill()
-                except psutil.NoSuchProcess:
-                    pass
-        subprocess.run(["userdel", "--remove", "--force", name], capture_output=True)
-        subprocess.run(["groupdel", name], capture_output=True)
-
-
 def _without(path: str, name: str) -> str:
     """/etc/passwd or /etc/group without `name`'s line (its own group) and without it as a member."""
     kept = []
@@ -232,8 +209,8 @@ def hub_hosts():
     try:
         base.mkdir(mode=0o755)
         cluster.start(nodes=False)
-        _add_account(service, system=True)
-        _add_account(ann, system=False)
+        add_account(service, system=True, shell="/usr/sbin/nologin")
+        add_account(ann, system=False)
         hosts = HubOnHosts(cluster, base, service, ann, without_ann=("host2",))
         hosts.start_hub()
         yield hosts
@@ -241,7 +218,7 @@ def hub_hosts():
         if hosts is not None:
             hosts.stop()
         cluster.stop()  # whatever still ran on a host (by namespace), the namespaces, /etc/netns/<ns>/
-        _remove_accounts([ann, service])
+        remove_accounts([ann, service])
         shutil.rmtree(base, ignore_errors=True)
         for name in ("head", "host1", "host2"):
             shutil.rmtree(f"/tmp/{cluster.tag}{name}", ignore_errors=True)
