@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -126,8 +127,11 @@ def hosts_rows(repeat: int, intervals: list[float]) -> list[Row]:
 
 def preemption_rows(repeat: int) -> list[Row]:
     work = tempfile.mkdtemp(prefix="gpusession-elastic-")
-    with local_cluster():
-        runs = [gpusession_regrow_s(tempfile.mkdtemp(dir=work)) for _ in range(repeat)]
+    try:
+        with local_cluster():
+            runs = [gpusession_regrow_s(tempfile.mkdtemp(dir=work)) for _ in range(repeat)]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)  # the runs' checkpoints
     print(f"gpusession: GPUs free -> first step at 4 GPUs: {spread(runs)} s")
     return [Row("GPUs free again -> first step back at 4 GPUs (shrunk by a high-priority lease)", "s", runs, "-", [],
                 f"4 logical GPUs on one local cluster, gpus=4, min_gpus=2, priority low, checkpoint every step; "

@@ -48,6 +48,7 @@ def run_demo(*, notebook: str | None = None, timeout: float = 600) -> int:
     if failed is not None:
         print(f"gpusession demo: a cell failed (kernel log: {log_path})", file=sys.stderr)
         return 1
+    log_path.unlink(missing_ok=True)  # kept only when a cell failed: then it may say why
     print(f"gpusession demo: done in {time.monotonic() - started:.0f} s", flush=True)
     return 0
 

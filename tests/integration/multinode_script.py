@@ -2,8 +2,10 @@
 (ray.cluster_utils.Cluster: a head without GPUs and two nodes of 2 logical GPUs each)."""
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import sys
 import tempfile
 
@@ -12,7 +14,9 @@ from ray.cluster_utils import Cluster
 import gpusession as gs
 from gpusession.observe import events
 
-os.environ["GPUSESSION_HOME"] = tempfile.mkdtemp(prefix="gpusession-multinode-")
+WORK = tempfile.mkdtemp(prefix="gpusession-multinode-")  # the ledger and the marker; removed at exit
+atexit.register(shutil.rmtree, WORK, ignore_errors=True)
+os.environ["GPUSESSION_HOME"] = WORK
 cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
 nodes = [cluster.add_node(num_cpus=2, num_gpus=2) for _ in range(2)]
 cluster.wait_for_nodes()
@@ -93,7 +97,7 @@ def node_loss() -> dict:
 
     run = gs.distributed(gpus=2, placement="strict_pack")(train)
     expected = run()
-    marker = os.path.join(tempfile.mkdtemp(), "held")
+    marker = os.path.join(WORK, "held")
     removed, gone = {}, threading.Event()
 
     def remove_the_node_when_told():
