@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -127,15 +128,18 @@ def run_ray_train(log: str, stop: str, interval_s: float) -> dict:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    storage = tempfile.mkdtemp(prefix="raytrain-elastic-hosts-", dir="/tmp")  # one filesystem for every host
     trainer = TorchTrainer(
         ray_train_loop, train_loop_config={"log": log, "stop": stop},
         torch_config=TorchConfig(backend="gloo"),
         scaling_config=ScalingConfig(num_workers=(2, 4), use_gpu=True, resources_per_worker={"GPU": 1, "CPU": 0},
                                      elastic_resize_monitor_interval_s=interval_s),
-        run_config=RunConfig(storage_path=tempfile.mkdtemp(prefix="raytrain-elastic-hosts-", dir="/tmp"),
-                             failure_config=FailureConfig(max_failures=3)),
+        run_config=RunConfig(storage_path=storage, failure_config=FailureConfig(max_failures=3)),
     )
-    trainer.fit()
+    try:
+        trainer.fit()
+    finally:
+        shutil.rmtree(storage, ignore_errors=True)
     return {}
 
 
