@@ -2,10 +2,12 @@
 on the embedded default cluster (its own Ray head with logical GPUs) and prints its results."""
 from __future__ import annotations
 
+import glob
 import os
 import re
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -16,6 +18,8 @@ pytestmark = pytest.mark.slow  # starts its own embedded Ray cluster
 
 
 def test_gpusession_demo_runs_the_quickstart_on_the_embedded_cluster_and_prints_the_receipt(tmp_path):
+    kernel_logs = os.path.join(tempfile.gettempdir(), "gpusession-demo-kernel-*.log")
+    logs_before = set(glob.glob(kernel_logs))
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     env["GPUSESSION_HOME"] = str(tmp_path)  # a fresh user: no recorded local head, a new ledger
     result = subprocess.run([sys.executable, "-m", "gpusession.cli", "demo"], env=env, cwd=str(ROOT),
@@ -29,3 +33,4 @@ def test_gpusession_demo_runs_the_quickstart_on_the_embedded_cluster_and_prints_
     accuracy = float(re.search(r"final accuracy ([\d.]+)", out).group(1))
     assert accuracy > 0.9  # the spirals are learned, not just run
     assert "[cell 4: a plot]" in out and "0 leased" in out
+    assert set(glob.glob(kernel_logs)) == logs_before  # the kernel's log is kept only when a cell fails
