@@ -23,7 +23,7 @@ import pytest
 
 from gpusession.hub.plan import DEFAULT_PREFIX, HubLayout
 
-from ..accounts import remove_accounts, uid_of
+from ..accounts import add_account, remove_accounts, uid_of
 from ..conftest import ROOT
 from ..session_order import items_after_module, takes
 from .client import HubUser
@@ -93,7 +93,7 @@ def installed_matches_checkout(layout: HubLayout) -> str | None:
 
 def _add_account(name: str) -> str:
     password = secrets.token_urlsafe(12)
-    subprocess.run(["useradd", "--create-home", "--shell", "/bin/bash", name], check=True, capture_output=True)
+    add_account(name, system=False)
     subprocess.run(["chpasswd"], input=f"{name}:{password}", text=True, check=True, capture_output=True)
     return password
 
