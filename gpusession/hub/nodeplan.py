@@ -78,12 +78,17 @@ def node_environment(layout: HubLayout, account: str, *, token: str, launcher_so
                      inherited: Mapping[str, str]) -> dict[str, str]:
     """The node's Ray environment: the service account's home, Ray's token, the node's launcher,
     the private-files sitecustomize (its workers use umask 077); Ray's own tuning (RAY_*) from
-    the command's environment, nothing else of it."""
+    the command's environment, nothing else of it.
+
+    A SIGTERM stops the node at once, as it does the head (localhead): Ray's default drains for up
+    to 30 s first, waiting for the node to fall idle, which the broker's per-node actors never let
+    it do, so leaving took 30 s and then a SIGKILL. A RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S of the
+    command's own is kept."""
     from ..launcher.__main__ import ENV as LAUNCHER_ENV
 
     tuning = {key: value for key, value in inherited.items()
               if key.startswith("RAY_") and key not in NOT_PASSED_ON}
-    return {**tuning, "PATH": f"{layout.bin_dir}:/usr/bin:/bin", "HOME": str(layout.cluster_dir), "LANG": "C.UTF-8",
+    return {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0", **tuning, "PATH": f"{layout.bin_dir}:/usr/bin:/bin", "HOME": str(layout.cluster_dir), "LANG": "C.UTF-8",
             "USER": account, "GPUSESSION_HOME": str(layout.cluster_dir), "RAY_TMPDIR": str(layout.ray_tmp),
             "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token, "RAY_USAGE_STATS_ENABLED": "0",
             LAUNCHER_ENV: launcher_socket, "PYTHONPATH": str(private_files)}

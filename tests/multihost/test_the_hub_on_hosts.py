@@ -19,11 +19,13 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import psutil
 import pytest
 
+from gpusession.hub.node import STOP_TIMEOUT_S
 from gpusession.hub.plan import HubLayout
 
 from ..accounts import add_account, remove_accounts
@@ -280,7 +282,12 @@ def test_a_node_that_leaves_stops_its_ray_node_and_its_launcher(hub_hosts):
     host1 = hub_hosts.cluster.host("host1")
     proc = hub_hosts.nodes.pop("host1")
     assert namespace_pids(host1.netns)  # its launcher and Ray node run
+    asked = time.monotonic()
     assert stop_node(proc) == 0
+    left_after = time.monotonic() - asked
+    # its Ray stopped on the SIGTERM, not killed once the command's stop timeout ran out (Ray's own
+    # drain waits 30 s for a node to fall idle; the command turns it off)
+    assert left_after < STOP_TIMEOUT_S, f"the node took {left_after:.1f} s to leave"
     assert "leaving the cluster" in hub_hosts.output("host1").read_text()
     assert [psutil.Process(pid).name() for pid in namespace_pids(host1.netns) if psutil.pid_exists(pid)] == []
 

@@ -76,6 +76,15 @@ def test_the_nodes_ray_gets_the_token_and_its_launcher_and_nothing_else_of_roots
     assert env["RAY_TMPDIR"] == "/tmp/gsh-gpusvc" and env["PATH"].startswith("/opt/gsh/venv/bin")
 
 
+def test_the_nodes_ray_stops_at_once_on_sigterm_unless_the_command_asks_for_a_drain():
+    def env_of(inherited):
+        return node_environment(LAYOUT, "gpusvc", token="t0k", launcher_socket="/l.sock",
+                                private_files=Path("/p"), inherited=inherited)
+
+    assert env_of({})["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] == "0"
+    assert env_of({"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "12"})["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] == "12"
+
+
 def test_the_join_command_pipes_the_root_only_token_file_in():
     line = join_command(LAYOUT, "10.0.0.1:41234").splitlines()[0]
     assert line == "/opt/gsh/venv/bin/gpusession hub node --address 10.0.0.1:41234 --token-file - < " \
