@@ -81,9 +81,9 @@ def node_environment(layout: HubLayout, account: str, *, token: str, launcher_so
     the command's environment, nothing else of it.
 
     A SIGTERM stops the node at once, as it does the head (localhead): Ray's default drains for up
-    to 30 s first, waiting for the node to fall idle, which the broker's per-node actors never let
-    it do, so leaving took 30 s and then a SIGKILL. A RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S of the
-    command's own is kept."""
+    to 30 s first, waiting for the node to fall idle, which a node holding gpusession's long-lived
+    actors (its node host, spare workers) did not do: leaving took 30 s and then a SIGKILL. A
+    RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S of the command's own is kept."""
     from ..launcher.__main__ import ENV as LAUNCHER_ENV
 
     tuning = {key: value for key, value in inherited.items()
