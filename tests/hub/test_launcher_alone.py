@@ -39,7 +39,13 @@ class Node:
         return subprocess.Popen([PYTHON, str(CLIENT), str(where), account, code], cwd="/",
                                 user=entry.pw_uid, group=entry.pw_gid, extra_groups=[], text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                env={"PATH": "/usr/bin:/bin", "CALLER_CWD": cwd, "HOME": "/"})
+                                env={"PATH": "/usr/bin:/bin", "CALLER_CWD": cwd, "HOME": "/",
+                                     "TMPDIR": str(self.service_tmp)})
+
+    @property
+    def service_tmp(self) -> Path:
+        """The clients' temporary folder, inside base: what a killed client leaves goes with it."""
+        return self.base / "service-tmp"
 
     def run(self, account: str, code: str, **kwargs) -> dict:
         proc = self.client(account, code, **kwargs)
@@ -66,6 +72,9 @@ def node():
         add_account(names[0], system=True)
         add_account(names[1], system=False)
         add_account(names[2], system=False)
+        service = pwd.getpwnam(names[0])
+        os.mkdir(base / "service-tmp", 0o700)
+        os.chown(base / "service-tmp", service.pw_uid, service.pw_gid)
         env = {"PATH": f"{Path(PYTHON).parent}:/usr/bin:/bin", "LANG": "C.UTF-8",
                "GPUSESSION_ADMIN_TOKEN": "poison-never-in-a-rank"}  # what a careless start might pass on
         for name, extra in (("launcher", []), ("bare", ["--no-cgroups"])):

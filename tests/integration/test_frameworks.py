@@ -38,6 +38,7 @@ def under_torchrun(tmp_path_factory) -> list[dict]:
     env["ACCELERATE_USE_CPU"] = "true"  # what `accelerate launch --cpu` sets
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+         f"--log-dir={out.parent / 'torchrun-logs'}",  # not a torchelastic_* folder left in /tmp
          str(HERE / "frameworks_probe.py"), str(out)],
         env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]

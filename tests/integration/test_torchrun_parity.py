@@ -30,6 +30,7 @@ def torchrun_parameters(tmp_path_factory) -> dict:
         port = sock.getsockname()[1]
     subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
+         f"--log-dir={out.parent / 'torchrun-logs'}",  # not a torchelastic_* folder left in /tmp
          str(HERE / "ddp_train.py"), str(out)],
         check=True, capture_output=True, timeout=180,
     )
