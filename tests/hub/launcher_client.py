@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
 import sys
 import tempfile
@@ -45,13 +44,7 @@ def main(path: str, account: str, code: str) -> int:
                     caller_cwd=os.environ.get("CALLER_CWD", "/"), pg_timeout_s=60.0, run_id=uuid.uuid4().hex,
                     address="127.0.0.1", cluster="session_launcher_test", caller_account=account)
     results = tempfile.mkdtemp()  # the service account's own, 0700: the rank writes through its descriptor
-    try:
-        return _run_rank(launcher, account, namespace, spec, os.path.join(results, "result"), store, store_pid)
-    finally:  # the test removes the account afterwards: a folder left here would belong to no one
-        shutil.rmtree(results, ignore_errors=True)
-
-
-def _run_rank(launcher, account: str, namespace: dict, spec: RankSpec, result_path: str, store, store_pid: int) -> int:
+    result_path = os.path.join(results, "result")
     result_fd = bulk.result_file(result_path)
     pid, conn = launcher.fork(account=account)
     handoff.send(conn.fileno(), None, result_fd)

@@ -23,6 +23,7 @@ from ..accounts import add_account, remove_accounts
 from .conftest import PREFIX, installed_matches_checkout, needs_root_and_setup
 
 CLIENT = Path(__file__).with_name("launcher_client.py")
+SERVICE_TMP = "service-tmp"  # the clients' TMPDIR, inside the test's folder: what they leave goes with it
 PYTHON = str(HubLayout(PREFIX, Path("/"), "x").python)  # every account may read it
 
 
@@ -40,12 +41,7 @@ class Node:
                                 user=entry.pw_uid, group=entry.pw_gid, extra_groups=[], text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 env={"PATH": "/usr/bin:/bin", "CALLER_CWD": cwd, "HOME": "/",
-                                     "TMPDIR": str(self.service_tmp)})
-
-    @property
-    def service_tmp(self) -> Path:
-        """The clients' temporary folder, inside base: what a killed client leaves goes with it."""
-        return self.base / "service-tmp"
+                                     "TMPDIR": str(self.base / SERVICE_TMP)})
 
     def run(self, account: str, code: str, **kwargs) -> dict:
         proc = self.client(account, code, **kwargs)
@@ -73,8 +69,8 @@ def node():
         add_account(names[1], system=False)
         add_account(names[2], system=False)
         service = pwd.getpwnam(names[0])
-        os.mkdir(base / "service-tmp", 0o700)
-        os.chown(base / "service-tmp", service.pw_uid, service.pw_gid)
+        os.mkdir(base / SERVICE_TMP, 0o700)
+        os.chown(base / SERVICE_TMP, service.pw_uid, service.pw_gid)
         env = {"PATH": f"{Path(PYTHON).parent}:/usr/bin:/bin", "LANG": "C.UTF-8",
                "GPUSESSION_ADMIN_TOKEN": "poison-never-in-a-rank"}  # what a careless start might pass on
         for name, extra in (("launcher", []), ("bare", ["--no-cgroups"])):

@@ -76,7 +76,7 @@ def test_the_nodes_ray_gets_the_token_and_its_launcher_and_nothing_else_of_roots
     assert env["RAY_TMPDIR"] == "/tmp/gsh-gpusvc" and env["PATH"].startswith("/opt/gsh/venv/bin")
 
 
-def test_the_nodes_ray_stops_at_once_on_sigterm_unless_the_command_asks_for_a_drain():
+def test_the_nodes_ray_gets_no_sigterm_drain_unless_the_command_sets_one():
     def env_of(inherited):
         return node_environment(LAYOUT, "gpusvc", token="t0k", launcher_socket="/l.sock",
                                 private_files=Path("/p"), inherited=inherited)
