@@ -4,7 +4,7 @@ and `--check --strict` fails on any.
 
 A row is refused when
 - its commit is older than the last change to its benchmark script or to the code it measures
-  (stale: re-measure),
+  (the paths its results file names and the project's modules they import; stale: re-measure),
 - its commit is "+dirty" (the code measured is in no commit),
 - its commit is not in this repository's history (nobody can tell what was measured),
 - it is derived from a results file that was re-measured after it, or that is itself refused,
@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from enum import Enum
 
 # What a results file measures when it does not say: the run path (its entry points in api/ too), the
-# cluster glue and the broker.
+# cluster glue and the broker; what they import (gpusession/observe, errors.py, ...) is judged with them
+# (benchmarks/_import_closure.py), so these lists name only what a script runs.
 DEFAULT_MEASURES = ("gpusession/api", "gpusession/run", "gpusession/cluster", "gpusession/broker")
 # What each script measures besides DEFAULT_MEASURES: its helpers and the code its figures depend
 # on (a results file records the whole list when written; older files are judged by this).

@@ -1,6 +1,7 @@
 """The history's facts about each results row (benchmarks/_freshness.py decides on them): which
-commits changed a row's benchmark script or the code it measures after the row was measured, and
-which inputs of a derived file were measured after it."""
+commits changed a row's benchmark script or the code it measures after the row was measured (the
+paths its results file names, and the project's modules those import: benchmarks/_import_closure.py),
+and which inputs of a derived file were measured after it."""
 from __future__ import annotations
 
 import functools
@@ -8,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 from _freshness import DEFAULT_DERIVED_FROM, RowFacts, judge, measures_of, newer_inputs
+from _import_closure import imported_paths
 from _results import latest_when
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -17,10 +19,13 @@ def row_machine(document: dict, row: dict) -> dict:
     return row.get("machine") or document.get("machine") or {}
 
 
-def measured_paths(document: dict) -> tuple[str, ...]:
-    """The benchmark script and the code its results file says it measures."""
+def measured_paths(document: dict, root: Path = ROOT) -> tuple[str, ...]:
+    """The benchmark script, the code its results file says it measures, and every module of the
+    project that code imports (gpusession/run imports gpusession/observe, gpusession/errors.py, ...:
+    a change there changes what was measured as well)."""
     script = document.get("script") or document["benchmark"]
-    return (f"benchmarks/{script}.py", *document.get("measures", measures_of(script)))
+    named = tuple(document.get("measures", measures_of(script)))
+    return (f"benchmarks/{script}.py", *named, *imported_paths(root, named))
 
 
 def git_available(root: Path = ROOT) -> bool:
@@ -54,7 +59,7 @@ def facts_for(documents: list[dict], root: Path = ROOT) -> dict[tuple[str, int],
         inputs = [name for name in _inputs(document) if name in by_name]
         newer = _newer(document, {name: latest_when(by_name[name]) for name in inputs})
         refused = tuple(name for name in inputs if _any_refused(by_name[name], facts))
-        paths = measured_paths(document)
+        paths = measured_paths(document, root)
         for index, row in enumerate(document.get("rows", [])):
             commit = row_machine(document, row).get("gpusession_commit")
             since = changes_since(commit, paths, root) if commit else None

@@ -123,8 +123,9 @@ def write(name: str, rows: list[Row], *, simulated: bool = False, loadavg_before
     since the parts ran at different times and loads.
     details: what a script found besides its rows (kept, not rendered).
     measures: the code the figures depend on besides the script (paths from the repository root;
-    None: _freshness.measures_of(the script), gpusession/run, gpusession/cluster, gpusession/broker
-    and the script's helpers); a row is stale once any of them changes after its commit.
+    None: _freshness.measures_of(the script), gpusession/api, run, cluster, broker and the
+    script's helpers); a row is stale once any of them, or a module of the project they import,
+    changes after its commit.
     derived_from: for figures computed from other results files, each input's name and the "when"
     of the figures used (inputs_when() gives them); the file is stale once an input is newer."""
     described = machine()

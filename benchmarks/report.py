@@ -10,7 +10,7 @@ a row marked "simulated" goes to its own table. A benchmark script that has no r
 gets a row saying since when it was not re-measured, never a figure.
 
 Each row is judged as a maintainer would (benchmarks/_freshness.py): older than the last change to
-its script or to the code its file "measures", "+dirty", derived from newer or refused results, a
+its script or to the code its file "measures" (and the project's modules that code imports), "+dirty", derived from newer or refused results, a
 missed goal with no goal_note. The table shows every finding in the row ("stale since 1a2b3c4:
 re-measure"), so `--check` keeps the page honest while rows wait for a quiet machine, and
 `--check --strict` is the gate a claim must pass: it fails on any finding.

@@ -5,7 +5,6 @@ stops at its checks, in seconds."""
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
 import stat
 import subprocess
@@ -17,6 +16,7 @@ import pytest
 
 from gpusession.hub.plan import HubLayout
 
+from ..accounts import add_account, remove_accounts
 from ..conftest import ROOT
 from .conftest import PREFIX, needs_root_and_setup
 
@@ -33,13 +33,10 @@ def hostile():
     os.chmod(base, 0o755)
     layout = HubLayout(PREFIX, base / "state", f"{tag}s")
     attacker = f"{tag}b"
-    subprocess.run(["useradd", "--no-create-home", attacker], check=True, capture_output=True)
     try:
-        yield layout, pwd.getpwnam(attacker)
+        yield layout, add_account(attacker, system=False)
     finally:
-        for name in (layout.service_user, attacker):
-            subprocess.run(["userdel", "--force", name], capture_output=True)
-            subprocess.run(["groupdel", name], capture_output=True)
+        remove_accounts([layout.service_user, attacker])
         shutil.rmtree(base, ignore_errors=True)
         if layout.ray_tmp.is_symlink() or layout.ray_tmp.is_file():
             layout.ray_tmp.unlink()

@@ -22,6 +22,7 @@ import pytest
 
 from gpusession.broker import client
 
+from ..accounts import add_account, remove_accounts
 from ..conftest import CLUSTER_GPUS, ROOT, free_gpus, wait_for
 
 FREE_WITHIN_S = 5.0  # SPEC: a kernel that dies frees its GPUs within 5 s
@@ -357,12 +358,10 @@ def other_account():
     if os.geteuid() != 0 or shutil.which("useradd") is None:
         pytest.skip("making a Unix account needs root and useradd")
     name = f"gsrun{uuid.uuid4().hex[:8]}"
-    subprocess.run(["useradd", "--create-home", "--shell", "/usr/sbin/nologin", name], check=True,
-                   capture_output=True)
     try:
-        yield pwd.getpwnam(name)
+        yield add_account(name, system=False, shell="/usr/sbin/nologin")
     finally:
-        subprocess.run(["userdel", "--remove", name], capture_output=True)
+        remove_accounts([name])
 
 
 def test_a_kernel_of_another_account_runs_as_that_account_at_the_broker(kernel, other_account, broker, admin):
