@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -180,6 +181,7 @@ def main() -> None:
                 pass
         stop_user_gateways(Path(home))
         localhead.end(head, timeout_s=60)
+        shutil.rmtree(home, ignore_errors=True)  # the head's ledger, keys and the user's gateway's folder
     configured = ("a local head, 4 logical GPUs; this process a one-user kernel with RAY_ADDRESS, its detached "
                   "runs hosted by the user's own gateway; one untimed attach first, samples alternated")
     write("attach", [

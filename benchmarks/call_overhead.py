@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -87,8 +88,9 @@ def _pool_allreduce(rank: int, world_size: int) -> float:
     return _allreduce()
 
 
-def ray_train_fit():
-    """Ray Train's TorchTrainer as its docs show for 2 GPU workers (gloo here: logical GPUs on CPU)."""
+def ray_train_fit(storage: str):
+    """Ray Train's TorchTrainer as its docs show for 2 GPU workers (gloo here: logical GPUs on CPU),
+    its runs' records in STORAGE."""
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -98,8 +100,6 @@ def ray_train_fit():
 
         value = torch.ones(1)
         dist.all_reduce(value)
-
-    storage = tempfile.mkdtemp(prefix="raytrain-bench-")
 
     def fit():
         trainer = TorchTrainer(
@@ -119,7 +119,8 @@ def warm_calls_and_fits(rounds: int, calls_per_round: int, gateway: GatewaySide)
     rounds: `calls_per_round` gpusession calls alternated with as many calls through the gateway
     and as many pool calls, then one fit()."""
     kept_phases: list = []
-    call, (pool_call, pool), fit = gpusession_call(kept_phases), ray_pool_call(), ray_train_fit()
+    storage = tempfile.mkdtemp(prefix="raytrain-bench-")
+    call, (pool_call, pool), fit = gpusession_call(kept_phases), ray_pool_call(), ray_train_fit(storage)
     try:
         first = timed(call, 1)[0]
         gateway.call()
@@ -134,6 +135,7 @@ def warm_calls_and_fits(rounds: int, calls_per_round: int, gateway: GatewaySide)
             fits += timed(fit, 1)
     finally:
         pool.shutdown()
+        shutil.rmtree(storage, ignore_errors=True)
     return {"first": first, "calls": calls, "gateway": gateway_calls, "pool": pool_calls, "fits": fits,
             "phases": kept_phases}
 
@@ -167,23 +169,30 @@ def first_call_seconds() -> float:
     return timed(lambda: subprocess.run(command, env=env, capture_output=True, check=True, timeout=300), 1)[0]
 
 
-def torchrun_cold_seconds() -> float:
+def torchrun_cold_seconds(folder: str) -> float:
+    """torchrun as its docs show, in a FOLDER of the benchmark's: the script, and (its TMPDIR) the
+    log folder torchrun makes by default (torchelastic_*), both removed with the folder."""
     import subprocess
 
-    script = os.path.join(tempfile.mkdtemp(prefix="torchrun-cold-"), "allreduce.py")
+    script = os.path.join(folder, "allreduce.py")
     with open(script, "w") as f:
         f.write(_TORCHRUN_SCRIPT)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", script]
-    return timed(lambda: subprocess.run(command, check=True, capture_output=True, timeout=300), 1)[0]
+    env = dict(os.environ, TMPDIR=folder)
+    return timed(lambda: subprocess.run(command, check=True, capture_output=True, timeout=300, env=env), 1)[0]
 
 
 def first_calls_and_torchrun(runs: int, gateway: GatewaySide) -> tuple[list[float], list[float], list[float]]:
     """Alternating, so a burst of load from elsewhere does not fall on one side only."""
     firsts, torchruns, through_gateway = [], [], []
-    for i in range(runs):
-        in_turn(i, lambda: firsts.append(first_call_seconds()),
-                lambda: through_gateway.append(gateway.first_call_seconds()),
-                lambda: torchruns.append(torchrun_cold_seconds()))
+    folder = tempfile.mkdtemp(prefix="torchrun-cold-")
+    try:
+        for i in range(runs):
+            in_turn(i, lambda: firsts.append(first_call_seconds()),
+                    lambda: through_gateway.append(gateway.first_call_seconds()),
+                    lambda: torchruns.append(torchrun_cold_seconds(folder)))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
     return firsts, torchruns, through_gateway
 
 

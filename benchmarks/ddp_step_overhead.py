@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -28,14 +29,21 @@ from _results import Row, write  # noqa: E402
 
 
 def torchrun_median_step(steps: int) -> float:
-    out = os.path.join(tempfile.mkdtemp(prefix="torchrun-bench-"), "times.json")
+    """One torchrun run; its step times, and (its TMPDIR) the log folder torchrun makes by default,
+    in a folder removed afterwards."""
+    folder = tempfile.mkdtemp(prefix="torchrun-bench-")
+    out = os.path.join(folder, "times.json")
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
-                    os.path.join(HERE, "ddp_loop.py"), out, str(steps)], check=True, capture_output=True)
-    with open(out) as f:
-        return median_step(json.load(f))
+    try:
+        subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
+                        os.path.join(HERE, "ddp_loop.py"), out, str(steps)], check=True, capture_output=True,
+                       env=dict(os.environ, TMPDIR=folder))
+        with open(out) as f:
+            return median_step(json.load(f))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def main() -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -109,6 +110,7 @@ def lab_sample() -> float:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        shutil.rmtree(home, ignore_errors=True)  # the lab's notebook folder and its gpusession home
 
 
 def wait_for_lab(output: Path, proc: subprocess.Popen, timeout_s: float = 600.0) -> None:

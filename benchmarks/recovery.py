@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -133,7 +134,7 @@ def ray_train_recovery_s(marker: str) -> float:
             train_loop, train_loop_config={"marker": marker, "log": steps_log},
             torch_config=TorchConfig(backend="gloo"),
             scaling_config=ScalingConfig(num_workers=2, use_gpu=True, resources_per_worker={"GPU": 1, "CPU": 0}),
-            run_config=RunConfig(storage_path=tempfile.mkdtemp(prefix="raytrain-recovery-"),
+            run_config=RunConfig(storage_path=marker + ".storage",  # in the benchmark's folder, removed with it
                                  failure_config=FailureConfig(max_failures=1)),
         )
 
@@ -211,6 +212,7 @@ def main() -> None:
                         lambda: rt_runs.append(ray_train_recovery_s(os.path.join(work, f"rt-{i}"))))
         finally:
             pool.shutdown()
+            shutil.rmtree(work, ignore_errors=True)  # every side's checkpoints, logs and Ray Train's records
     steps = [s for _, s in gs_runs]
     print(f"gpusession: kill -> restart decided {spread([d for d, _ in gs_runs])} s; kill -> next step done "
           f"{spread(steps)} s")

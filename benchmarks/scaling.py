@@ -15,10 +15,11 @@ Both launchers run the same `train` function with the same hook, the same steps 
 warm-up: one discarded call per launcher before the first sample (gpusession: the nodes' warm
 parents and workers start; torchrun: the same imports read from disk once), then in every call
 11 untimed steps (PowerSGD all-reduces plainly for its first 10) and the timed steps between two
-barriers (--steps of them for the link-bound model; for the compute-bound model, whose steps are
-short, as many as make a sample last at least --compute-min-s seconds (5), counted from timed
-calibration calls of each launcher before the first round, with a margin; the same count on every
-side; each row notes how long its samples took).
+barriers: as many as make a sample last at least --compute-min-s seconds (5), counted from timed
+calibration calls of each launcher before the first round, with a margin (the compute-bound
+model's once; the link-bound model's for each configuration, as its pace is the link's; --steps
+fixes the link-bound count instead); the same count on every side; each row notes how long its
+samples took.
 The compute-bound model has a control side as well: torchrun with gpusession's malloc settings
 (MALLOC_TRIM_THRESHOLD_ and MALLOC_MMAP_THRESHOLD_ set as gpusession/run/rank/heap.py sets them in a
 rank), so the rows show how much of a difference comes from the launcher and how much from malloc.
@@ -26,7 +27,7 @@ Each sample also prints rank 0's share of a CPU over the timed steps, its thread
 scheduler group: on a shared machine, what a launcher's figure depends on. Samples alternate (gpusession, torchrun, then torchrun, gpusession in the next round),
 every configuration once per round; the results file is rewritten after each round.
 
-    sudo .venv/bin/python benchmarks/scaling.py [--samples 3] [--steps 5] [--compute-min-s 5] [--budget-s 1200]
+    sudo .venv/bin/python benchmarks/scaling.py [--samples 3] [--steps N] [--compute-min-s 5] [--budget-s 1200]
     sudo .venv/bin/python benchmarks/scaling.py --only "loss" --merge   # one part, merged into the file
 """
 from __future__ import annotations
@@ -67,6 +68,7 @@ DELAY_MS, LOSS = 20.0, 0.0
 COMPUTE_LOSS = 0.01
 COMPUTE_MIN_S = 5.0  # a compute-bound sample lasts at least this long (its steps are short)
 CALIBRATION_STEPS = 200
+LINK_CALIBRATION_STEPS = 5  # a link-bound step takes 0.015-0.7 s: five time the pace well enough
 COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")
 GPUSESSION, TORCHRUN, TORCHRUN_MALLOC = "gpusession", "torchrun", "torchrun with gpusession's malloc settings"
 # What gpusession/run/rank/heap.py sets in each rank, as the environment variables glibc reads at start
@@ -93,16 +95,30 @@ class Config:
 
 @dataclass(frozen=True)
 class Steps:
-    """Timed steps per call: --steps for the link-bound model, calibrated for the compute-bound."""
+    """Timed steps per call: the compute-bound model's, calibrated once; the link-bound model's per
+    configuration (its pace is the link's: 0.015 s a step on one host, 0.7 s over the delayed
+    link), calibrated, or --steps for every one. A compression configuration takes its plain
+    DDP configuration's count (the rows compare them at equal steps)."""
 
-    link: int
     compute: int
+    link: dict  # link-bound Config with compression "none" -> timed steps
+    fixed_link: int | None = None  # --steps: the same count everywhere
 
     def of(self, config: Config) -> int:
-        return self.compute if config.model == "compute" else self.link
+        if config.model == "compute":
+            return self.compute
+        if self.fixed_link is not None:
+            return self.fixed_link
+        return self.link[plain(config)]
 
 
-def compute_steps(seconds_per_step: float, min_s: float = COMPUTE_MIN_S) -> int:
+def plain(config: Config) -> Config:
+    """The configuration without gradient compression (what a compression row is compared with)."""
+    return Config(config.model, config.where, config.hosts, config.ranks, config.rate_mbit,
+                  launchers=(GPUSESSION, TORCHRUN), delay_ms=config.delay_ms, loss=config.loss)
+
+
+def sample_steps(seconds_per_step: float, min_s: float = COMPUTE_MIN_S) -> int:
     """Steps that take at least min_s at the calibrated pace, with half as many again for samples
     that run faster than the calibration did."""
     return max(1, math.ceil(1.5 * min_s / seconds_per_step))
@@ -208,6 +224,27 @@ def run_once(cluster: SimCluster, driver: Driver, launcher: str, config: Config,
                     malloc=launcher == TORCHRUN_MALLOC)
 
 
+def calibrate_link(cluster: SimCluster, driver: Driver, min_s: float, only: str | None = None) -> dict:
+    """Each link-bound configuration's timed steps for a sample of at least min_s: one timed call
+    of LINK_CALIBRATION_STEPS per launcher over that configuration's link, the faster pace of the
+    two counted, as for the compute-bound model."""
+    counts = {}
+    for config in configurations():
+        if config.model != "link" or config.compression != "none":
+            continue
+        if only is not None and not any(only in describe(c) for c in configurations() if plain(c) == config):
+            continue
+        shape(cluster, config)
+        took = {launcher: run_once(cluster, driver, launcher, config, LINK_CALIBRATION_STEPS)["seconds"]
+                for launcher in (GPUSESSION, TORCHRUN)}
+        counts[config] = sample_steps(min(took.values()) / LINK_CALIBRATION_STEPS, min_s)
+        print(f"calibration: {LINK_CALIBRATION_STEPS} link-bound steps, {config.where}, took "
+              f"{', '.join(f'{s:.2f} s ({launcher})' for launcher, s in took.items())}; {counts[config]} timed "
+              f"steps a sample (>= {min_s:g} s)", flush=True)
+    shape(cluster, None)
+    return counts
+
+
 def calibrate(cluster: SimCluster, driver: Driver, min_s: float) -> int:
     """The compute-bound model's timed steps for a sample of at least min_s: one timed call of
     1 rank per launcher (the fastest configuration, so every other one lasts longer), the faster
@@ -216,7 +253,7 @@ def calibrate(cluster: SimCluster, driver: Driver, min_s: float) -> int:
     config = Config("compute", "calibration", 1, 1, None)
     took = {launcher: run_once(cluster, driver, launcher, config, CALIBRATION_STEPS)["seconds"]
             for launcher in (GPUSESSION, TORCHRUN)}
-    steps = compute_steps(min(took.values()) / CALIBRATION_STEPS, min_s)
+    steps = sample_steps(min(took.values()) / CALIBRATION_STEPS, min_s)
     print(f"calibration: {CALIBRATION_STEPS} compute-bound steps took "
           f"{', '.join(f'{s:.2f} s ({launcher})' for launcher, s in took.items())}; {steps} timed steps a sample "
           f"(>= {min_s:g} s)", flush=True)
@@ -346,9 +383,9 @@ def compression_rows(measured: dict, steps: Steps) -> list[Row]:
                        alternative="plain DDP (fp32 all-reduce, DDP's default buckets)",
                        alternative_samples=figures(base),
                        configured=f"gpusession's {config.compression} hook vs DDP's built-in all-reduce, both "
-                                  f"launched by gpusession, {WARMUP} warm-up steps then {steps.link} timed",
+                                  f"launched by gpusession, {WARMUP} warm-up steps then {steps.of(config)} timed",
                        goal=">= 3" if config.compression == "powersgd" else ">= 1.6",
-                       note=f"loss after {WARMUP + steps.link} steps {statistics.median(figures(results, 'loss')):.4f} "
+                       note=f"loss after {WARMUP + steps.of(config)} steps {statistics.median(figures(results, 'loss')):.4f} "
                             f"vs plain {statistics.median(figures(base, 'loss')):.4f}; all-reduced per step per "
                             f"rank {results[-1]['bytes_per_step'] / 1e6:.3g} MB (fp32 gradients: "
                             f"{results[-1]['fp32_grad_bytes'] / 1e6:.3g} MB)"))
@@ -358,9 +395,10 @@ def compression_rows(measured: dict, steps: Steps) -> list[Row]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=5, help="timed steps of the link-bound model per sample")
+    parser.add_argument("--steps", type=int, help="timed steps of the link-bound model per sample, the same in "
+                                                       "every configuration (default: calibrated per configuration)")
     parser.add_argument("--compute-min-s", type=float, default=COMPUTE_MIN_S,
-                        help="a compute-bound sample's timed steps last at least this many seconds (calibrated)")
+                        help="a sample's timed steps last at least this many seconds (calibrated), both models")
     parser.add_argument("--budget-s", type=float, help="begin no round that would end after this many seconds")
     parser.add_argument("--only", help="just the configurations whose description (as printed) contains this; "
                                        "no results file is written (to look into one configuration) unless --merge")
@@ -376,7 +414,7 @@ def main() -> None:
     loadavg_before = os.getloadavg()
     cluster = SimCluster(hosts=2, gpus_per_host=2, extra_env={"GPUSESSION_PG_TIMEOUT_S": "120"})
     driver = None
-    steps = Steps(args.steps, 0)
+    steps = Steps(0, {}, args.steps)
 
     def on_round(measured: dict, done: int) -> None:
         if args.only and not args.merge:
@@ -388,7 +426,8 @@ def main() -> None:
         cluster.start()
         driver = Driver(cluster)
         warm_up(cluster, driver)
-        steps = Steps(args.steps, calibrate(cluster, driver, args.compute_min_s))
+        link = {} if args.steps is not None else calibrate_link(cluster, driver, args.compute_min_s, args.only)
+        steps = Steps(calibrate(cluster, driver, args.compute_min_s), link, args.steps)
         measured = measure(cluster, driver, args.samples, steps, on_round, args.budget_s, args.only)
     finally:
         if driver is not None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -125,6 +126,7 @@ def run_ray_tune(configs: list, parallel: int, epochs: int, prune: bool = True) 
                    lambda epoch, val_loss, inside_s: tune.report({"val_loss": val_loss, "epoch": epoch,
                                                                   "inside_s": inside_s}))
 
+    storage = tempfile.mkdtemp(prefix="tune-bench-")
     scheduler = (ASHAScheduler(time_attr="epoch", max_t=epochs, grace_period=1, reduction_factor=4, brackets=1)
                  if prune else None)
     tuner = tune.Tuner(
@@ -133,15 +135,18 @@ def run_ray_tune(configs: list, parallel: int, epochs: int, prune: bool = True) 
         tune_config=tune.TuneConfig(metric="val_loss", mode="min", num_samples=1,
                                     **({"scheduler": scheduler} if scheduler is not None else {}),
                                     max_concurrent_trials=parallel, reuse_actors=True),
-        run_config=tune.RunConfig(storage_path=tempfile.mkdtemp(prefix="tune-bench-"), verbose=0),
+        run_config=tune.RunConfig(storage_path=storage, verbose=0),
     )
-    started = time.perf_counter()
-    grid = tuner.fit()
-    wall = time.perf_counter() - started
-    frames = grid.get_dataframe()
+    try:
+        started = time.perf_counter()
+        grid = tuner.fit()
+        wall = time.perf_counter() - started
+        frames = grid.get_dataframe()
+        best = grid.get_best_result().metrics["val_loss"]
+    finally:
+        shutil.rmtree(storage, ignore_errors=True)  # the trials' records, once read
     inside = float(frames["inside_s"].sum())
     pruned = int((frames["epoch"] < epochs).sum())
-    best = grid.get_best_result().metrics["val_loss"]
     return {"wall": wall, "inside": inside, "leased": CLUSTER_GPUS * wall, "best": best, "pruned": pruned,
             "trials": len(frames), "epochs": int(frames["epoch"].sum())}
 

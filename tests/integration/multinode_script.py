@@ -13,9 +13,15 @@ from ray.cluster_utils import Cluster
 
 import gpusession as gs
 from gpusession.observe import events
+from gpusession.run.node import warmdir
 
 WORK = tempfile.mkdtemp(prefix="gpusession-multinode-")  # the ledger and the marker; removed at exit
 atexit.register(shutil.rmtree, WORK, ignore_errors=True)
+# A socket folder a node host left when Ray ended it, long ago (no lock: an older version's): the
+# first host started on this cluster's nodes removes it.
+PLANTED = tempfile.mkdtemp(prefix=f"{warmdir.PREFIX}planted-")
+atexit.register(shutil.rmtree, PLANTED, ignore_errors=True)
+os.utime(PLANTED, (0, 0))
 os.environ["GPUSESSION_HOME"] = WORK
 cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
 nodes = [cluster.add_node(num_cpus=2, num_gpus=2) for _ in range(2)]
@@ -56,9 +62,13 @@ spread_parents = gs.distributed(gpus=4, placement="spread", return_all=True)(for
 from gpusession.run.node import nodehost  # noqa: E402
 
 report["spread_parents"] = [spread_parents(), spread_parents()]
-report["node_zygotes"] = {
-    node.node_id: ray.get(ray.get_actor(nodehost.host_name(node.node_id), namespace=nodehost.NAMESPACE)
-                          .info.remote())["zygote_pid"] for node in nodes}
+host_info = {node.node_id: ray.get(ray.get_actor(nodehost.host_name(node.node_id), namespace=nodehost.NAMESPACE)
+                                   .info.remote()) for node in nodes}
+report["node_zygotes"] = {node_id: info["zygote_pid"] for node_id, info in host_info.items()}
+warm_dirs = {node_id: info["warm_dir"] for node_id, info in host_info.items()}
+report["warm_dirs"] = {"planted_gone": not os.path.exists(PLANTED),
+                       "swept_while_hosts_live": [d for d in warmdir.sweep() if d in warm_dirs.values()],
+                       "live": [os.path.isdir(d) for d in warm_dirs.values()]}
 report["allreduce_across_nodes"] = gs.distributed(gpus=4)(allreduce)()
 try:
     gs.distributed(gpus=3, placement="strict_pack")(where)()
@@ -123,7 +133,23 @@ def node_loss() -> dict:
             "free_after": ray.available_resources().get("GPU", 0.0)}
 
 
+def swept(folders: set, within_s: float = 30.0) -> bool:
+    """Whether sweeps remove every one of these folders within the time (their hosts' processes
+    may take a moment to exit once Ray ends them)."""
+    import time
+
+    left, deadline = set(folders), time.monotonic() + within_s
+    while left and time.monotonic() < deadline:
+        left -= set(warmdir.sweep())
+        time.sleep(0.2)
+    return not left
+
+
 report["node_loss"] = node_loss()
+lost_dir = warm_dirs[report["node_loss"]["removed_node"]]
+report["warm_dirs"]["lost_node_left"] = os.path.isdir(lost_dir)
+report["warm_dirs"]["lost_node_swept"] = swept({lost_dir})  # its host's lock went with its process
 ray.shutdown()
 cluster.shutdown()
+report["warm_dirs"]["after_cluster_swept"] = swept(set(warm_dirs.values()) - {lost_dir})
 json.dump(report, open(sys.argv[1], "w"))

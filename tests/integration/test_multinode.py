@@ -73,3 +73,14 @@ def test_a_run_whose_node_is_removed_finishes_on_the_other_node_with_uninterrupt
     assert line.startswith("host ") and f"Ray node {loss['removed_node'][:12]}) was lost" in line  # by its heartbeat
     assert "with ranks 0, 1: restarting from the checkpoint after step 5 (attempt 2 of 4)" in line
     assert loss["free_after"] == 2.0  # the lost node's GPUs are gone; the survivor's are free
+
+
+def test_a_node_hosts_socket_folder_is_held_while_it_lives_and_swept_once_ray_ends_it(report):
+    """A host Ray ends (its node removed, the cluster shut down) cannot remove its folder; its
+    lock goes with its process, and the next sweep (a host starting) removes the folder. A stale
+    folder left long ago is gone once this cluster's first host started."""
+    found = report["warm_dirs"]
+    assert found["planted_gone"]
+    assert found["swept_while_hosts_live"] == [] and found["live"] == [True, True]
+    assert found["lost_node_left"] and found["lost_node_swept"]
+    assert found["after_cluster_swept"]

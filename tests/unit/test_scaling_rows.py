@@ -32,7 +32,7 @@ def measured_where_gpusession_gives(fraction: float) -> dict:
     return measured
 
 
-STEPS = scaling.Steps(link=5, compute=50)
+STEPS = scaling.Steps(compute=50, link={}, fixed_link=5)  # --steps 5
 
 
 def test_each_configuration_is_one_row_of_gpusession_against_torchrun_with_its_ratio():
@@ -67,10 +67,22 @@ def test_each_compute_bound_configuration_has_a_torchrun_control_with_gpusession
                                        "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES)}
 
 
+def test_calibrated_link_bound_configurations_each_state_their_own_steps_and_compression_takes_its_plain_ones():
+    plain = [c for c in scaling.configurations() if c.model == "link" and c.compression == "none"]
+    steps = scaling.Steps(compute=50, link={config: 100 + i for i, config in enumerate(plain)})
+    rows = [row.as_json() for row in scaling.rows(measured_where_gpusession_gives(0.9), steps=steps)]
+    for i, config in enumerate(plain):
+        [row] = [r for r in rows if r["measure"] == f"link-bound model, {config.where}: samples/s"]
+        assert f"11 warm-up and {100 + i} timed steps" in row["configured"]
+    compressed = [r for r in rows if "grad_compression=" in r["measure"]]
+    at_200 = 100 + next(i for i, c in enumerate(plain) if c.rate_mbit == 200 and not c.delay_ms)
+    assert len(compressed) == 3 and all(f"then {at_200} timed" in r["configured"] for r in compressed)
+
+
 def test_compute_bound_samples_get_enough_steps_to_last_at_least_five_seconds():
-    steps = scaling.compute_steps(seconds_per_step=0.0007)
+    steps = scaling.sample_steps(seconds_per_step=0.0007)
     assert steps * 0.0007 >= 5.0 * 1.5 and steps * 0.0007 < 8.0
-    assert scaling.compute_steps(seconds_per_step=10.0) == 1
+    assert scaling.sample_steps(seconds_per_step=10.0) == 1
 
 
 def test_only_the_second_hosts_link_carries_the_delay_and_loss():

@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import threading
 import time
 
@@ -38,6 +36,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from ..._version import __version__
+from . import warmdir
 from .zygote import Zygote
 from .worker import NODE_HOST_NAMESPACE, ZYGOTE_START_TIMEOUT_S, Worker, launcher_path
 
@@ -111,12 +110,15 @@ class NodeHost:
     def __init__(self, node_id: str, spares: int) -> None:
         self.node_id = node_id
         self.name = host_name(node_id)
-        self._dir = tempfile.mkdtemp(prefix="gpusession-warm-")  # mode 0700: only this user may connect
-        self.socket_path = os.path.join(self._dir, "zygote.sock")
         self._lock = threading.Lock()
         self._launcher = launcher_path()
+        self._warm_dir: warmdir.WarmDir | None = None
         if self._launcher:  # root's launcher is the node's warm parent; this host only connects to it
             self.socket_path = self._launcher
+        else:
+            warmdir.sweep()  # what hosts that Ray ended left (a stopped cluster, a killed actor)
+            self._warm_dir = warmdir.make()
+            self.socket_path = self._warm_dir.socket_path
         self._zygote = self._warm_parent()
         self._target = spares
         self._spares: list[tuple[ray.actor.ActorHandle, ray.ObjectRef]] = []
@@ -133,7 +135,8 @@ class NodeHost:
     # ----- what kernels ask -------------------------------------------------------------------------
     def info(self) -> dict:
         self._zygote.wait_ready(ZYGOTE_START_TIMEOUT_S)
-        return {"pid": os.getpid(), "zygote_pid": self._zygote.pid, "node_id": self.node_id}
+        return {"pid": os.getpid(), "zygote_pid": self._zygote.pid, "node_id": self.node_id,
+                "warm_dir": self._warm_dir.path if self._warm_dir is not None else None}
 
     def worker(self, job_id: str) -> ray.actor.ActorHandle:
         """A worker actor connected to this node's warm parent, ready, for the kernel of job_id."""
@@ -273,7 +276,8 @@ class NodeHost:
         self._zygote.close()
         if prober is not None:
             prober.close()
-        shutil.rmtree(self._dir, ignore_errors=True)
+        if self._warm_dir is not None:
+            self._warm_dir.remove()
         ray.kill(ray.get_runtime_context().current_actor, no_restart=True)
 
 
