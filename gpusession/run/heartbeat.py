@@ -13,7 +13,9 @@ No Ray, no torch here: the actor side is a thread, the controller side a thread 
 from __future__ import annotations
 
 import os
+import secrets
 import select
+import selectors
 import socket
 import threading
 import time
@@ -48,38 +50,116 @@ def silence_timeout() -> float:
 
 
 # ----- the worker actor's side ----------------------------------------------------------------------
+AUTH_TIMEOUT_S = 2.0  # a connection must send the token within this, or it is closed
+MAX_PENDING = 64  # connections waiting for their token at once; past it the oldest is closed
+
+
 class BeatServer:
-    """Listens on the node's Ray IP; beats on every connection until the controller closes it."""
+    """Listens on the node's Ray IP; beats on every connection that opened with this server's
+    token (the controller gets it with the port, from the actor's info through Ray), until the
+    connection closes. Any other connection is closed: at once with a wrong token, within
+    AUTH_TIMEOUT_S without one, the oldest first past MAX_PENDING waiting. One thread serves them
+    all, so a local account that opens connections by the thousand costs the actor no thread and
+    at most MAX_PENDING descriptors, and cannot end the heartbeat of the runs on it."""
 
     def __init__(self, address: str) -> None:
+        self.token = secrets.token_hex(16)
         self._listener = socket.create_server((address, 0))
+        self._listener.setblocking(False)
         self.port = self._listener.getsockname()[1]
-        threading.Thread(target=self._accept, name="gpusession-heartbeat", daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=_beat, args=(conn,), name="gpusession-heartbeat-conn", daemon=True).start()
+        self._closed = False
+        threading.Thread(target=self._serve, name="gpusession-heartbeat", daemon=True).start()
 
     def close(self) -> None:
+        self._closed = True
         try:
             self._listener.close()
         except OSError:
             pass
 
+    def _serve(self) -> None:
+        selector = selectors.DefaultSelector()
+        selector.register(self._listener, selectors.EVENT_READ)
+        pending: dict[socket.socket, tuple[float, bytes]] = {}  # insertion order: oldest first
+        beating: set[socket.socket] = set()
+        expected = self.token.encode()
+        next_beat = time.monotonic()
+        try:
+            while not self._closed:
+                for key, _ in selector.select(timeout=max(0.0, next_beat - time.monotonic())):
+                    conn = key.fileobj
+                    if conn is self._listener:
+                        self._accept(selector, pending)
+                    elif conn in pending:
+                        deadline, got = pending[conn]
+                        more = _recv(conn, len(expected) - len(got))
+                        if more is None:
+                            continue
+                        got += more
+                        if got == expected:
+                            del pending[conn]
+                            beating.add(conn)
+                        elif more and expected.startswith(got):
+                            pending[conn] = (deadline, got)  # the rest of the token is on its way
+                        else:  # a wrong token, or closed before sending it
+                            del pending[conn]
+                            _close(selector, conn)
+                    elif _recv(conn, 4096) == b"":  # the controller closed it (the attempt ended)
+                        beating.discard(conn)
+                        _close(selector, conn)
+                now = time.monotonic()
+                for conn, (deadline, _) in list(pending.items()):
+                    if now >= deadline:
+                        del pending[conn]
+                        _close(selector, conn)
+                if now >= next_beat:
+                    for conn in list(beating):
+                        try:
+                            conn.send(BEAT)
+                        except (BlockingIOError, InterruptedError):
+                            pass  # its buffer is full: a controller that stopped reading hears silence
+                        except OSError:
+                            beating.discard(conn)
+                            _close(selector, conn)
+                    next_beat = now + BEAT_EVERY_S
+        finally:
+            for conn in [*pending, *beating]:
+                _close(selector, conn)
+            selector.close()
 
-def _beat(conn: socket.socket) -> None:
-    conn.settimeout(MAX_SILENCE_S)  # a send that blocks that long has nobody to tell anyway
-    with conn:
-        while True:
-            try:
-                conn.sendall(BEAT)
-            except OSError:  # the controller closed it (the attempt ended) or is gone
-                return
-            time.sleep(BEAT_EVERY_S)
+    def _accept(self, selector, pending: dict) -> None:
+        try:
+            conn, _ = self._listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:  # out of descriptors for a moment: the next round tries again
+            time.sleep(0.05)
+            return
+        conn.setblocking(False)
+        if len(pending) >= MAX_PENDING:
+            oldest = next(iter(pending))
+            del pending[oldest]
+            _close(selector, oldest)
+        pending[conn] = (time.monotonic() + AUTH_TIMEOUT_S, b"")
+        selector.register(conn, selectors.EVENT_READ)
+
+
+def _recv(conn: socket.socket, size: int) -> bytes | None:
+    """Up to size bytes; b"" once the peer closed or failed; None: nothing to read after all."""
+    try:
+        return conn.recv(max(1, size))
+    except (BlockingIOError, InterruptedError):
+        return None
+    except OSError:
+        return b""
+
+
+def _close(selector, conn: socket.socket) -> None:
+    try:
+        selector.unregister(conn)
+    except (KeyError, ValueError):
+        pass
+    conn.close()
 
 
 # ----- the controller's side -------------------------------------------------------------------------
@@ -94,7 +174,8 @@ class BeatMonitor:
     """Connections to the actors of one attempt; losses are collected by a thread and taken
     with `take_losses()`. Close it when the attempt ends."""
 
-    def __init__(self, targets: dict[Hashable, tuple[str, int]], silence_s: float) -> None:
+    def __init__(self, targets: dict[Hashable, tuple], silence_s: float) -> None:
+        """targets: what to watch -> (address, port, token) of its actor's BeatServer."""
         self.silence_s = silence_s
         self._lock = threading.Lock()
         self._losses: list[Loss] = []
@@ -105,9 +186,10 @@ class BeatMonitor:
         # the select's timeout would add up to BEAT_EVERY_S to every call's end.
         self._wake_reader, self._wake_writer = socket.socketpair()
         self.unwatched: dict[Hashable, str] = {}  # could not connect: left to Ray's own detection
-        for key, (address, port) in targets.items():
+        for key, (address, port, token) in targets.items():
             try:
                 conn = socket.create_connection((address, port), timeout=min(CONNECT_TIMEOUT_S, silence_s))
+                conn.sendall(token.encode())
                 conn.setblocking(False)
             except OSError as exc:
                 # A firewall between the caller and a node must not fail runs that Ray can run:

@@ -143,7 +143,7 @@ def _monitor(rank_workers: dict, silence_s: float) -> BeatMonitor | None:
     for rank, worker in rank_workers.items():
         info = getattr(worker, "info", None) or {}
         if info.get("beat_port"):
-            targets[rank] = (info["address"], info["beat_port"])
+            targets[rank] = (info["address"], info["beat_port"], info.get("beat_token", ""))
     if not targets:
         return None
     monitor = BeatMonitor(targets, silence_s)

@@ -75,7 +75,8 @@ class Worker:
     def info(self) -> dict:
         self.zygote.wait_ready(ZYGOTE_START_TIMEOUT_S)
         return {"node_id": self.node_id, "address": self.address, "pid": os.getpid(),
-                "host": socket.gethostname(), "zygote_pid": self.zygote.pid, "beat_port": self._beats.port}
+                "host": socket.gethostname(), "zygote_pid": self.zygote.pid, "beat_port": self._beats.port,
+                "beat_token": self._beats.token}
 
     def open_rendezvous(self, world_size: int, timeout_s: float, account: str = "") -> tuple[str, int]:
         """Rank 0's actor: the attempt's TCPStore, served until the next attempt by a fork of the
