@@ -28,6 +28,8 @@ from . import rootfs
 from . import cgroups, drop
 from .policy import Account, Rules, peer_allowed, refusal
 
+RM = shutil.which("rm", path="/usr/bin:/bin")
+REMOVING = ".removing-"  # a user's scratch folder renamed aside, being removed
 PR_SET_CHILD_SUBREAPER = 36
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
@@ -51,6 +53,9 @@ class Gate:
         self.tracker = cgroups.Tracker(f"gpusession-launcher-{os.getpid()}" if use_cgroups else None)
         self._names = itertools.count(1)
         self._plans: dict[int, Plan] = {}  # each live child: what it was started as
+        self._removers: set[int] = set()  # children removing users' scratch folders (_remove_aside)
+        for left in self.scratch.glob(f"{REMOVING}*"):  # a launcher stopped while one was removed
+            self._remove_in_child(left)
         _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of ranks come to us (reaped by the zygote loop)
 
     # ----- in the launcher ---------------------------------------------------------------------
@@ -90,7 +95,42 @@ class Gate:
                                                  for p in self._plans.values()):
             _kill_orphans(uid, set(self._plans))  # (a store runs no user code: it leaves none)
         if not any(p.account.pw_uid == uid for p in self._plans.values()):
-            shutil.rmtree(plan.tmpdir, ignore_errors=True)  # fd-based: no symlink is followed
+            self._remove_aside(plan.tmpdir)
+
+    def _remove_aside(self, tmpdir: str) -> None:
+        """A user's scratch folder goes without holding up the launcher, which forks every rank of
+        the node: it is renamed aside at once (the user's next rank gets a new one) and removed by
+        a child process (`rm -rf`, which follows no symlink and walks any depth), so a folder of
+        millions of files, or one nested deeper than a recursive walk allows, neither stalls nor
+        ends the launcher."""
+        self._reap_removers()
+        aside = self.scratch / f"{REMOVING}{os.getpid()}-{next(self._names)}"
+        try:
+            os.rename(tmpdir, aside)  # both in root's scratch folder: the user cannot move either
+        except OSError:
+            return  # gone already
+        self._remove_in_child(aside)
+
+    def _remove_in_child(self, path: Path) -> None:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.closerange(3, os.sysconf("SC_OPEN_MAX"))  # none of the launcher's sockets
+                if RM:
+                    os.execv(RM, ["rm", "-rf", "--one-file-system", "--", str(path)])
+                shutil.rmtree(path, ignore_errors=True)
+            finally:
+                os._exit(0)
+        self._removers.add(pid)
+
+    def _reap_removers(self) -> None:
+        for pid in list(self._removers):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # reaped by the zygote's loop (waitpid(-1))
+                done = pid
+            if done:
+                self._removers.discard(pid)
 
     def kill(self, pid: int) -> None:
         plan = self._plans.get(pid)

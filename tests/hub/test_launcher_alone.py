@@ -11,6 +11,7 @@ import pwd
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import psutil
@@ -214,3 +215,29 @@ def test_only_the_service_account_reaches_the_launcher(node):
         sock.settimeout(60)
         sock.connect(str(node.socket))
         assert sock.recv(100) == b"", "the launcher answered root"
+
+
+DEEP_AND_WIDE = """
+def fn():
+    import os, tempfile
+    os.chdir(tempfile.gettempdir())
+    for i in range(3000):  # many files, and a tree deeper than a recursive walk allows (1000 frames)
+        open(f"f{i}", "w").close()
+    for _ in range(1500):
+        os.mkdir("d")
+        os.chdir("d")
+    return tempfile.gettempdir()
+"""
+
+
+def test_a_users_huge_deep_scratch_folder_goes_without_holding_up_the_launcher(node):
+    said = node.run(node.bob, DEEP_AND_WIDE)
+    assert said.get("status") == [0, None], said
+    folder = Path(said["value"])
+    assert not folder.exists()  # renamed aside at once, for removal apart from the launcher
+    nxt = node.run(node.ann, "def fn():\n    return 7\n")  # the launcher serves the next rank
+    assert nxt.get("value") == 7, nxt
+    deadline = time.monotonic() + 60
+    while list(folder.parent.glob(".removing-*")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert list(folder.parent.glob(".removing-*")) == [], "the folder set aside was not removed within 60 s"
