@@ -67,6 +67,11 @@ def register(subparsers) -> None:
                           "Ray's token of each start is kept for root in STATE/hub/ray_token, and the hub prints the "
                           "`gpusession hub node` command other machines join with (default: one machine, no node "
                           "joins)")
+    hub.add_argument("--temp-dir", type=Path, default=None, metavar="DIR",
+                     help="Ray's temporary directory, made the service account's (0700): its logs and spilled "
+                          "objects (default /tmp/gsh-SERVICE_USER; another local account that makes that folder "
+                          "first keeps the hub from starting: give a folder in a root-owned place where local "
+                          "accounts are not trusted)")
     hub.set_defaults(handler=_hub)
     _register_node(hub.add_subparsers(title="on the other GPU machines", metavar="node", dest="hub_command"))
 
@@ -143,7 +148,7 @@ def options_from(args: argparse.Namespace) -> tuple[HubLayout, HubOptions]:
         if path is not None and not path.is_file():
             raise ValueError(f"{flag} {path}: no such file. Give the path of a PEM file.")
     detach = detach_policy(args.detach_max_duration, args.detach_retention)
-    layout = HubLayout(args.prefix, args.state_dir, args.service_user)
+    layout = HubLayout(args.prefix, args.state_dir, args.service_user, args.temp_dir)
     return layout, HubOptions(args.ip, args.port, admins, args.gpus, _free_port(), _free_port(), policy,
                               ssl_cert=args.ssl_cert, ssl_key=args.ssl_key, insecure_http=args.insecure_http,
                               min_uid=args.min_uid, culling=culling_from(args), ray_ip=args.ray_ip, detach=detach)

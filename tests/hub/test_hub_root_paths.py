@@ -79,6 +79,17 @@ def test_rays_temp_directory_made_first_by_another_account_is_refused_and_stays_
     assert owner_and_mode(layout.ray_tmp) == (attacker.pw_uid, 0o777)
 
 
+def test_a_temp_dir_given_with_the_option_is_checked_as_the_default_one_is(hostile, tmp_path):
+    layout, attacker = hostile
+    given = tmp_path / "rays-temp"
+    given.mkdir()
+    os.chown(given, attacker.pw_uid, attacker.pw_gid)
+    done = start_hub(layout, "--temp-dir", str(given))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"{given} belongs to {attacker.pw_name}" in done.stdout
+    assert not layout.ray_tmp.exists()  # the default one was never made
+
+
 def test_a_fifo_in_place_of_the_hubs_own_directory_is_refused(hostile):
     layout, _ = hostile
     layout.state.mkdir(mode=0o755)
