@@ -2,10 +2,10 @@
 its PYTHONPATH): Ray's worker processes (the worker actors, the broker) create files only their
 account may read. (The ranks are not among them: root's launcher starts them as their users.)
 
-Ray itself runs with umask 000: users' kernels on this machine join it as Ray drivers through its
-unix sockets and write their own logs and events into its session directory, which Ray creates
-for everyone. Its workers take the private mask back, so checkpoints, scratch files and the
-ledger are readable by no user, and their temporary files go in the account's own 0700 directory, not a /tmp folder another account may have made first.
+The service starts Ray with umask 077 (hub/run.py, hub/node.py: users reach the gateway, never
+Ray); its workers set the private mask here as well, whatever mask their raylet passed on, so
+checkpoints, scratch files and the ledger are readable by no user, and their temporary files go in
+the account's own 0700 directory, not a /tmp folder another account may have made first.
 (/proc/self/cmdline: sys.argv is not set yet when this runs.)
 """
 import os
