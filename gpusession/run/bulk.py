@@ -4,9 +4,10 @@ The caller pickles the call with protocol 5: every numpy array and CPU tensor of
 OUT_OF_BAND_MIN bytes leaves the pickle as an out-of-band buffer (no copy), and the buffers go
 into Ray's object store once (one copy, in shared memory, not the caller's heap). On each node
 the first worker actor of the call fetches them (Ray moves them to the node once) and writes
-them into one file in /dev/shm; every rank of the node maps that file copy-on-write and
-unpickles the call over it, so arrays and tensors arrive without a copy per rank: a rank that
-writes into one gets a private copy of the pages it writes. The file goes when the lease ends
+them into one file in /dev/shm (in the account's own 0700 directory there: node_base); every
+rank of the node maps that file copy-on-write and unpickles the call over it, so arrays and
+tensors arrive without a copy per rank: a rank that writes into one gets a private copy of the
+pages it writes. The file goes when the lease ends
 (Worker.cleanup), or with the stale sweep when the caller died without ending it.
 
 Tensors are shipped as numpy arrays over their memory: dtype, shape, strides and requires_grad
@@ -23,6 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from .privatedir import private_dir
 from .shipping import call_arguments, dumps_with_buffers
 
 OUT_OF_BAND_MIN = 1 << 20  # smaller buffers stay inside the pickle: not worth a trip of their own
@@ -94,9 +96,18 @@ def shipment_of(header: bytes, buffers: list, *, started: float | None = None) -
     return Shipment(header, tuple(a.nbytes for a in arrays), (ref,), time.perf_counter() - started)
 
 
+def node_base() -> str:
+    """This account's own directory for node files (made 0700 if missing, and checked: see
+    privatedir.py). /dev/shm is every account's to write, and the name is public: a directory of
+    another account there would see, swap or link what the worker actors write. It is never
+    removed, so its name cannot be taken once it was used; what lies inside is safe, as nobody
+    else may enter it."""
+    return private_dir(NODE_ROOT or os.environ.get("TMPDIR", "/tmp"), f"gpusession-{os.geteuid()}",
+                       holds="node files (big call arguments and results)")
+
+
 def node_directory(cluster: str, lease_id: int) -> str:
-    root = NODE_ROOT or os.path.join(os.environ.get("TMPDIR", "/tmp"))
-    return os.path.join(root, f"gpusession-{cluster or 'no-cluster'}", f"lease-{lease_id}")
+    return os.path.join(node_base(), cluster or "no-cluster", f"lease-{lease_id}")
 
 
 def node_copy(shipment: Shipment, directory: str) -> str:
@@ -109,16 +120,21 @@ def node_copy(shipment: Shipment, directory: str) -> str:
     os.makedirs(directory, mode=0o700, exist_ok=True)
     node = ray.get_runtime_context().get_node_id()[:12]
     path = os.path.join(directory, f"{node}-{shipment.refs[0].hex()}")
-    with open(path + ".lock", "w") as lock:
+    lock = os.open(path + ".lock", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not os.path.exists(path):
             arrays = ray.get(shipment.refs[0])  # zero-copy views of this node's object store
             partial = f"{path}.partial"
-            with open(partial, "wb") as out:
+            _unlink(partial)  # left by an actor killed while writing it
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            with open(fd, "wb") as out:
                 for array in arrays:
                     out.write(memoryview(array))
             del arrays
             os.replace(partial, path)
+    finally:
+        os.close(lock)  # the flock goes with it
     return path
 
 
@@ -247,7 +263,8 @@ def _unlink(path: str) -> None:
 
 
 def remove_lease(cluster: str, lease_id: int) -> None:
-    """The lease's node files go, and its cluster's directory with them once it holds no lease."""
+    """The lease's node files go, and its cluster's directory with them once it holds no lease
+    (this account's own base directory stays: node_base)."""
     lease_dir = node_directory(cluster, lease_id)
     shutil.rmtree(lease_dir, ignore_errors=True)
     try:
@@ -262,9 +279,8 @@ def remove_stale(scratch_lease_dir, *, now: float | None = None) -> list[str]:
     lease_id)` says where a lease's scratch directory is."""
     now = time.time() if now is None else now
     removed = []
-    root = NODE_ROOT or os.environ.get("TMPDIR", "/tmp")
-    for cluster_dir in _subdirs(root, "gpusession-"):
-        cluster = os.path.basename(cluster_dir)[len("gpusession-"):]
+    for cluster_dir in _subdirs(node_base(), ""):  # this account's own: never another's files
+        cluster = os.path.basename(cluster_dir)
         for lease_dir in _subdirs(cluster_dir, "lease-"):
             lease_id = os.path.basename(lease_dir)[len("lease-"):]
             if not lease_id.isdigit() or os.path.isdir(scratch_lease_dir(cluster, int(lease_id))):
@@ -281,7 +297,8 @@ def remove_stale(scratch_lease_dir, *, now: float | None = None) -> list[str]:
 
 def _subdirs(path: str, prefix: str) -> list[str]:
     try:
-        return [entry.path for entry in os.scandir(path) if entry.name.startswith(prefix) and entry.is_dir()]
+        return [entry.path for entry in os.scandir(path)
+                if entry.name.startswith(prefix) and entry.is_dir(follow_symlinks=False)]
     except OSError:
         return []
 

@@ -1,6 +1,6 @@
 """A 200 MB argument reaches both ranks of a call whole, the caller's own memory grows by far less
-than the data while it travels, the receipt says what was shipped, and the node's copy goes with
-the lease (issue 33)."""
+than the data while it travels, the receipt says what was shipped, and the node's copy (in the
+account's own 0700 folder in /dev/shm) goes with the lease (issue 33)."""
 from __future__ import annotations
 
 import os
@@ -53,17 +53,26 @@ def test_a_200_mb_argument_reaches_two_ranks_whole_without_a_copy_in_the_caller(
 
     @gs.distributed(gpus=2, return_all=True)
     def checksum(array):
-        return gs.context().rank, array.nbytes, float(array.sum())
+        import glob
+
+        lease = gs.context().lease_id  # where the node's copy lies: a file the size of the data
+        copies = [path for path in glob.glob(os.path.join(bulk.node_base(), "*", f"lease-{lease}", "*"))
+                  if os.path.getsize(path) == array.nbytes]
+        return gs.context().rank, array.nbytes, float(array.sum()), copies
 
     with PeakMemory() as memory:
         seen = checksum(data)
-    assert seen == [(0, data.nbytes, expected), (1, data.nbytes, expected)]
+    assert [row[:3] for row in seen] == [(0, data.nbytes, expected), (1, data.nbytes, expected)]
     assert memory.growth < 0.5 * data.nbytes, (
         f"the caller's own memory grew by {memory.growth / MB:.0f} MB for a {data.nbytes / MB:.0f} MB argument "
         "(bound: half the data)")
     info = checksum.last_run
     assert info.shipped_bytes == data.nbytes and "shipped 200 MB" in info.receipt()
     leftover = bulk.node_directory(cluster_name(), info.lease_id)
+    assert seen[0][3] == seen[1][3] and len(seen[0][3]) == 1, seen  # one copy for the node's ranks
+    assert os.path.dirname(seen[0][3][0]) == leftover, "the node's copy was not in the lease's own folder"
+    base = os.lstat(bulk.node_base())  # this account's, and nobody else's to enter
+    assert base.st_uid == os.geteuid() and base.st_mode & 0o777 == 0o700
     assert not os.path.exists(leftover), f"the node's copy {leftover} outlived its lease"
 
 

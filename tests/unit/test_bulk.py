@@ -3,6 +3,8 @@ come back equal, over a node file mapped copy-on-write; small ones stay inside t
 from __future__ import annotations
 
 import os
+import stat
+import subprocess
 import time
 
 import cloudpickle
@@ -12,6 +14,7 @@ import torch
 
 from gpusession.run import bulk
 from gpusession.run.shipping import dumps_with_buffers
+from gpusession.run.spec import RankSpec
 
 BIG = bulk.OUT_OF_BAND_MIN // 4 + 1  # float32 elements: just over the out-of-band minimum
 
@@ -86,37 +89,86 @@ def test_a_call_without_big_buffers_needs_no_node_file():
     assert fn(*args) == 3
 
 
-def test_node_copies_of_leases_no_rank_holds_are_swept_after_a_while(tmp_path, monkeypatch):
-    monkeypatch.setattr(bulk, "NODE_ROOT", str(tmp_path))
-    live, gone = tmp_path / "gpusession-c1" / "lease-1", tmp_path / "gpusession-c1" / "lease-2"
+@pytest.fixture
+def node_root(tmp_path, monkeypatch):
+    """A folder like /dev/shm (every account's to write, sticky) as the node files' root."""
+    root = tmp_path / "shm"
+    root.mkdir()
+    os.chmod(root, 0o1777)
+    monkeypatch.setattr(bulk, "NODE_ROOT", str(root))
+    return root
+
+
+def rank_spec(cluster: str, lease_id: int, rank: int) -> RankSpec:
+    return RankSpec(rank=rank, world_size=2, local_rank=rank, local_world_size=2, node_rank=0, master_addr="",
+                    master_port=0, backend="gloo", node_gpu_ids=(), gpu_ids=(), lease_id=lease_id,
+                    logical_gpus=True, return_value=True, caller_host="", caller_cwd="", pg_timeout_s=1.0,
+                    run_id=f"run-{lease_id}", cluster=cluster)
+
+
+def lease_files(cluster: str, lease_id: int) -> str:
+    """A lease's node files as a worker actor leaves them: the node copy and its lock, and a
+    rank's result file (made by bulk.result_file, as the actor does)."""
+    directory = bulk.node_directory(cluster, lease_id)
+    os.makedirs(directory, mode=0o700)
+    for name in ("node-ref", "node-ref.lock"):
+        with open(os.path.join(directory, name), "wb") as out:
+            out.write(b"x")
+    os.close(bulk.result_file(bulk.result_path(rank_spec(cluster, lease_id, 1))))
+    return directory
+
+
+def everything_under(root) -> list[str]:
+    return sorted(str(path.relative_to(root)) for path in root.rglob("*"))
+
+
+def test_a_leases_node_files_lie_in_this_accounts_own_private_folder(node_root):
+    base = node_root / f"gpusession-{os.geteuid()}"
+    lease_files("session_a", 1)
+    found = os.lstat(base)
+    assert found.st_uid == os.geteuid() and stat.S_IMODE(found.st_mode) == 0o700
+    assert everything_under(node_root) == [
+        base.name, f"{base.name}/session_a", f"{base.name}/session_a/lease-1",
+        f"{base.name}/session_a/lease-1/node-ref", f"{base.name}/session_a/lease-1/node-ref.lock",
+        f"{base.name}/session_a/lease-1/result-run-1-1"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: another account makes the folder first")
+def test_node_files_are_refused_a_folder_another_account_made_first(node_root):
+    taken = node_root / f"gpusession-{os.geteuid()}"
+    # (from inside the folder: nobody may not pass through the test's own 0700 folders above it)
+    subprocess.run(["mkdir", "-m", "0777", taken.name], cwd=taken.parent, user=65534, check=True)
+    with pytest.raises(PermissionError, match=f"another account made {taken} .*an admin removes it"):
+        bulk.node_directory("session_a", 1)
+    with pytest.raises(PermissionError):
+        bulk.result_file(bulk.result_path(rank_spec("session_a", 1, 0)))
+    assert os.listdir(taken) == [], "the service wrote into another account's folder"
+
+
+def test_node_copies_of_leases_no_rank_holds_are_swept_after_a_while_and_the_own_folder_stays(node_root):
+    live, gone = lease_files("c1", 1), lease_files("c1", 2)
+    old = time.time() - bulk.STALE_AFTER_S - 1
     for lease in (live, gone):
-        lease.mkdir(parents=True)
-        (lease / "copy").write_bytes(b"x")
-        old = time.time() - bulk.STALE_AFTER_S - 1
         os.utime(lease, (old, old))
     scratch = {("c1", 1)}  # lease 1 still has its scratch directory (a rank holds it)
 
-    removed = bulk.remove_stale(lambda cluster, lease_id: str(tmp_path / "scratch") if (cluster, lease_id) not in scratch
-                                else str(tmp_path))
-    assert removed == [str(gone)] and live.exists() and not gone.exists()
-    fresh = tmp_path / "gpusession-c1" / "lease-3"
-    fresh.mkdir()
-    assert bulk.remove_stale(lambda cluster, lease_id: str(tmp_path / "scratch")) == [str(live)]  # lease 3: too new
-    assert fresh.exists()
+    removed = bulk.remove_stale(lambda cluster, lease_id: str(node_root / "scratch")
+                                if (cluster, lease_id) not in scratch else str(node_root))
+    assert removed == [gone] and os.path.exists(live) and not os.path.exists(gone)
+    fresh = lease_files("c1", 3)
+    assert bulk.remove_stale(lambda cluster, lease_id: str(node_root / "scratch")) == [live]  # lease 3: too new
+    assert os.path.exists(fresh)
+    base = f"gpusession-{os.geteuid()}"
+    assert [p for p in everything_under(node_root) if "lease-3" not in p] == [base, f"{base}/c1"]
 
 
-def test_a_leases_node_files_go_with_it_and_the_cluster_folder_once_no_lease_is_left(tmp_path, monkeypatch):
-    monkeypatch.setattr(bulk, "NODE_ROOT", str(tmp_path))
-    first, second = bulk.node_directory("c1", 1), bulk.node_directory("c1", 2)
-    for lease in (first, second):
-        os.makedirs(lease)
-        with open(os.path.join(lease, "copy"), "wb") as out:
-            out.write(b"x")
+def test_a_leases_node_files_go_with_it_then_the_cluster_folder_and_the_own_folder_stays(node_root):
+    first, second = lease_files("c1", 1), lease_files("c1", 2)
     bulk.remove_lease("c1", 1)
     assert not os.path.exists(first) and os.path.exists(second)
     bulk.remove_lease("c1", 2)
-    assert not os.path.exists(os.path.dirname(second)), "the cluster's folder outlived its last lease"
-
+    assert everything_under(node_root) == [f"gpusession-{os.geteuid()}"], (
+        "what is left of two leases' node files: the account's own folder alone")
 
 
 def test_data_the_object_store_refuses_is_a_clear_error_naming_its_size_and_what_to_do(monkeypatch):
