@@ -10,6 +10,7 @@ import tempfile
 from dataclasses import dataclass, field
 
 from .comm_options import CommOptions
+from .privatedir import private_dir
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,13 @@ SCRATCH_ROOT = "gpusession-scratch"
 
 
 def scratch_root() -> str:
-    return os.path.join(tempfile.gettempdir(), SCRATCH_ROOT)
+    """This account's own scratch folder in its temporary directory (`gpusession-scratch-<uid>`,
+    0700, checked: privatedir.py): in a shared /tmp, where several accounts run `gpusession lab`,
+    a fixed name would be the first account's, and it would block or see the others'. (Behind
+    `gpusession hub` the worker actor's TMPDIR is the service's own, and a rank's is the folder
+    the launcher made for its user.)"""
+    return private_dir(tempfile.gettempdir(), f"{SCRATCH_ROOT}-{os.geteuid()}",
+                       holds="scratch directories")
 
 
 def lease_scratch_dir(cluster: str, lease_id: int) -> str:

@@ -10,6 +10,7 @@ kills the host or cuts its link, with margins for a loaded 2-core machine."""
 from __future__ import annotations
 
 import json
+import os
 import queue
 import threading
 import time
@@ -73,7 +74,8 @@ def losses(sim_cluster, tmp_path_factory):
                 lost.remove(victim)
                 known["capacity"] = _next_result(proc, out, timeout=300, prefix="CAPACITY ")
                 for host in cluster.workers:
-                    orphan = host.tmp / "gpusession-scratch" / "session_gone" / "lease-999" / "attempt-0"
+                    scratch_root(host).mkdir(mode=0o700, exist_ok=True)  # (its ranks made it: private)
+                    orphan = scratch_root(host) / "session_gone" / "lease-999" / "attempt-0"
                     orphan.mkdir(parents=True, exist_ok=True)
                     (orphan / ".lock").touch()
             elif i + 1 < len(RUNS):
@@ -158,8 +160,13 @@ def assert_blames_the_lost_host(result: dict, known: dict) -> None:
     assert info["released"] and info["end_reason"] == "failed"
 
 
+def scratch_root(host) -> Path:
+    """The host's scratch folder: its TMPDIR's gpusession-scratch-<uid> (spec.scratch_root)."""
+    return host.tmp / f"gpusession-scratch-{os.geteuid()}"
+
+
 def scratch_dirs(host) -> list[str]:
-    root = host.tmp / "gpusession-scratch"
+    root = scratch_root(host)
     return sorted(str(p.relative_to(root)) for p in root.glob("*/lease-*/attempt-*"))
 
 
