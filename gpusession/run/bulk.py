@@ -7,8 +7,8 @@ the first worker actor of the call fetches them (Ray moves them to the node once
 them into one file in /dev/shm (in the account's own 0700 directory there: node_base); every
 rank of the node maps that file copy-on-write and unpickles the call over it, so arrays and
 tensors arrive without a copy per rank: a rank that writes into one gets a private copy of the
-pages it writes. The file goes when the lease ends
-(Worker.cleanup), or with the stale sweep when the caller died without ending it.
+pages it writes. The file goes when the lease ends (Worker.cleanup), or with the stale sweep
+when the caller died without ending it.
 
 Tensors are shipped as numpy arrays over their memory: dtype, shape, strides and requires_grad
 come back; two tensors that were views of one storage arrive as separate tensors.

@@ -74,6 +74,29 @@ def test_a_rank_runs_as_its_user_reads_their_0600_file_and_what_it_writes_is_the
     assert eval(facts) == ("42", int(uid), "0o700", int(uid), eval(cwd)), shown
 
 
+BIG_IN_AND_OUT = """%%gpu 2
+doubled = big * 2  # rank 0's 8 MB result travels back through its node file too"""
+
+
+def test_a_big_argument_and_result_go_through_the_services_own_0700_node_folder(hub):
+    """audit41 F1: the node's copy of alice's 8 MB argument and her rank's 8 MB result lie in the
+    service account's own folder in /dev/shm (0700, no other account's to make first or enter);
+    her ranks get them by descriptor, and she gets her data whole."""
+    import os
+    import pwd
+    import stat
+
+    _ready(hub.alice)
+    assert hub.alice.run("import numpy\nbig = numpy.arange(1 << 20, dtype=numpy.float64)").error is None
+    ran = hub.alice.run(BIG_IN_AND_OUT)
+    assert ran.error is None, ran
+    shown = hub.alice.run("print(bool((doubled == big * 2).all()), doubled.nbytes)").stdout.split()
+    assert shown == ["True", str(8 << 20)], shown
+    service = pwd.getpwnam(hub.layout.service_user).pw_uid
+    base = os.lstat(f"/dev/shm/gpusession-{service}")
+    assert stat.S_ISDIR(base.st_mode) and base.st_uid == service and stat.S_IMODE(base.st_mode) == 0o700
+
+
 ANN_WAITS = """%%gpu 1
 import json, os, time
 from pathlib import Path
