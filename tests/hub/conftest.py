@@ -22,6 +22,7 @@ import psutil
 import pytest
 
 from gpusession.hub.plan import DEFAULT_PREFIX, HubLayout
+from gpusession.run import bulk
 
 from ..accounts import add_account, remove_accounts, uid_of
 from ..conftest import ROOT
@@ -126,10 +127,14 @@ def stop_hub(hub_proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
 
 
 def _remove_everything(prefix: str, names: list[str], state: Path, layout: HubLayout) -> None:
-    """Processes of the test accounts (by pid), the accounts with their homes, the directories."""
+    """Processes of the test accounts (by pid), the accounts with their homes, the directories
+    (the service's node folder in /dev/shm too: the hub keeps it while its account exists)."""
+    service = uid_of(layout.service_user)
     remove_accounts(names)
     shutil.rmtree(state, ignore_errors=True)
     shutil.rmtree(layout.ray_tmp, ignore_errors=True)
+    if service is not None and bulk.NODE_ROOT:
+        shutil.rmtree(os.path.join(bulk.NODE_ROOT, f"gpusession-{service}"), ignore_errors=True)
 
 
 @dataclass

@@ -27,8 +27,9 @@ import pytest
 
 from gpusession.hub.node import STOP_TIMEOUT_S
 from gpusession.hub.plan import HubLayout
+from gpusession.run import bulk
 
-from ..accounts import add_account, remove_accounts
+from ..accounts import add_account, remove_accounts, uid_of
 from ..hub.conftest import PREFIX, installed_matches_checkout, needs_root_and_setup, stop_hub, wait_for_line
 from .simcluster import SimCluster, can_run, namespace_pids
 
@@ -220,7 +221,10 @@ def hub_hosts():
         if hosts is not None:
             hosts.stop()
         cluster.stop()  # whatever still ran on a host (by namespace), the namespaces, /etc/netns/<ns>/
+        service_uid = uid_of(service)
         remove_accounts([ann, service])
+        if service_uid is not None and bulk.NODE_ROOT:  # the service's node folder (hosts share /dev/shm)
+            shutil.rmtree(os.path.join(bulk.NODE_ROOT, f"gpusession-{service_uid}"), ignore_errors=True)
         shutil.rmtree(base, ignore_errors=True)
         for name in ("head", "host1", "host2"):
             shutil.rmtree(f"/tmp/{cluster.tag}{name}", ignore_errors=True)
