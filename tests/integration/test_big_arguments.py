@@ -117,3 +117,27 @@ def test_a_call_that_cannot_be_shipped_fails_before_any_gpu_is_asked_for(cluster
     with pytest.raises(TypeError, match="pickle"):
         holds(threading.Lock())
     assert holds.last_run.lease_id is None, "a lease was asked for a call that could not be shipped"
+
+
+@pytest.mark.skipif(bulk.NODE_ROOT is None, reason="no /dev/shm on this machine")
+def test_a_call_whose_node_folder_others_may_enter_fails_at_once_naming_it_and_what_to_do(cluster, quiet):
+    """The workers keep node files only in a folder no other account may enter (run/privatedir.py):
+    one they find open to others (here: their own, made 0755) fails the call with the rank's error
+    naming the folder, its mode and what to do; nothing is written there, and the folder is left
+    as it was found."""
+    @gs.distributed(gpus=1)
+    def big():
+        return numpy.ones(2 * MB // 8)
+
+    base = bulk.node_base()
+    os.chmod(base, 0o755)
+    try:
+        with pytest.raises(gs.WorkerFailed) as failed:
+            big()
+        assert os.stat(base).st_mode & 0o777 == 0o755, "the workers changed the folder they refused"
+    finally:
+        os.chmod(base, 0o700)
+    message = str(failed.value)
+    assert f"raised NotPrivate: {base} is this account's" in message and "mode 0755" in message, message
+    assert f"chmod 700 {base}" in message, message
+    assert big.last_run.lease_id is not None and float(big().sum()) == 2 * MB // 8  # private again: it works

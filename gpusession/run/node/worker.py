@@ -30,6 +30,7 @@ from ...errors import LaunchRefused
 from .zygote import Zygote
 from . import scratch
 from ..heartbeat import BeatServer
+from ..privatedir import NotPrivate
 from ..spec import RankSpec, lease_scratch_dir, scratch_dir, scratch_root  # noqa: F401  (RankSpec: imported from here by callers)
 
 ZYGOTE_START_TIMEOUT_S = 120.0  # a loaded node may take a while to import torch
@@ -151,7 +152,12 @@ class Worker:
                 return
             snapshot = ray.get(checkpoint[0]) if checkpoint else None
             _sweep_stale_scratch()  # what lost ranks left on this node, even while this actor stays warm
-            claim = scratch.Claim(scratch_dir(spec))
+            try:
+                claim = scratch.Claim(scratch_dir(spec))
+            except NotPrivate as exc:  # its scratch folder is another account's: the rank's error, at once
+                yield _refused(spec, exc)
+                yield m.RankExited(spec.rank, socket.gethostname(), None, None, True, time.time())
+                return
             files: list[int] = []
             result_fd = None
             try:
@@ -163,7 +169,7 @@ class Worker:
                 pid, conn = self._fork(spec.caller_account,
                                        None if spec.logical_gpus else tuple(spec.node_gpu_ids))
                 handoff.send(conn.fileno(), files[0] if bulk_path else None, result_fd)
-            except LaunchRefused as exc:
+            except (LaunchRefused, NotPrivate) as exc:  # NotPrivate: its node files' folder is another account's
                 claim.release()
                 _close_all(files, result_fd)
                 yield _refused(spec, exc)
@@ -254,13 +260,13 @@ def _close_all(files: list[int], result_fd: int | None) -> None:
             pass
 
 
-def _refused(spec: RankSpec, exc: LaunchRefused) -> m.RankError:
+def _refused(spec: RankSpec, exc: LaunchRefused | NotPrivate) -> m.RankError:
     """The launcher would not start this rank (its user is unknown on this node, or not one it
-    starts): the rank's error, so the call fails at once naming user and node."""
-    return m.RankError(rank=spec.rank, host=socket.gethostname(), type="LaunchRefused", message=str(exc),
+    starts), or the folder its files go in is another account's (privatedir.py): the rank's
+    error, so the call fails at once naming user and node, or the folder and what to do."""
+    return m.RankError(rank=spec.rank, host=socket.gethostname(), type=type(exc).__name__, message=str(exc),
                        traceback="", at=time.time(),
-                       mro=("gpusession.errors.LaunchRefused", "gpusession.errors.GPUSessionError",
-                            "builtins.Exception"))
+                       mro=tuple(f"{c.__module__}.{c.__qualname__}" for c in type(exc).__mro__))
 
 
 def _sweep_stale_scratch() -> None:
