@@ -10,6 +10,7 @@ In memory only: a restart of the gateway loses every record (keeping.py has the 
 """
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -110,7 +111,8 @@ class HostedRun:
     state: DetachedState = DetachedState.SUBMITTED
     ended_at: float | None = None
     end_reason: EndReason | None = None
-    events: list = field(default_factory=list)  # the event messages' fields, for replay
+    history: keeping.History = field(default_factory=keeping.History)  # the event messages' fields, for replay
+    reports: int = 0  # the reports its rank 0 made (kept for replay or not)
     done: tuple | None = None  # (fields, frames) of the `done` message
     result_bytes: int = 0
     stop_error: BaseException | None = None
@@ -120,12 +122,13 @@ class HostedRun:
 
     # ----- the run's side ---------------------------------------------------------------------------
     def publish(self, fields: dict) -> None:
-        """One event: recorded (keeping.keeps_event) and sent to every following kernel."""
+        """One event: recorded (keeping.History: the latest) and sent to every following kernel."""
+        size = len(json.dumps(fields, default=str)) if fields.get("event") in keeping.RANK_EVENTS else 0
         with self._lock:
             event = fields.get("event", "")
             self.state = _STATE_OF_EVENT.get(event, self.state)
-            if keeping.keeps_event(event, len(self.events)):
-                self.events.append(fields)
+            self.reports += event == Event.REPORT
+            self.history.add(fields, size)
             self._subscribers = [f for f in self._subscribers if f.put((Kind.EVENT, fields))]
 
     def check(self, now: float) -> None:
@@ -160,10 +163,12 @@ class HostedRun:
 
     def follow(self, conn: Connection) -> Follower:
         """The connection follows the run: sent the events so far, then the live ones, then the
-        end (at once if it came). `Follower.join` waits until the end was sent."""
+        end (at once if it came). `Follower.join` waits until the end was sent. What it replays
+        begins at the oldest event kept (row()'s "dropped": the ranks' events that went before)."""
         with self._lock:
-            follower = Follower(conn, max_pending=max(MAX_PENDING, len(self.events) + 1000))
-            for fields in self.events:
+            events = self.history.events()
+            follower = Follower(conn, max_pending=max(MAX_PENDING, len(events) + 1000))
+            for fields in events:
                 follower.put((Kind.EVENT, fields))
             if self.done is not None:
                 follower.put((Kind.DONE, *self.done))
@@ -183,7 +188,7 @@ class HostedRun:
                 "gpus": self.gpus, "workers": self.workers, "started": self.started_at, "ended": self.ended_at,
                 "end_reason": self.end_reason, "max_duration": self.max_duration_s, "notebook": self.notebook,
                 "expires": keeping.expires_at(self.started_at, self.max_duration_s, self.ended_at, self.retention_s),
-                "reports": sum(1 for e in self.events if e.get("event") == Event.REPORT)}
+                "reports": self.reports, "dropped": self.history.dropped}
 
 
 class Registry:

@@ -5,6 +5,12 @@ object with a string "kind", one of `kinds.Kind`), followed by `payload` raw fra
 `"payload": N` (a pickled call, a pickled result: bytes the service relays and never looks
 inside). Anything else is FrameError, and the side that reads it closes the connection.
 A message is parsed once, here: its kind is a `Kind`, an event's "event" an `Event`.
+
+What a connection may be sent is bounded by its `Limits` (the gateway's hello and broker session
+take small messages with no frames; a run session takes big frames), checked from the declared
+sizes before anything is allocated; a big frame's buffer grows only as its bytes arrive, so a peer
+that declares a terabyte and sends nothing costs nothing. `deadline` (time.monotonic()) bounds the
+whole of what is read, however slowly the peer sends it.
 """
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ import json
 import socket
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +27,7 @@ from .kinds import Event, Kind, parse
 MAX_HEADER_BYTES = 16 * 1024 * 1024  # a traceback, a chatty rank's output chunk, a status view
 MAX_PAYLOAD_FRAMES = 64
 MAX_PAYLOAD_BYTES = 1 << 40  # bounded in practice by the object store that takes the bytes
+FIRST_BUFFER_BYTES = 64 * 1024 * 1024  # a frame's buffer before its bytes come; it doubles as they do
 _LENGTH = struct.Struct(">Q")
 
 
@@ -45,11 +53,23 @@ class Message:
         return self.fields.get(name, default)
 
 
-class Connection:
-    """One socket, messages in both directions; sends are serialised, reads belong to one thread."""
+@dataclass(frozen=True)
+class Limits:
+    """What one message read from a connection may be: its JSON header's bytes, its raw frames'
+    count, each frame's bytes."""
+    header: int = MAX_HEADER_BYTES
+    payload_frames: int = MAX_PAYLOAD_FRAMES
+    frame: int = MAX_PAYLOAD_BYTES
 
-    def __init__(self, sock: socket.socket) -> None:
+
+class Connection:
+    """One socket, messages in both directions; sends are serialised, reads belong to one thread
+    (which may change `limits` and `deadline` between messages)."""
+
+    def __init__(self, sock: socket.socket, limits: Limits = Limits()) -> None:
         self.sock = sock
+        self.limits = limits
+        self.deadline: float | None = None  # time.monotonic() past which a read raises TimeoutError
         self._send_lock = threading.Lock()
 
     def send(self, kind: Kind, payload: list[bytes | bytearray | memoryview] | tuple = (), **fields: Any) -> None:
@@ -67,7 +87,8 @@ class Connection:
                 self.sock.sendall(view)
 
     def receive(self) -> Message:
-        header = self._frame(MAX_HEADER_BYTES, what="header")
+        limits = self.limits
+        header = self._frame(limits.header, what="header")
         try:
             fields = json.loads(header)
         except (UnicodeDecodeError, ValueError) as exc:
@@ -75,11 +96,11 @@ class Connection:
         if not isinstance(fields, dict) or not isinstance(fields.get("kind"), str):
             raise FrameError("a message without a kind")
         kind, count = parse(Kind, fields.pop("kind"), field="kind", error=FrameError), fields.pop("payload", 0)
-        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= MAX_PAYLOAD_FRAMES:
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= limits.payload_frames:
             raise FrameError(f"a {kind.value!r} message with a payload count of {count!r}")
         if kind is Kind.EVENT:
             fields["event"] = parse(Event, fields.get("event"), field="event", error=FrameError)
-        return Message(kind, fields, [self._frame(MAX_PAYLOAD_BYTES, what="payload") for _ in range(count)])
+        return Message(kind, fields, [self._frame(limits.frame, what="payload") for _ in range(count)])
 
     def close(self) -> None:
         try:
@@ -95,10 +116,18 @@ class Connection:
         return self._exactly(size, between_messages=False)
 
     def _exactly(self, size: int, *, between_messages: bool) -> bytes:
-        buffer = bytearray(size)
-        view, got = memoryview(buffer), 0
+        buffer = bytearray(min(size, FIRST_BUFFER_BYTES))  # never more than what came, past the first
+        got = 0
         while got < size:
-            read = self.sock.recv_into(view[got:], min(size - got, 1 << 24))
+            if got == len(buffer):  # full: double it (no view of it is held here)
+                buffer.extend(bytes(min(len(buffer), size - len(buffer))))
+            if self.deadline is not None:
+                left = self.deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("the other side did not send its message in time")
+                self.sock.settimeout(left)
+            with memoryview(buffer) as whole, whole[got:] as view:
+                read = self.sock.recv_into(view, min(len(buffer) - got, 1 << 24))
             if read == 0:
                 raise Closed("the other side closed the connection" + ("" if between_messages and got == 0
                                                                         else " in the middle of a message"))

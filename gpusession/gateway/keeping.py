@@ -7,6 +7,9 @@ its function ends, when it is cancelled, or when its time limit (`max_duration`)
 leaves (result bytes as its rank pickled them, metrics, output, receipt) stays in the gateway's
 memory for its retention after it ended, then goes; a result over RESULT_CAP_BYTES is not kept
 (the run is told as failed with ResultTooLarge). Nothing survives a restart of the gateway.
+Its events for replay are bounded (History): its own few (queued, granted, running, transitions)
+and the latest MAX_EVENTS reports and output lines, at most MAX_EVENT_BYTES of them; older ones
+go, and an attach is told how many went.
 
 The admin sets the default time limit and the retention (DetachPolicy): `gpusession hub
 --detach-max-duration 8h --detach-retention 3d`; a user's own gateway takes them from the
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import deque
 from dataclasses import dataclass
 from numbers import Real
 from typing import Any, Mapping
@@ -31,7 +35,9 @@ RETENTION_S = 7 * 24 * 3600.0  # how long an ended run's result, metrics, output
 MIN_RETENTION_S, MAX_RETENTION_S = 60.0, 365 * 24 * 3600.0  # what an admin may set
 MAX_DURATION_ENV, RETENTION_ENV = "GPUSESSION_DETACH_MAX_DURATION", "GPUSESSION_DETACH_RETENTION"
 RESULT_CAP_BYTES = 512 * 2**20  # the largest result (all its frames) the gateway keeps for a run
-MAX_EVENTS = 20_000  # events kept for replay per run (outputs beyond it are dropped, reports are kept)
+MAX_EVENTS = 20_000  # a run's reports and output lines kept for replay: the latest (older ones go)
+MAX_EVENT_BYTES = 64 * 2**20  # ... and at most this many bytes of them in all (one report may be 16 MB)
+RANK_EVENTS = (Event.OUTPUT, Event.REPORT)  # what the run's ranks send: bounded; the rest, a handful
 RUNS_PER_USER = 64  # ended runs an account keeps; the oldest ended ones go first
 RESULT_BYTES_PER_USER = 2 * 2**30  # the results an account's ended runs keep in all; the oldest go first
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
@@ -164,10 +170,36 @@ def to_evict(ended: list[tuple[float, str, int]], keep: int = RUNS_PER_USER,
     return [run_id for _, run_id, _ in drop]
 
 
-def keeps_event(event: Event, kept: int, limit: int = MAX_EVENTS) -> bool:
-    """Whether a run that has kept `kept` events keeps this one for replay: past the limit only
-    what the state and metrics need (outputs are dropped)."""
-    return kept < limit or event != Event.OUTPUT
+class History:
+    """PURE: the events a detached run keeps for replay, in their order: every one but the ranks'
+    (queued, granted, running, transitions: a handful per run) and the latest of the ranks'
+    (RANK_EVENTS), at most `limit` of those and `max_bytes` of them in all (`size`: an event's
+    bytes as sent); `dropped` counts the ranks' events that went, oldest first."""
+
+    def __init__(self, limit: int = MAX_EVENTS, max_bytes: int = MAX_EVENT_BYTES) -> None:
+        self.limit, self.max_bytes = limit, max_bytes
+        self.dropped = 0
+        self._older: list = []  # events of the run's own that came before everything in _recent
+        self._recent: deque = deque()  # (fields, size or None for the run's own)
+        self._count = self._bytes = 0
+
+    def add(self, fields: dict, size: int) -> None:
+        ranks = fields.get("event") in RANK_EVENTS
+        self._recent.append((fields, size if ranks else None))
+        if ranks:
+            self._count, self._bytes = self._count + 1, self._bytes + size
+        while self._count > self.limit or self._bytes > self.max_bytes:
+            old, old_size = self._recent.popleft()
+            if old_size is None:
+                self._older.append(old)
+            else:
+                self._count, self._bytes, self.dropped = self._count - 1, self._bytes - old_size, self.dropped + 1
+
+    def events(self) -> list[dict]:
+        return self._older + [fields for fields, _ in self._recent]
+
+    def __len__(self) -> int:
+        return len(self._older) + len(self._recent)
 
 
 def may_see(owner: str, user: str) -> bool:

@@ -7,7 +7,7 @@ import socket
 import struct
 from dataclasses import dataclass
 
-_UCRED = struct.Struct("3i")  # pid, uid, gid
+UCRED = struct.Struct("3i")  # pid, uid, gid
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ class Peer:
 
 
 def peer_of(sock: socket.socket) -> Peer:
-    pid, uid, gid = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    pid, uid, gid = UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, UCRED.size))
     try:
         name = pwd.getpwuid(uid).pw_name
     except KeyError:

@@ -34,13 +34,14 @@ class DetachedRecord:
     max_duration: float
     reports: int
     notebook: str | None = None  # the notebook that submitted it, when its kernel knew
+    dropped: int = 0  # its reports and output lines the gateway no longer keeps (the oldest; keeping.History)
 
     @classmethod
     def from_row(cls, row: dict) -> "DetachedRecord":
         return cls(str(row["run_id"]), str(row["name"]), str(row["state"]), float(row["gpus"]), int(row["workers"]),
                    float(row["started"]), None if row.get("ended") is None else float(row["ended"]),
                    float(row["expires"]), row.get("end_reason"), float(row["max_duration"]), int(row.get("reports", 0)),
-                   row.get("notebook") if isinstance(row.get("notebook"), str) else None)
+                   row.get("notebook") if isinstance(row.get("notebook"), str) else None, int(row.get("dropped", 0)))
 
 
 def _ask(kind: Kind, answer_kind: Kind, path: str, **fields: Any) -> Any:

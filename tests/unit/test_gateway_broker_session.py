@@ -141,14 +141,15 @@ def test_a_kernel_behind_a_gateway_inherits_no_ray_variable_and_no_admin_token()
     assert kernel_environment(base, {})["RAY_ADDRESS"] == "1.2.3.4:6379"  # without one, as before
 
 
-def test_a_hello_is_refused_for_a_nameless_uid_an_unknown_session_or_too_many_connections():
-    from gpusession.gateway.server import MAX_CONNECTIONS_PER_UID, refusal
+def test_a_hello_is_refused_for_a_nameless_uid_an_unknown_session_and_a_crowded_uid_at_its_accept():
+    from gpusession.gateway.server import MAX_CONNECTIONS_PER_UID, crowding, refusal
 
     sessions = {"broker": None, "run": None}
-    assert refusal(BOB.peer, "broker", sessions, 0) is None
+    assert refusal(BOB.peer, "broker", sessions) is None
     assert "no account name" in refusal(Peer(1, 4242, 4242, ""), "broker", sessions)
     assert "unknown session 'admin'; the gateway offers broker, run" in refusal(BOB.peer, "admin", sessions)
-    assert "at most 64" in refusal(BOB.peer, "broker", sessions, MAX_CONNECTIONS_PER_UID)
+    assert crowding(1001, MAX_CONNECTIONS_PER_UID - 1) is None
+    assert "uid 1001 has 64 connections to the gateway open already (at most 64)" in crowding(1001, MAX_CONNECTIONS_PER_UID)
 
 
 def test_a_process_behind_the_gateway_starts_no_ray_cluster_of_its_own():

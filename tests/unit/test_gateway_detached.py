@@ -106,10 +106,19 @@ def test_a_result_over_the_cap_is_refused_with_what_to_do():
     assert "3.0 MiB" in text and "save" in text.lower()
 
 
-def test_outputs_past_the_event_limit_are_dropped_reports_kept():
-    assert keeping.keeps_event("output", 5, limit=10)
-    assert not keeping.keeps_event("output", 10, limit=10)
-    assert keeping.keeps_event("report", 10, limit=10)
+def test_a_runs_history_keeps_its_own_events_and_the_latest_rank_events_within_count_and_bytes():
+    history = keeping.History(limit=3, max_bytes=100)
+    history.add({"event": "queued"}, 0)
+    for i in range(5):
+        history.add({"event": "report", "i": i}, 10)
+    history.add({"event": "running"}, 0)
+    history.add({"event": "output", "i": 5}, 10)
+    assert history.events() == [{"event": "queued"}, {"event": "report", "i": 3}, {"event": "report", "i": 4},
+                                {"event": "running"}, {"event": "output", "i": 5}]
+    assert history.dropped == 3 and len(history) == 5
+    history.add({"event": "report", "i": 6}, 95)  # the bytes bound: only the newest fits
+    assert history.events() == [{"event": "queued"}, {"event": "running"}, {"event": "report", "i": 6}]
+    assert history.dropped == 6
 
 
 def test_who_may_see_and_cancel():
@@ -339,7 +348,7 @@ def test_a_following_kernel_that_stops_reading_is_dropped_and_never_holds_up_the
         for _ in range(200):  # far more than the socket buffers hold; `theirs` never reads
             run.publish({"event": "output", "rank": 0, "stream": "stdout", "text": "x" * 2**16})
         assert time.monotonic() - began < 2.0, "a kernel that reads nothing held up the run"
-        assert follower.dropped and run._subscribers == [] and len(run.events) == 200
+        assert follower.dropped and run._subscribers == [] and len(run.history) == 200
         assert follower.join(5)
     finally:
         theirs.close()
