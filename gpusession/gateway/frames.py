@@ -29,6 +29,7 @@ MAX_PAYLOAD_FRAMES = 64
 MAX_PAYLOAD_BYTES = 1 << 40  # bounded in practice by the object store that takes the bytes
 FIRST_BUFFER_BYTES = 64 * 1024 * 1024  # a frame's buffer before its bytes come; it doubles as they do
 _LENGTH = struct.Struct(">Q")
+_ZEROS = memoryview(bytes(1 << 20))  # a buffer grows by these (realloc moves pages, no temporary copy)
 
 
 class FrameError(ValueError):
@@ -120,7 +121,7 @@ class Connection:
         got = 0
         while got < size:
             if got == len(buffer):  # full: double it (no view of it is held here)
-                buffer.extend(bytes(min(len(buffer), size - len(buffer))))
+                _grow(buffer, min(len(buffer), size - len(buffer)))
             if self.deadline is not None:
                 left = self.deadline - time.monotonic()
                 if left <= 0:
@@ -133,3 +134,11 @@ class Connection:
                                                                         else " in the middle of a message"))
             got += read
         return bytes(buffer) if size < (1 << 20) else buffer  # big payloads stay one buffer, no copy
+
+
+def _grow(buffer: bytearray, more: int) -> None:
+    """`more` zero bytes at the end of `buffer` (appended a MiB at a time: CPython reallocates
+    geometrically, and a big block's realloc remaps its pages instead of copying them)."""
+    for _ in range(more // len(_ZEROS)):
+        buffer += _ZEROS
+    buffer += _ZEROS[:more % len(_ZEROS)]
