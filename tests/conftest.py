@@ -61,6 +61,8 @@ SLOW_FIXTURES = {
 # Names a test module imports to start a Jupyter kernel (tests/integration/kernels.py, nbclient)
 KERNEL_STARTERS = {"Kernel": "starts a real Jupyter kernel", "NotebookClient": "runs a notebook in a real kernel"}
 SLOW_TESTS = {
+    "integration/test_gateway_limits.py::test_a_hello_dribbled_a_byte_a_second_is_refused_at_its_deadline_while_others_are_served":
+        "dribbles a hello a byte a second past the gateway's 2 s hello deadline",
     "unit/test_labextension_bundle.py::test_jupyterlab_lists_the_extension_scripts_setup_installed_as_enabled":
         "runs the jupyter CLI in a subprocess",
     "integration/test_cli.py": "runs the gpusession CLI in subprocesses",

@@ -36,7 +36,10 @@ def connect(session: str, path: str | None = None, *, timeout_s: float = 10.0) -
                               "is the hub's service running? An admin can look at its log.") from None
     conn = Connection(sock)
     try:
-        conn.send(Kind.HELLO, version=VERSION, session=session)
+        try:
+            conn.send(Kind.HELLO, version=VERSION, session=session)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused as it was accepted (too many connections of this account): the why waits to be read
         answer = conn.receive()
     except Exception:
         conn.close()

@@ -118,7 +118,8 @@ print(json.dumps({
 }))
 """
     seen = as_account(USER, code, gateway)
-    assert seen["not_json"] == "" and seen["huge"] == ""  # closed without an answer
+    assert '"refused"' in seen["not_json"] and "not JSON" in seen["not_json"]  # a bad hello: told why, closed
+    assert '"refused"' in seen["huge"] and "over the 4096-byte limit" in seen["huge"]
     assert "unknown session 'admin'" in seen["unknown_session"] and '"refused"' in seen["unknown_session"]
     assert '"welcome"' in seen["bad_call"] and "takes no credentials" in seen["bad_call"]
     assert client.call(broker.quotas, admin) == before

@@ -249,6 +249,40 @@ def test_attach_replays_history_output_and_the_end(hosting):
     assert run.info.end_reason == "finished" and run.info.released
 
 
+def test_a_detached_runs_kept_history_stops_growing_at_its_cap_and_attach_replays_the_latest(hosting):
+    from gpusession.observe import events
+
+    run = hosting.add(ME, "chatty", 1, 1, 60)
+    info = RunInfo(lease_id=3, gpus=1, workers=1)
+    run.publish({"event": "granted", "info": info_to_json(info, checkpoint=None)})
+    run.publish({"event": "running", "info": info_to_json(info, checkpoint=None)})
+    blob = "x" * 2**20  # a MiB of metrics per report: the cap is bytes before it is count
+    kept_after = []
+    for step in range(1, 201):
+        info.history.append({"step": step})
+        run.publish({"event": "report", "metrics": {"step": step, "blob": blob},
+                     "info": info_to_json(info, checkpoint=None)})
+        kept_after.append(len(run.history))
+    kept = kept_after[-1]
+    assert kept_after[100:] == [kept] * 100 and 2 + 50 < kept < 2 + 64  # grew to the cap, then no more
+    run.finish({"info": info_to_json(info, checkpoint=None), "error": None,
+                "values": {"all": False, "items": [None]}}, [], "finished")
+    record = gs.runs(all=True)[0]
+    assert record.reports == 200 and record.dropped == 200 - (kept - 2)
+
+    recorder = Recorder()
+    events.set_observer_factory(lambda workers: recorder)
+    try:
+        attached = gs.attach(run.run_id)
+        assert attached.result(timeout=30) is None
+    finally:
+        events.set_observer_factory(None)
+    assert recorder.seen[:3] == ["requesting", "granted", "running"]  # the run's own events stay
+    steps = [seen[1] for seen in recorder.seen if seen[0] == "report"]
+    assert steps == list(range(200 - (kept - 2) + 1, 201))  # the latest reports, in order
+    assert [m["step"] for m in attached.metrics] == steps
+
+
 def test_another_accounts_run_cannot_be_attached_or_cancelled(hosting):
     theirs = hosting.add("someone-else", "train", 1, 1, 60)
     with pytest.raises(errors.GPUSessionError, match="keeps no detached run"):
