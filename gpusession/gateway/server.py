@@ -135,8 +135,10 @@ class GatewayServer:
             try:
                 sock, _ = self._listener.accept()
                 self._admit(sock)
+                if failing:
+                    log.warning("the gateway accepts connections again")
                 failing = False
-            except BaseException as exc:  # noqa: BLE001 - EMFILE, ENFILE, ENOMEM, no thread: go on
+            except Exception as exc:  # noqa: BLE001 - EMFILE, ENFILE, ENOMEM, no thread: go on
                 if self._stopped.is_set():
                     return
                 if not failing:
