@@ -206,7 +206,8 @@ print(json.dumps({
   'key': exchange(hello + frame({'kind': 'call', 'id': 2, 'method': 'signing_key', 'payload': 0})),
 }))"""
     seen = _json(hub.bob.run(code))
-    assert seen["pickle"] == "" and seen["huge"] == ""
+    assert '"refused"' in seen["pickle"] and "not JSON" in seen["pickle"]  # a bad hello: told why, closed
+    assert '"refused"' in seen["huge"] and "over the 4096-byte limit" in seen["huge"]
     assert "unknown session 'admin'" in seen["admin_session"]
     assert "takes no credentials" in seen["forged"] and "no broker method 'signing_key'" in seen["key"]
     assert ledger(hub) == before
