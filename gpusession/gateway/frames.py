@@ -8,8 +8,8 @@ A message is parsed once, here: its kind is a `Kind`, an event's "event" an `Eve
 
 What a connection may be sent is bounded by its `Limits` (the gateway's hello and broker session
 take small messages with no frames; a run session takes big frames), checked from the declared
-sizes before anything is allocated; a big frame's buffer grows only as its bytes arrive, so a peer
-that declares a terabyte and sends nothing costs nothing. `deadline` (time.monotonic()) bounds the
+sizes before anything is allocated; a big frame's buffer starts at FIRST_BUFFER_BYTES and doubles
+only as its bytes arrive, so a peer that declares a terabyte and sends nothing costs a MiB. `deadline` (time.monotonic()) bounds the
 whole of what is read, however slowly the peer sends it.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from .kinds import Event, Kind, parse
 MAX_HEADER_BYTES = 16 * 1024 * 1024  # a traceback, a chatty rank's output chunk, a status view
 MAX_PAYLOAD_FRAMES = 64
 MAX_PAYLOAD_BYTES = 1 << 40  # bounded in practice by the object store that takes the bytes
-FIRST_BUFFER_BYTES = 64 * 1024 * 1024  # a frame's buffer before its bytes come; it doubles as they do
+FIRST_BUFFER_BYTES = 1 << 20  # a frame's buffer before its bytes come; it doubles as they do
 _LENGTH = struct.Struct(">Q")
 _ZEROS = memoryview(bytes(1 << 20))  # a buffer grows by these (realloc moves pages, no temporary copy)
 
