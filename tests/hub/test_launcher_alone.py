@@ -230,7 +230,7 @@ def fn():
 """
 
 
-def test_a_users_huge_deep_scratch_folder_goes_without_holding_up_the_launcher(node):
+def test_a_users_huge_deep_scratch_folder_is_removed_and_the_launcher_serves_the_next_rank(node):
     said = node.run(node.bob, DEEP_AND_WIDE)
     assert said.get("status") == [0, None], said
     folder = Path(said["value"])
