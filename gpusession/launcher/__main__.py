@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         rootfs.ensure_directory(args.dir / "socket", uid=0, gid=service.pw_gid, mode=0o710)
         from .gate import Gate
 
-        gate = Gate(args.dir, Rules(service_uid=service.pw_uid, min_uid=args.min_uid),
+        gate = Gate(args.dir, Rules(service_uid=service.pw_uid, min_uid=args.min_uid,
+                                         service_gid=service.pw_gid),
                     use_cgroups=not args.no_cgroups)
     except (OSError, rootfs.UnsafePath) as exc:
         _say({"failed": str(exc)})

@@ -3,8 +3,9 @@
 
 - a connection is kept only if its peer (SO_PEERCRED) is the service account;
 - a fork request names the account: refused (the reason goes back to the worker actor) unless
-  policy.py allows it; else the rank gets a cgroup and a private temporary directory
-  (<dir>/scratch/<uid>, 0700, the user's), and the child joins the cgroup, drops to the user
+  policy.py allows it and the user's limits.conf entries can be applied (userlimits.py); else
+  the rank gets a cgroup and a private temporary directory (<dir>/scratch/<uid>, 0700, the
+  user's), and the child joins the cgroup, takes the user's resource limits, drops to the user
   (drop.py) and only then runs gpusession's rank code;
 - when a rank ends (or is killed) everything left in its cgroup is killed and the cgroup removed;
   the user's temporary directory goes with the last of that user's ranks on the node.
@@ -21,11 +22,13 @@ import shutil
 import signal
 import socket
 import struct
+import sys
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
 from . import rootfs
-from . import cgroups, drop
+from . import cgroups, drop, userlimits
 from .policy import Account, Rules, peer_allowed, refusal
 
 RM = shutil.which("rm", path="/usr/bin:/bin")
@@ -42,6 +45,7 @@ class Plan:
     cgroup: str  # its name under the launcher's cgroups
     procs_files: tuple[str, ...]
     role: str = "rank"  # or "store": an attempt's rendezvous store, which runs no user code
+    limits: userlimits.Settings = userlimits.Settings()  # the user's, from /etc/security/limits.conf
 
 
 class Gate:
@@ -54,6 +58,7 @@ class Gate:
         self._names = itertools.count(1)
         self._plans: dict[int, Plan] = {}  # each live child: what it was started as
         self._removers: set[int] = set()  # children removing users' scratch folders (_remove_aside)
+        self._said: set[str] = set()  # limits.conf lines skipped, logged once each
         for left in self.scratch.glob(f"{REMOVING}*"):  # a launcher stopped while one was removed
             self._remove_in_child(left)
         _prctl(PR_SET_CHILD_SUBREAPER, 1)  # orphans of ranks come to us (reaped by the zygote loop)
@@ -71,6 +76,15 @@ class Gate:
         why = refusal(name, found, self.rules, self.node)
         if why:
             return None, why
+        try:
+            limits, decided = userlimits.for_account(found)
+        except userlimits.Unusable as exc:
+            return None, f"the launcher on node {self.node} does not start a rank of {name!r}: {exc}"
+        except Exception as exc:  # a root daemon serving every user does not end over one user's limits
+            traceback.print_exc()
+            return None, (f"the launcher on node {self.node} could not decide the resource limits of {name!r} "
+                          f"({type(exc).__name__}: {exc}); its log on that node says more")
+        self._log_skipped(decided.skipped)
         tmpdir = self.scratch / str(found.pw_uid)
         try:
             rootfs.ensure_directory(tmpdir, uid=found.pw_uid, gid=found.pw_gid, mode=0o700)
@@ -79,7 +93,14 @@ class Gate:
         except (OSError, rootfs.UnsafePath) as exc:
             return None, f"the launcher on node {self.node} could not prepare a rank of {name!r}: {exc}"
         role = "store" if request.get("role") == "store" else "rank"
-        return Plan(found, str(tmpdir), cgroup, tuple(procs), role), None
+        return Plan(found, str(tmpdir), cgroup, tuple(procs), role, limits), None
+
+    def _log_skipped(self, lines: tuple[str, ...]) -> None:
+        for line in lines:
+            if line not in self._said:
+                self._said.add(line)
+                print(f"gpusession launcher: skipped a limits.conf line (as pam_limits does): {line}",
+                      file=sys.stderr, flush=True)
 
     def started(self, pid: int, plan: Plan) -> None:
         self._plans[pid] = plan
@@ -151,6 +172,7 @@ class Gate:
             os.dup2(null, std)
         os.close(null)
         _prctl(PR_SET_CHILD_SUBREAPER, 0)
+        userlimits.apply(plan.limits)  # as root (a hard limit may be above the launcher's), as a login does
         drop.become(plan.account, keep_fd=keep_fd, tmpdir=plan.tmpdir)
         _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # a change of uid cleared it: set it again
         # A change of uid also made it undumpable: its /proc files root's, so its own user could not
@@ -167,7 +189,11 @@ def _lookup(name: str) -> Account | None:
         entry = pwd.getpwnam(name)
     except KeyError:
         return None
-    return Account(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir)
+    try:
+        groups = frozenset(os.getgrouplist(entry.pw_name, entry.pw_gid))
+    except OSError:
+        groups = frozenset({entry.pw_gid})
+    return Account(entry.pw_name, entry.pw_uid, entry.pw_gid, entry.pw_dir, groups)
 
 
 def _kill_orphans(uid: int, live: set[int]) -> None:

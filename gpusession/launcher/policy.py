@@ -3,7 +3,9 @@
 The launcher runs as root and starts a user's code as that user. It never starts one as root,
 as the service account (which holds the broker's secrets and runs Ray), or as a system account
 (below a floor, default 1000, as Debian's first person's uid): a rank as any of those would hold
-rights no user has. Only the service account may connect: the kernels never reach the launcher.
+rights no user has; nor as an account in group root or in the service account's group, whose
+rank would hold that group's rights (files of root's or of the service's that the group may read).
+Only the service account may connect: the kernels never reach the launcher.
 """
 from __future__ import annotations
 
@@ -20,12 +22,14 @@ class Account:
     pw_uid: int
     pw_gid: int
     pw_dir: str
+    groups: frozenset[int] = frozenset()  # every group it is in: primary and supplementary
 
 
 @dataclass(frozen=True)
 class Rules:
     service_uid: int
     min_uid: int = DEFAULT_MIN_UID
+    service_gid: int | None = None  # the service account's primary group
 
 
 def refusal(name: str, found: Account | None, rules: Rules, node: str) -> str | None:
@@ -45,6 +49,13 @@ def refusal(name: str, found: Account | None, rules: Rules, node: str) -> str | 
     if found.pw_uid < rules.min_uid:
         return (f"the user {name!r} is uid {found.pw_uid} on node {node}, below the launcher's floor {rules.min_uid} "
                 "(system accounts): start the launcher with a lower --min-uid to allow it")
+    groups = found.groups | {found.pw_gid}
+    if 0 in groups:
+        return (f"the user {name!r} is in group root (gid 0) on node {node}: a rank would read what that group may; "
+                "take the account out of group root to let it run")
+    if rules.service_gid is not None and rules.service_gid in groups:
+        return (f"the user {name!r} is in the service account's group (gid {rules.service_gid}) on node {node}: "
+                "a rank would read the service's group files; take the account out of that group to let it run")
     return None
 
 

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -241,3 +242,52 @@ def test_a_users_huge_deep_scratch_folder_is_removed_and_the_launcher_serves_the
     while list(folder.parent.glob(".removing-*")) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert list(folder.parent.glob(".removing-*")) == [], "the folder set aside was not removed within 60 s"
+
+
+LIMITS_SEEN = """
+def fn():
+    import resource
+    return {"nofile": resource.getrlimit(resource.RLIMIT_NOFILE), "core": resource.getrlimit(resource.RLIMIT_CORE)}
+"""
+
+
+@contextmanager
+def limits_file(node: Node, text: str):
+    """A real /etc/security/limits.d file, naming only this module's accounts (no `*`: a login on
+    this machine meanwhile must not get them), removed on every path."""
+    path = Path("/etc/security/limits.d") / f"{node.service[:-1]}-test.conf"
+    path.write_text(text)
+    try:
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def test_bobs_rank_starts_with_the_limits_limits_conf_gives_him_and_anns_are_untouched(node):
+    before = node.run(node.ann, LIMITS_SEEN)  # the launcher's own, which her ranks inherit
+    bob_group = pwd.getpwnam(node.bob).pw_gid
+    text = (f"{node.bob} soft nofile 1234\n{node.bob} hard nofile 4321\n"
+            f"@:{bob_group} hard nofile 9999  # a group entry: bob's own wins\n"
+            f"{node.bob} soft core 0\n{node.bob} hard core 1024\n")
+    with limits_file(node, text):
+        bob = node.run(node.bob, LIMITS_SEEN)
+        ann = node.run(node.ann, LIMITS_SEEN)
+    assert bob.get("value") == {"nofile": [1234, 4321], "core": [0, 1024 * 1024]}, bob
+    assert "value" in before and ann.get("value") == before["value"], (before, ann)
+
+
+def test_a_user_limits_conf_gives_maxlogins_0_gets_no_rank_and_is_told_which_entry(node):
+    with limits_file(node, f"{node.ann} - maxlogins 0\n") as path:
+        said = node.run(node.ann, "def fn():\n    return 1\n")
+    assert "refused" in said, said
+    assert f"{path}:1" in said["refused"] and "maxlogins 0" in said["refused"] and repr(node.ann) in said["refused"]
+    assert node.run(node.ann, "def fn():\n    return 1\n").get("value") == 1  # the entry gone: she runs again
+
+
+def test_a_user_added_to_group_root_is_refused_naming_the_group(node):
+    subprocess.run(["gpasswd", "--add", node.ann, "root"], check=True, capture_output=True)
+    try:
+        said = node.run(node.ann, "def fn():\n    return 1\n")
+    finally:
+        subprocess.run(["gpasswd", "--delete", node.ann, "root"], check=True, capture_output=True)
+    assert "refused" in said and "group root (gid 0)" in said["refused"] and repr(node.ann) in said["refused"], said

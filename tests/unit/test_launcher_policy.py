@@ -84,3 +84,14 @@ def test_a_refused_launch_reaches_the_caller_as_launch_refused_naming_user_and_n
     with pytest.raises(GPUSessionError) as raised:
         controller._open_rendezvous(Actor, 2, 60.0, "zed")
     assert type(raised.value) is LaunchRefused and str(raised.value) == reason
+
+
+def test_an_account_in_group_root_or_the_services_group_is_refused_naming_the_group():
+    rules = Rules(service_uid=998, min_uid=1000, service_gid=997)
+    said = refusal("eve", Account("eve", 1002, 1002, "/home/eve", frozenset({1002, 0})), rules, "node-a")
+    assert "'eve'" in said and "group root (gid 0)" in said and "node-a" in said
+    said = refusal("eve", Account("eve", 1002, 0, "/home/eve"), rules, "node-a")  # root as her primary group
+    assert "group root" in said
+    said = refusal("eve", Account("eve", 1002, 1002, "/home/eve", frozenset({1002, 997})), rules, "node-a")
+    assert "service account's group (gid 997)" in said
+    assert refusal("eve", Account("eve", 1002, 1002, "/home/eve", frozenset({1002, 27})), rules, "node-a") is None
