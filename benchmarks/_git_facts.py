@@ -11,6 +11,7 @@ from pathlib import Path
 from _freshness import DEFAULT_DERIVED_FROM, RowFacts, judge, measures_of, newer_inputs
 from _import_closure import imported_paths
 from _results import latest_when
+from _same_code import same_code
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -38,8 +39,8 @@ def git_available(root: Path = ROOT) -> bool:
 
 @functools.lru_cache(maxsize=None)
 def changes_since(commit: str, paths: tuple[str, ...], root: Path = ROOT) -> tuple[str, ...] | None:
-    """Commits after COMMIT (its "+dirty" dropped) up to HEAD that touch PATHS, oldest first; None
-    when COMMIT is not in the history."""
+    """Commits after COMMIT (its "+dirty" dropped) up to HEAD that change the code in PATHS (not
+    only its docstrings and comments), oldest first; None when COMMIT is not in the history."""
     base = commit.split("+", 1)[0]
     known = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{base}^{{commit}}"], cwd=root,
                            capture_output=True, text=True, timeout=30)
@@ -47,7 +48,32 @@ def changes_since(commit: str, paths: tuple[str, ...], root: Path = ROOT) -> tup
         return None
     out = subprocess.run(["git", "log", "--reverse", "--abbrev=7", "--format=%h", f"{base}..HEAD", "--", *paths],
                          cwd=root, capture_output=True, text=True, timeout=60, check=True)
-    return tuple(out.stdout.split())
+    return tuple(commit for commit in out.stdout.split() if _changes_code(commit, paths, root))
+
+
+def _changes_code(commit: str, paths: tuple[str, ...], root: Path) -> bool:
+    """Whether COMMIT changes what runs in PATHS: a commit that only rewrites docstrings and
+    comments of Python files there does not (_same_code.py); any other file it touches there does."""
+    out = subprocess.run(["git", "diff-tree", "--no-commit-id", "--name-only", "-r", commit, "--", *paths],
+                         cwd=root, capture_output=True, text=True, timeout=60)
+    names = out.stdout.split("\n") if out.returncode == 0 else []
+    names = [name for name in names if name]
+    if not names:
+        return True  # (a first commit, or a merge: not read apart, so counted)
+    for name in names:
+        if not name.endswith(".py"):
+            return True
+        before, after = _text_at(f"{commit}^", name, root), _text_at(commit, name, root)
+        if before is None or after is None or not same_code(before, after):
+            return True
+    return False
+
+
+def _text_at(commit: str, path: str, root: Path) -> str | None:
+    out = subprocess.run(["git", "show", f"{commit}:{path}"], cwd=root, capture_output=True, timeout=60)
+    if out.returncode != 0:
+        return None  # added or removed by the commit
+    return out.stdout.decode("utf-8", errors="replace")
 
 
 def facts_for(documents: list[dict], root: Path = ROOT) -> dict[tuple[str, int], RowFacts]:

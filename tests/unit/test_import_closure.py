@@ -77,3 +77,39 @@ def test_a_row_is_stale_after_a_change_to_a_module_its_measured_code_imports_not
     assert facts.changes_since == (observed,)
     assert [finding.mark for finding in freshness.judge(document["rows"][0], facts)] == \
         [f"stale since {observed}: re-measure"]
+
+
+same_code = load("_same_code").same_code
+
+
+def test_docstrings_comments_and_layout_are_not_code_and_anything_else_is():
+    before = '"""The module."""\nimport os\n\nclass A:\n    """A class."""\n    def f(self):\n        """Says 1."""\n        return 1\n'
+    prose = '"""The module, said again."""\nimport os  # a comment\n\n\nclass A:\n    """Another word."""\n\n    def f(self):\n        return 1\n'
+    assert same_code(before, prose)
+    assert same_code("def f():\n    pass\n", 'def f():\n    "Nothing yet."\n')
+    assert not same_code(before, before.replace("return 1", "return 2"))
+    assert not same_code(before, before.replace('"""Says 1."""', 'print("Says 1.")'))  # a call, not a docstring
+    assert not same_code("x = 'a'\n", "x = 'b'\n")  # a string that is data
+    assert not same_code(before, "def (:\n")  # unparsable: not known to be the same
+
+
+def test_a_commit_that_only_rewrites_docstrings_and_comments_leaves_a_row_current_and_a_code_change_does_not(tmp_path):
+    root = _tree(tmp_path)
+    (root / "benchmarks").mkdir()
+    (root / "benchmarks" / "warm.py").write_text("# the benchmark script\n")
+    _git(root, "init", "-q")
+    measured_at = _commit(root, "measured")
+    document = {"benchmark": "warm", "measures": ["gpusession/run"],
+                "machine": {**MACHINE, "gpusession_commit": measured_at},
+                "rows": [{"measure": "warm call", "unit": "s", "gpusession": 0.2, "gpusession_samples": [0.2]}]}
+
+    (root / "gpusession" / "errors.py").write_text('"""What fails."""\nclass Failed(Exception):  # the one\n    pass\n')
+    (root / "benchmarks" / "warm.py").write_text('"""The benchmark script, documented."""\n')
+    _commit(root, "prose only, in the measured closure and the script")
+    git_facts.changes_since.cache_clear()
+    assert git_facts.facts_for([document], root)[("warm", 0)].changes_since == ()
+
+    (root / "gpusession" / "errors.py").write_text('"""What fails."""\nclass Failed(RuntimeError):\n    pass\n')
+    code = _commit(root, "code")
+    git_facts.changes_since.cache_clear()
+    assert git_facts.facts_for([document], root)[("warm", 0)].changes_since == (code,)
