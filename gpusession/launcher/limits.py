@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from enum import Enum
 
 UNLIMITED = 2**64 - 1  # RLIM_INFINITY as the kernel holds it (Python's resource module says -1)
 
@@ -34,6 +35,18 @@ RESOURCES: dict[str, tuple[int, int]] = {
 NOFILE = RESOURCES["nofile"][0]
 LOGINS = ("maxlogins", "maxsyslogins")
 OTHER_ITEMS = ("priority", "nonewprivs", *LOGINS)
+
+class LimitType(Enum):
+    """An entry's <type>: the soft limit, the hard one, or both ("-")."""
+
+    SOFT = "soft"
+    HARD = "hard"
+    BOTH = "-"
+
+
+SETS_SOFT = (LimitType.SOFT, LimitType.BOTH)
+SETS_HARD = (LimitType.HARD, LimitType.BOTH)
+
 
 # where an entry came from, most specific first (pam_limits' LIMITS_DEF_*)
 USER, GROUP, ALLGROUP, ALL, DEFAULT, UNSET = range(6)
@@ -108,10 +121,10 @@ def user_limits(files: list[tuple[str, str]], who: Who, *, nr_open: int) -> User
             if len(fields) != 4:
                 state.skipped.append(f"{where}: not '<domain> <type> <item> <value>'")
                 continue
-            kind, item, value = fields[1].lower(), fields[2].lower(), fields[3].lower()
+            item, value = fields[2].lower(), fields[3].lower()
             source = _source(domain, span, who)
             if source is not None:
-                _take(state, source, kind, item, value, where, nr_open)
+                _take(state, source, _limit_type(fields[1]), fields[1], item, value, where, nr_open)
     return UserLimits(
         rlimits=_rlimits(state), priority=state.priority, no_new_privs=state.no_new_privs,
         no_login=state.logins_entry if state.logins.source != UNSET and state.logins.value == 0 else None,
@@ -191,12 +204,20 @@ def _exempts(domain: str, span, who: Who) -> bool:
     return span is not None and _in(who.uid, span)
 
 
-def _take(state: _State, source: int, kind: str, item: str, value: str, where: str, nr_open: int) -> None:
+def _limit_type(text: str) -> LimitType | None:
+    try:
+        return LimitType(text.lower())
+    except ValueError:
+        return None
+
+
+def _take(state: _State, source: int, limit_type: LimitType | None, written: str, item: str, value: str,
+          where: str, nr_open: int) -> None:
     if item not in RESOURCES and item not in OTHER_ITEMS:
         state.skipped.append(f"{where}: unknown item {item!r}")
         return
-    if kind not in ("soft", "hard", "-") and item not in (*LOGINS, "nonewprivs"):
-        state.skipped.append(f"{where}: unknown type {kind!r} (soft, hard or -)")
+    if limit_type is None and item not in (*LOGINS, "nonewprivs"):
+        state.skipped.append(f"{where}: unknown type {written!r} (soft, hard or -)")
         return
     if source in (ALL, ALLGROUP) and item not in LOGINS:
         return  # a % domain is for maxlogins only
@@ -227,12 +248,12 @@ def _take(state: _State, source: int, kind: str, item: str, value: str, where: s
             state.skipped.append(f"{where}: {item} needs a number or 'unlimited', not {value!r}")
             return
     resource = RESOURCES[item][0]
-    if kind in ("soft", "-"):
+    if limit_type in SETS_SOFT:
         slot = state.soft.setdefault(resource, _Slot())
         if slot.source < source:
             return  # (pam_limits then leaves the hard one alone too)
         state.soft[resource] = _Slot(kernel, source)
-    if kind in ("hard", "-"):
+    if limit_type in SETS_HARD:
         slot = state.hard.setdefault(resource, _Slot())
         if slot.source < source:
             return
