@@ -56,15 +56,20 @@ def _commit(root: Path, message: str) -> str:
     return _git(root, "rev-parse", "--short=7", "HEAD")
 
 
-def test_a_row_is_stale_after_a_change_to_a_module_its_measured_code_imports_not_after_one_it_does_not(tmp_path):
+def _measured_history(tmp_path: Path) -> tuple[Path, dict]:
+    """A git history whose first commit a warm-call row of gpusession/run was measured at."""
     root = _tree(tmp_path)
     (root / "benchmarks").mkdir()
     (root / "benchmarks" / "warm.py").write_text("# the benchmark script\n")
     _git(root, "init", "-q")
     measured_at = _commit(root, "measured")
-    document = {"benchmark": "warm", "measures": ["gpusession/run"],
-                "machine": {**MACHINE, "gpusession_commit": measured_at},
-                "rows": [{"measure": "warm call", "unit": "s", "gpusession": 0.2, "gpusession_samples": [0.2]}]}
+    return root, {"benchmark": "warm", "measures": ["gpusession/run"],
+                  "machine": {**MACHINE, "gpusession_commit": measured_at},
+                  "rows": [{"measure": "warm call", "unit": "s", "gpusession": 0.2, "gpusession_samples": [0.2]}]}
+
+
+def test_a_row_is_stale_after_a_change_to_a_module_its_measured_code_imports_not_after_one_it_does_not(tmp_path):
+    root, document = _measured_history(tmp_path)
 
     (root / "gpusession" / "hub" / "plan.py").write_text("from ..run import call  # a comment\n")
     _commit(root, "the hub only")
@@ -94,14 +99,7 @@ def test_docstrings_comments_and_layout_are_not_code_and_anything_else_is():
 
 
 def test_a_commit_that_only_rewrites_docstrings_and_comments_leaves_a_row_current_and_a_code_change_does_not(tmp_path):
-    root = _tree(tmp_path)
-    (root / "benchmarks").mkdir()
-    (root / "benchmarks" / "warm.py").write_text("# the benchmark script\n")
-    _git(root, "init", "-q")
-    measured_at = _commit(root, "measured")
-    document = {"benchmark": "warm", "measures": ["gpusession/run"],
-                "machine": {**MACHINE, "gpusession_commit": measured_at},
-                "rows": [{"measure": "warm call", "unit": "s", "gpusession": 0.2, "gpusession_samples": [0.2]}]}
+    root, document = _measured_history(tmp_path)
 
     (root / "gpusession" / "errors.py").write_text('"""What fails."""\nclass Failed(Exception):  # the one\n    pass\n')
     (root / "benchmarks" / "warm.py").write_text('"""The benchmark script, documented."""\n')
