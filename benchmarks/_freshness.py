@@ -39,7 +39,9 @@ EXTRA_MEASURES = {
     "ddp_step_overhead": ("benchmarks/ddp_loop.py",),
     "sweep": ("gpusession/sweeps",),
     "cli_status": ("gpusession/cli/main.py", "gpusession/broker/http/status_endpoint.py"),
-    "hub": ("gpusession/hub", "jupyter_ext"),
+    # the user's kernel calls the service's gateway, whose server runs the call and asks the root
+    # launcher for the ranks: processes of their own, so no import of the script reaches them
+    "hub": ("gpusession/hub", "jupyter_ext", "gpusession/gateway", "gpusession/launcher", "gpusession/notebook"),
     "attach": ("gpusession/gateway",),
     "before_gateway": ("benchmarks/_before_side.py", "benchmarks/_gateway_side.py", "gpusession/gateway",
                        "gpusession/notebook"),

@@ -141,3 +141,21 @@ def test_a_measure_set_against_two_alternatives_is_judged_row_by_row():
     refused = freshness.refused_summary(report.findings_by_row([doc], facts))
     assert refused == ["call_overhead: warm call (against Ray Train fit()): goal missed, no goal_note says why"]
     assert strict_status(doc, facts) == 1
+
+
+def test_every_results_file_names_at_least_what_its_script_is_said_to_measure():
+    # a results file's own list is what --check judges it by: a path added to EXTRA_MEASURES (the hub's
+    # gateway and launcher, which run in processes of their own) must reach the files already written
+    import json
+
+    from ..conftest import ROOT
+
+    short = {}
+    for path in sorted((ROOT / "benchmarks" / "results").glob("*.json")):
+        doc = json.loads(path.read_text())
+        if "measures" in doc:
+            script = doc.get("script") or doc["benchmark"]
+            missing = set(freshness.EXTRA_MEASURES.get(script, ())) - set(doc["measures"])
+            if missing:
+                short[path.name] = sorted(missing)
+    assert short == {}
