@@ -34,7 +34,8 @@ class Settings:
 
 def for_account(account: Account, *, security: Path = SECURITY) -> tuple[Settings, UserLimits]:
     """The settings of a rank of `account` on this node (raises Unusable with the reason)."""
-    found = user_limits(_read(security), _who(account), nr_open=_nr_open())
+    nr_open = _nr_open()
+    found = user_limits(_read(security), _who(account), nr_open=nr_open)
     if found.no_login:
         raise Unusable(f"{found.no_login} gives {account.pw_name!r} maxlogins 0 (no login at all), "
                        "so no rank runs as them either; change that entry to let them run")
@@ -43,9 +44,9 @@ def for_account(account: Account, *, security: Path = SECURITY) -> tuple[Setting
     rlimits = []
     for limit in found.rlimits:
         soft, hard = with_current(limit, tuple(_from_kernel(v) for v in resource.getrlimit(limit.resource)))
-        if limit.resource == NOFILE and hard > _nr_open():
+        if limit.resource == NOFILE and hard > nr_open:
             raise Unusable(f"{account.pw_name!r}'s nofile limit {hard} is above the kernel's fs.nr_open "
-                           f"({_nr_open()}): lower it in {security}/limits.conf or limits.d")
+                           f"({nr_open}): lower it in {security}/limits.conf or limits.d")
         rlimits.append((limit.resource, _to_kernel(soft), _to_kernel(hard)))
     return Settings(tuple(rlimits), found.priority, found.no_new_privs), found
 
