@@ -93,6 +93,10 @@ class BeforeCluster:
         self.install = install
         self.home = tempfile.mkdtemp(prefix="gs-bench-before-home-")
         self.workdir = tempfile.mkdtemp(prefix="gs-bench-before-cwd-")
+        # the before code's temporary files (its ranks' /tmp/gpusession-scratch, which it never
+        # removed, Ray's session folder) go in a folder of this run's, removed with it (short: Ray's
+        # sockets live under it)
+        self.tmp = tempfile.mkdtemp(prefix="gsb-before-")
         env = self._base_env()
         self.head = subprocess.Popen([install.python, "-c", _HEAD, str(gpus)], env=env, cwd=self.workdir,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -105,6 +109,7 @@ class BeforeCluster:
     def _base_env(self) -> dict:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "GPUSESSION_")) and k != "PYTHONPATH"}
         env["GPUSESSION_HOME"] = self.home
+        env["TMPDIR"] = self.tmp
         return env
 
     def env(self) -> dict:
@@ -120,6 +125,7 @@ class BeforeCluster:
             self.head.wait()
         shutil.rmtree(self.home, ignore_errors=True)
         shutil.rmtree(self.workdir, ignore_errors=True)
+        shutil.rmtree(self.tmp, ignore_errors=True)
 
 
 class BeforeKernel:

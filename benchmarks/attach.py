@@ -173,6 +173,13 @@ def main() -> None:
             delays.append(delay)
         live.cancel()
         print(f"live: history {spread(histories)} s, next update {spread(delays)} s", flush=True)
+        # its end, before the gateway is stopped below (stopped first, the kernel never heard the end
+        # and its receipt said so)
+        if live.wait(120):
+            print(f"live run cancelled: {type(live.exception()).__name__}, state {live.state.value}, end reason "
+                  f"{live.info.end_reason}, GPUs released: {live.info.released}", flush=True)
+        else:
+            print("live run: not ended 120 s after its cancel", flush=True)
     finally:
         for name in names:
             try:

@@ -9,7 +9,8 @@ class GPUSessionError(Exception):
 
 
 class QuotaExceeded(GPUSessionError):
-    """The request is beyond the user's quota: priority above max_priority or GPU-hour budget spent."""
+    """The request is beyond the user's quota: priority above max_priority, GPU-hour budget spent, or
+    (a detached run) as many of the account's detached runs not yet ended as a gateway hosts."""
 
 
 class Infeasible(GPUSessionError):

@@ -19,7 +19,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import RunTimeout
+from ..errors import QuotaExceeded, RunTimeout
 from ..run.endings import EndReason
 from . import keeping
 from .chunks import send_chunked
@@ -29,6 +29,9 @@ from .kinds import DetachedState, Event, Kind
 log = logging.getLogger("gpusession.gateway")
 MAX_PENDING = keeping.MAX_EVENTS + 1000  # unsent messages past which a following kernel is dropped
 FLUSH_S = 30.0  # how long a session waits for its kernel to be sent the end before it closes
+# runs of one account not yet ended (queued or running): each holds threads of the gateway and a
+# request at the broker; past it the next detach is refused, so a loop of submits cannot exhaust them
+LIVE_RUNS_PER_USER = 100
 
 _STATE_OF_EVENT = {Event.QUEUED: DetachedState.QUEUED, Event.GRANTED: DetachedState.STARTING,
                    Event.RUNNING: DetachedState.RUNNING, Event.TRANSITION: DetachedState.STARTING}
@@ -194,20 +197,30 @@ class HostedRun:
 class Registry:
     """The detached runs of every account, by id; ended ones go after the policy's retention (and
     past keeping.RUNS_PER_USER or RESULT_BYTES_PER_USER of an account), checked whenever the
-    registry is used. A kept result's frames may be views of Ray's object store (pinned there)."""
+    registry is used; an account has at most live_per_user runs not yet ended. A kept result's
+    frames may be views of Ray's object store (pinned there)."""
 
     def __init__(self, policy: keeping.DetachPolicy = keeping.DetachPolicy(), per_user: int = keeping.RUNS_PER_USER,
-                 bytes_per_user: int = keeping.RESULT_BYTES_PER_USER) -> None:
+                 bytes_per_user: int = keeping.RESULT_BYTES_PER_USER, live_per_user: int = LIVE_RUNS_PER_USER) -> None:
         self.policy, self.per_user, self.bytes_per_user = policy, per_user, bytes_per_user
+        self.live_per_user = live_per_user
         self._runs: dict[str, HostedRun] = {}
         self._lock = threading.Lock()
 
     def add(self, user: str, name: str, gpus: float, workers: int, max_duration_s: float,
             notebook: str | None = None) -> HostedRun:
-        run = HostedRun(uuid.uuid4().hex, user, name, gpus, workers, max_duration_s,
-                        notebook if isinstance(notebook, str) else None, self.policy.retention_s)
+        """A new run's record; QuotaExceeded (nothing kept) when the account has live_per_user
+        runs not yet ended."""
         with self._lock:
             self._sweep(time.time())
+            live = sum(1 for run in self._runs.values() if run.user == user and run.ended_at is None)
+            if live >= self.live_per_user:
+                raise QuotaExceeded(
+                    f"The gateway hosts at most {self.live_per_user} detached runs of one account that have not "
+                    f"ended, and {user} has {live}; nothing was started. Wait for one to end or cancel one "
+                    "(gs.runs(all=True) lists them; gs.attach(run_id).cancel() stops one), then submit again.")
+            run = HostedRun(uuid.uuid4().hex, user, name, gpus, workers, max_duration_s,
+                            notebook if isinstance(notebook, str) else None, self.policy.retention_s)
             self._runs[run.run_id] = run
         return run
 

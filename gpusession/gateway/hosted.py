@@ -30,7 +30,8 @@ The messages (JSON header + raw frames, frames.py; after the hello of session "r
                                     buffers, in order;
                                     values: {"all": bool, "items": [null | buffer count]}
       checkpoint_bytes {}           payload: [the checkpoint's pickle]
-      failed      {error}           a request refused before any run (bad message, unknown handle)
+      failed      {error}           a request refused before any run (bad message, unknown handle, an
+                                    account's live detached runs at detached.LIVE_RUNS_PER_USER)
 
 The gateway never unpickles what a kernel sent: the call's bytes go into Ray's object store as
 they came (bulk.shipment_of) and a rank unpickles them; a result leaves as the rank pickled it.
@@ -52,7 +53,7 @@ import time
 from contextlib import ExitStack
 from typing import Any
 
-from ..errors import GPUSessionError
+from ..errors import GPUSessionError, QuotaExceeded
 from ..observe.events import Fanout, RunInfo
 from ..run.endings import EndReason
 from . import keeping
@@ -149,8 +150,16 @@ def _run(conn: Connection, caller: Caller, request: RunRequest, keys: Acting, sh
          registry: Registry = REGISTRY) -> None:
     hosted = None
     if request.detach is not None:
-        hosted = registry.add(caller.user, request.name, request.options.lease.gpus, request.options.lease.workers,
-                              request.detach, request.asking.get("notebook"))
+        try:
+            hosted = registry.add(caller.user, request.name, request.options.lease.gpus,
+                                  request.options.lease.workers, request.detach, request.asking.get("notebook"))
+        except QuotaExceeded as exc:  # the account's live runs are at the registry's limit
+            log.warning("detached run %s of %s refused: %s", request.name, caller.user, exc)
+            try:
+                conn.send(Kind.FAILED, error=error_to_json(exc))
+            except OSError:
+                pass  # the kernel left already
+            return
     try:
         _host(conn, caller, request, keys, shelf, hosted)
     finally:

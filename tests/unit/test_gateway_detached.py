@@ -162,6 +162,19 @@ def test_the_registry_drops_ended_runs_after_retention_and_past_the_per_account_
     assert registry.get(newer.run_id) is None and registry.get(newest.run_id).state == "cancelled"
 
 
+def test_an_account_at_its_live_runs_limit_is_refused_a_new_one_and_nothing_is_kept():
+    registry = Registry(live_per_user=2)
+    first, second = registry.add("ann", "a", 1, 1, 60), registry.add("ann", "b", 1, 1, 60)
+    with pytest.raises(errors.QuotaExceeded,
+                       match=r"at most 2 detached runs of one account that have not ended, and ann has 2.*cancel one"):
+        registry.add("ann", "c", 1, 1, 60)
+    assert sorted(row["name"] for row in registry.rows("ann")) == ["a", "b"]
+    registry.add("bob", "c", 1, 1, 60)  # another account's runs do not count
+    first.finish({"info": {}, "error": None, "values": None}, [], "finished")
+    third = registry.add("ann", "c", 1, 1, 60)  # an ended run (kept for attach) no longer counts
+    assert {registry.get(r.run_id) for r in (first, second, third)} == {first, second, third}
+
+
 def test_a_run_past_its_limit_raises_run_timeout_at_its_poll_and_a_cancel_raises_its_error():
     registry = Registry()
     run = registry.add("ann", "f", 1, 1, 10)
@@ -301,6 +314,22 @@ def test_another_accounts_run_cannot_be_attached_or_cancelled(hosting):
 def test_a_malformed_run_id_is_refused_by_name(hosting):
     with pytest.raises(errors.GPUSessionError, match="run_id"):
         gs.attach("../etc")
+
+
+def test_a_detach_past_the_accounts_live_runs_limit_fails_at_once_with_quota_exceeded(hosting):
+    hosting.live_per_user = 1
+    hosting.add(ME, "running", 1, 1, 60)
+
+    @gs.distributed(gpus=1)
+    def f():
+        return 1
+
+    run = f.submit(detach=True, max_duration=60)
+    with pytest.raises(gs.QuotaExceeded,
+                       match=r"at most 1 detached runs of one account that have not ended, and .* has 1; nothing was started"):
+        run.result(timeout=30)
+    assert run.state is gs.RunStatus.FAILED and run.run_id is None
+    assert [row["name"] for row in hosting.rows(ME)] == ["running"]
 
 
 def test_detach_with_the_embedded_cluster_is_refused_and_says_where_it_works(monkeypatch, tmp_path):
