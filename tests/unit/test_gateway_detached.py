@@ -172,7 +172,7 @@ def test_an_account_at_its_live_runs_limit_is_refused_a_new_one_and_nothing_is_k
     registry.add("bob", "c", 1, 1, 60)  # another account's runs do not count
     first.finish({"info": {}, "error": None, "values": None}, [], "finished")
     third = registry.add("ann", "c", 1, 1, 60)  # an ended run (kept for attach) no longer counts
-    assert {registry.get(r.run_id) for r in (first, second, third)} == {first, second, third}
+    assert [registry.get(r.run_id) for r in (first, second, third)] == [first, second, third]
 
 
 def test_a_run_past_its_limit_raises_run_timeout_at_its_poll_and_a_cancel_raises_its_error():
