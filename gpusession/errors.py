@@ -9,8 +9,7 @@ class GPUSessionError(Exception):
 
 
 class QuotaExceeded(GPUSessionError):
-    """The request is beyond the user's quota: priority above max_priority, GPU-hour budget spent, or
-    (a detached run) as many of the account's detached runs not yet ended as a gateway hosts."""
+    """The request is beyond the user's quota: priority, GPU-hour budget, or live detached runs."""
 
 
 class Infeasible(GPUSessionError):
