@@ -12,6 +12,8 @@ import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import expect
 
+from gpusession.broker.policy.states import LeaseState
+
 from ..conftest import ROOT
 
 # the module's hub starts within its first test (minutes on a loaded machine), and a user's first
@@ -203,10 +205,13 @@ def held_lease(hub, user) -> dict | None:
 
 
 def hold_one_gpu(hub, *users) -> None:
+    """Each user's background run holds one GPU, its lease placed: a granted lease becomes placed
+    once Ray placed its group, so a snapshot of the ledger taken while granted changes by itself."""
     for user in users:
         started = user.run(HOLD)
         assert started.error is None, f"{user.name}: {started}"
-        assert _wait_for(lambda: held_lease(hub, user)), f"{user.name}'s background run never held its GPU"
+        assert _wait_for(lambda: (held_lease(hub, user) or {}).get("state") == LeaseState.PLACED), \
+            f"{user.name}'s background run never held its GPU"
 
 
 def release(*users) -> None:
