@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 from .console import LineAssembler
 from .events import Observer, RunInfo
-from .receipt import format_value, receipt_text
+from .receipt import format_value, receipt_text, stopped_by_user
 from .livestatus import LiveStatus
 from .statusline import Phase, Status, queue_text, step_of
 
@@ -207,8 +207,9 @@ class NotebookObserver(Observer):
             _write(stream, text)
         if self._stale:  # the final state is always on screen
             self._draw_metrics(final=True)
+        stopped = stopped_by_user(error)
         self._move(self._status().moved(Phase.DONE, self.clock(), line=receipt_text(info, error),
-                                        failed=error is not None))
+                                        failed=error is not None and not stopped, stopped=stopped))
         self.live.stop()
 
     def _status(self) -> Status:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import html
 from typing import Any
 
+from ..errors import RunCancelled
+
 HEAD_ROWS, TAIL_ROWS = 3, 4  # a history longer than both shows its first and last rows only
 RETURNED_SHOWN_FROM = 1 << 20  # a result this big is worth a word in the receipt
 
@@ -72,12 +74,29 @@ def rank_ranges(ranks: list[int]) -> str:
     return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in spans)
 
 
+def stopped_by_user(error: BaseException | None) -> bool:
+    """The run ended because its user stopped it (the stop button, run.cancel()): not a failure."""
+    return isinstance(error, (KeyboardInterrupt, RunCancelled))
+
+
+def outcome(error: BaseException | None) -> str:
+    """The receipt's first word: "done"; "interrupted" or "cancelled" for a run its user stopped
+    (the stop button, run.cancel()), which did not fail; else "failed: " and the error's type
+    (WorkerFailed, Preempted, RunTimeout, ...), which the raised error explains."""
+    if error is None:
+        return "done"
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted"
+    if isinstance(error, RunCancelled):
+        return "cancelled"
+    return f"failed: {type(error).__name__}"
+
+
 def receipt_text(info, error: BaseException | None) -> str:
     if error is not None and not info.gpus:  # never granted: rejected, timed out or stopped in the queue
-        return f"failed: {type(error).__name__} · nothing was leased"
-    outcome = "done" if error is None else f"failed: {info.end_reason or type(error).__name__}"
+        return f"{outcome(error)} · nothing was leased"
     where = " (logical GPUs: the workers ran on the CPU)" if info.logical_gpus else ""
-    return f"{outcome} · {costs(info)}{where}"
+    return f"{outcome(error)} · {costs(info)}{where}"
 
 
 def summary_rows(history: list[dict]) -> tuple[list[str], list[tuple[int, list[str]] | None]]:

@@ -41,6 +41,7 @@ class Status:
     step: object = None  # the last reported step (or report count) while running
     line: str = ""  # the controller's own words while changing; the receipt when done
     failed: bool = False
+    stopped: bool = False  # done because its user stopped it (interrupted, cancelled): not failed
 
     def moved(self, phase: Phase, now: float, **changes) -> "Status":
         return replace(self, phase=phase, since=now, **changes)
@@ -88,6 +89,8 @@ def status_html(status: Status, now: float) -> str:
         tag = "resizing"  # an elastic run changing size ("... 4 -> 2 GPUs from the checkpoint after step 340")
     if status.phase.is_terminal and status.failed:
         tag, colour = "failed", "#c62828"
+    elif status.phase.is_terminal and status.stopped:
+        tag, colour = "stopped", "#ef6c00"
     style = ("display:inline-block;min-width:5.5em;padding:0 0.4em;margin-right:0.5em;border-radius:3px;"
              f"color:#fff;background:{colour};font-size:0.85em;text-align:center")
     warn = " style='color:#b26a00'" if status.borrowed and not status.phase.is_terminal else ""

@@ -86,5 +86,5 @@ def test_a_result_larger_than_the_object_store_and_its_disk_fails_clearly_once_a
     assert message.startswith("Rank 0's result (315 MB) did not fit in Ray's object store on "), message
     assert "Every worker was stopped and the 1 GPUs released. Return less" in message, message
     said_to_user = (done.stdout + done.stderr).lower()
-    assert "failed: failed" in said_to_user and "restart" not in said_to_user, said_to_user[-3000:]  # never retried
+    assert "failed: resulttoolarge" in said_to_user and "restart" not in said_to_user, said_to_user[-3000:]  # never retried
     assert said["free_gpus_at_error"] == said["gpus"] == 2.0, said

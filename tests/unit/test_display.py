@@ -14,6 +14,7 @@ from gpusession.observe.display import (
     table_bundle,
     wants_log_scale,
 )
+from gpusession.errors import Preempted, RunCancelled, WorkerFailed
 from gpusession.observe.events import RunInfo
 from gpusession.observe.livestatus import changes_html, timed, with_changes_text
 
@@ -32,8 +33,16 @@ def test_receipt_names_the_costs_the_outcome_and_logical_gpus():
     assert line.startswith(
         "done · 2 logical GPUs · queued 1.2 s · setup 0.5 s · run 3.0 s · 9.5 GPU·s · released")
     assert "workers ran on the CPU" in line
-    info.end_reason = "interrupted"
-    assert receipt_line(info, KeyboardInterrupt()).startswith("failed: interrupted · 2 logical GPUs")
+
+
+
+def test_a_run_its_user_stopped_reads_interrupted_or_cancelled_and_a_failure_names_its_error():
+    info = RunInfo(gpus=2, queued_s=1.25, setup_s=0.5, run_s=3.0, gpu_seconds=9.5, released=True)
+    assert receipt_line(info, KeyboardInterrupt()).startswith("interrupted · 2 GPUs · queued 1.2 s")
+    assert receipt_line(info, RunCancelled("stopped")).startswith("cancelled · 2 GPUs · queued 1.2 s")
+    assert receipt_line(info, WorkerFailed("rank 1 raised")).startswith("failed: WorkerFailed · 2 GPUs")
+    assert receipt_line(info, Preempted("by lease 7")).startswith("failed: Preempted · 2 GPUs")
+    assert receipt_line(RunInfo(), RunCancelled("stopped")) == "cancelled · nothing was leased"
 
 
 def test_receipt_of_a_request_that_never_got_gpus_says_nothing_was_leased():

@@ -83,8 +83,10 @@ def test_the_html_line_escapes_the_controllers_words_and_tags_the_phase():
     changing = Status(Phase.CHANGING, 0.0, line="resize to <2> workers")
     markup = status_html(changing, 1.0)
     assert "&lt;2&gt;" in markup and "data-phase='changing'" in markup
-    failed = status_html(Status(Phase.DONE, 0.0, line="failed: interrupted · 2 GPUs", failed=True), 0.0)
-    assert ">failed<" in failed and ">interrupted · 2 GPUs<" in failed  # the tag says failed, once
+    failed = status_html(Status(Phase.DONE, 0.0, line="failed: WorkerFailed · 2 GPUs", failed=True), 0.0)
+    assert ">failed<" in failed and ">WorkerFailed · 2 GPUs<" in failed  # the tag says failed, once
+    stopped = status_html(Status(Phase.DONE, 0.0, line="interrupted · 2 GPUs", stopped=True), 0.0)
+    assert ">stopped<" in stopped and ">interrupted · 2 GPUs<" in stopped and "failed" not in stopped
 
 
 def test_a_resize_is_tagged_resizing_and_a_restart_restarting():

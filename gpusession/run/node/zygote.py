@@ -211,8 +211,7 @@ def _fork_child(inherited: list[socket.socket], fd: int, gate=None, plan=None) -
             sock.close()
         os.setsid()  # its own process group: the actor kills the rank with every process it started
         _die_with_parent()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _signals_as_a_fresh_python()
         if gate is not None:  # run as root: become the user first (launcher/gate.py), or run nothing
             gate.enter(plan, fd)
         from gpusession.run.rank import child
@@ -220,6 +219,17 @@ def _fork_child(inherited: list[socket.socket], fd: int, gate=None, plan=None) -
         child.main(fd)
     finally:
         os._exit(70)
+
+
+def _signals_as_a_fresh_python() -> None:
+    """A rank's signals as a Python that torchrun starts has them: nothing blocked, Ctrl-C's
+    SIGINT raising KeyboardInterrupt, SIGTERM's default. Ray starts its processes with SIGINT
+    blocked (so a terminal's Ctrl-C leaves the cluster up), the warm parent inherits that mask from
+    the actor that started it and ignores SIGINT itself; a rank inherited both, so a SIGINT to it,
+    or to any program it started, did nothing."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _reap(children: dict, asked: dict, gate=None) -> None:
