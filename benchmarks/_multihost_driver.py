@@ -13,6 +13,7 @@ the machine's clock, so the benchmark can subtract the moment it killed a host).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -242,7 +243,10 @@ def ray_train_node_loss(marker: str, workers: int = 4, max_failures: int = 0) ->
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    storage = tempfile.mkdtemp(prefix="raytrain-nodeloss-", dir="/tmp")
+    # Beside the marker, in the simulated cluster's own folder: the benchmark stops this driver
+    # (its process group) once it has what it measures, so the `finally` below may never run, and
+    # the cluster's teardown removes that folder whatever happened.
+    storage = tempfile.mkdtemp(prefix="raytrain-nodeloss-", dir=os.path.dirname(marker))
 
     def loop():
         import os
