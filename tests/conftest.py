@@ -18,7 +18,7 @@ import pytest
 from hypothesis import settings as hypothesis_settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from . import skiplist
+from . import leftovers, skiplist
 
 ROOT = Path(__file__).resolve().parent.parent
 # Property tests: no per-example deadline (a loaded machine is slow, not wrong), failures kept in
@@ -31,6 +31,7 @@ hypothesis_settings.load_profile("gpusession")
 CLUSTER_GPUS = 4
 SKIPPED: list = []  # skiplist.Skipped of this session
 UNEXPLAINED: list = []  # the no-silent-skip report, when CI as root had unlisted skips
+LEFT: list = []  # folders in the temporary folder still held by a live process at the session's end
 
 # The fast loop (`pytest -m "not slow"`, README "Development") must stay under 3 minutes and still
 # catch a broken run path. The rule: a test is slow when, besides the shared session cluster, it
@@ -151,6 +152,10 @@ def pytest_terminal_summary(terminalreporter):
     for text in UNEXPLAINED:
         terminalreporter.write_sep("=", "unexplained skips", red=True)
         terminalreporter.write_line(text)
+    if LEFT:
+        terminalreporter.write_sep("=", "left in the temporary folder (a live process holds each)", yellow=True)
+        for path in LEFT:
+            terminalreporter.write_line(str(path))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -223,6 +228,15 @@ def free_gpus() -> float:
     import ray
 
     return ray.available_resources().get("GPU", 0.0)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_folders_left_in_tmp():
+    """The warm and scratch folders the session's clusters left in the temporary folder go at its
+    end (tests/leftovers.py): set up before any cluster, so it ends after every one of them."""
+    snapshot = leftovers.Snapshot.now()
+    yield
+    LEFT.extend(snapshot.remove_new())
 
 
 @pytest.fixture(scope="session")
