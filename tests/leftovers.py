@@ -30,7 +30,7 @@ def found(tmp: Path) -> set[Path]:
     for entry in _entries(tmp):
         if entry.name.startswith(WARM_PREFIX) and _owner(entry) == uid:
             paths.add(Path(entry.path))
-        elif entry.name == f"{SCRATCH_PREFIX}{uid}":
+        elif entry.name == f"{SCRATCH_PREFIX}{uid}" and _owner(entry) == uid:
             paths.add(Path(entry.path))
             paths.update(Path(cluster.path) for cluster in _entries(Path(entry.path)))
     return paths
