@@ -17,7 +17,9 @@ def local_cluster(*, gpus: int = CLUSTER_GPUS, cpus: int = 4):
     import ray
 
     from gpusession.cluster.raycluster import init_local_head
+    from gpusession.run.node.leftovers import Snapshot
 
+    before = Snapshot.now()  # the warm and scratch folders already in the temporary folder
     home = tempfile.mkdtemp(prefix="gpusession-bench-")
     os.environ["GPUSESSION_HOME"] = home  # a private ledger: benchmarks never touch yours
     os.environ.pop("RAY_ADDRESS", None)
@@ -28,6 +30,8 @@ def local_cluster(*, gpus: int = CLUSTER_GPUS, cpus: int = 4):
     finally:
         ray.shutdown()
         shutil.rmtree(home, ignore_errors=True)  # its ledger and keys: nothing of a run stays behind
+        for path in before.remove_new():  # what this cluster's hosts and ranks left, once unlocked
+            print(f"left in the temporary folder (still held): {path}", flush=True)
 
 
 def timed(fn, repeat: int) -> list[float]:

@@ -18,7 +18,9 @@ import pytest
 from hypothesis import settings as hypothesis_settings
 from hypothesis.database import DirectoryBasedExampleDatabase
 
-from . import leftovers, skiplist
+from gpusession.run.node import leftovers
+
+from . import skiplist
 
 ROOT = Path(__file__).resolve().parent.parent
 # Property tests: no per-example deadline (a loaded machine is slow, not wrong), failures kept in
@@ -233,7 +235,7 @@ def free_gpus() -> float:
 @pytest.fixture(scope="session", autouse=True)
 def no_folders_left_in_tmp():
     """The warm and scratch folders the session's clusters left in the temporary folder go at its
-    end (tests/leftovers.py): set up before any cluster, so it ends after every one of them."""
+    end (gpusession/run/node/leftovers.py): set up before any cluster, so it ends after every one of them."""
     snapshot = leftovers.Snapshot.now()
     yield
     LEFT.extend(snapshot.remove_new())

@@ -26,6 +26,7 @@ gateway process, run as that user (usergateway.py), hosts only their detached ru
     following.py which processes follow a live run, per account (a server's kernels count as active)
     reattach.py detached runs, kernel's side: list, attach (replay then live), cancel
     chunks.py   a message with more raw frames than one message carries
+    intake.py   the bytes of calls each account may hold in the gateway's memory at a time
     brokercalls.py    PURE: the broker session's methods, request checks, the broker call it makes
     brokersession.py  the service's side of the "broker" session (status, quotas, the admin page's calls)
     brokerclient.py   the caller's side of it: no Ray, no credentials (servers, kernels, the CLI)

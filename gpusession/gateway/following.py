@@ -1,13 +1,15 @@
 """A run hosted by the gateway and the kernel that follows it, on the service's side: the
 kernel's stop and its death (StopWatch), the run's events sent as they happen (Forwarder), the
 end told (send_done), and the placement group dropped when a kernel left a run that cannot poll
-(free_when_gone). Used by a one-call run (hosted.py) and by the runs of a held lease
+(free_when_gone); of each report sent on, the gateway keeps only its step (keep_step_only).
+Used by a one-call run (hosted.py) and by the runs of a held lease
 (heldlease.py), whose connection also carries the kernel's next requests."""
 from __future__ import annotations
 
 import logging
 import queue
 import threading
+from types import MappingProxyType
 from typing import Any
 
 from ..errors import GPUSessionError
@@ -123,6 +125,7 @@ class Forwarder(Observer):
 
     def report(self, metrics, info):
         self._send(Event.REPORT, metrics=metrics, info=self.info(info))  # wire.plain_metric: JSON-safe
+        keep_step_only(info.history)
 
     def running(self, info):
         self._send(Event.RUNNING, info=self.info(info))
@@ -135,6 +138,19 @@ class Forwarder(Observer):
 
     def poll(self):
         self.watch.check()
+
+
+NO_STEP = MappingProxyType({})  # a report sent on that named no step: all the run path reads of it
+
+
+def keep_step_only(history: list) -> None:
+    """The report just sent on (the history's last) as the gateway keeps it: its step alone, all
+    the run path reads of it again (a restart drops redone steps by it, a commit names it; the
+    history's length counts them), so a live run's reports cost the service about 220 bytes each
+    (the kernel keeps them whole), however big each was (a report may be 16 MB)."""
+    if history:
+        step = history[-1].get("step")
+        history[-1] = {"step": step} if isinstance(step, (int, float)) else NO_STEP  # each reader judges it as before
 
 
 def free_when_gone(watch: StopWatch, lease, finished: threading.Event, *, grace_s: float = GONE_GRACE_S) -> bool:

@@ -10,7 +10,10 @@ What a connection may be sent is bounded by its `Limits` (the gateway's hello an
 take small messages with no frames; a run session takes big frames), checked from the declared
 sizes before anything is allocated; a big frame's buffer starts at FIRST_BUFFER_BYTES and doubles
 only as its bytes arrive, so a peer that declares a terabyte and sends nothing costs a MiB. `deadline` (time.monotonic()) bounds the
-whole of what is read, however slowly the peer sends it.
+whole of what is read, however slowly the peer sends it. `admit`, when set, is asked before each
+payload frame is read: a frame it refuses is read and dropped (an empty frame in its place), so
+the connection stays in step and the reader can answer once the whole message has come
+(the gateway's bytes of calls per account, intake.py).
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from .kinds import Event, Kind, parse
 
@@ -71,6 +74,7 @@ class Connection:
         self.sock = sock
         self.limits = limits
         self.deadline: float | None = None  # time.monotonic() past which a read raises TimeoutError
+        self.admit: Callable[[int], bool] | None = None  # asked with each payload frame's size; False: dropped
         self._send_lock = threading.Lock()
 
     def send(self, kind: Kind, payload: list[bytes | bytearray | memoryview] | tuple = (), **fields: Any) -> None:
@@ -114,7 +118,28 @@ class Connection:
         size = _LENGTH.unpack(self._exactly(_LENGTH.size, between_messages=what == "header"))[0]
         if size > limit:
             raise FrameError(f"a {what} frame of {size} bytes is over the {limit}-byte limit")
+        if what == "payload" and self.admit is not None and not self.admit(size):
+            self._drop(size)
+            return b""
         return self._exactly(size, between_messages=False)
+
+    def _drop(self, size: int) -> None:
+        """Read `size` bytes and keep none of them (a MiB of memory, whatever the size)."""
+        scratch = bytearray(min(size, 1 << 20))
+        left = size
+        while left:
+            self._timeout_left()
+            read = self.sock.recv_into(scratch, min(left, len(scratch)))
+            if read == 0:
+                raise Closed("the other side closed the connection in the middle of a message")
+            left -= read
+
+    def _timeout_left(self) -> None:
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the other side did not send its message in time")
+            self.sock.settimeout(left)
 
     def _exactly(self, size: int, *, between_messages: bool) -> bytes:
         buffer = bytearray(min(size, FIRST_BUFFER_BYTES))  # never more than what came, past the first
@@ -122,11 +147,7 @@ class Connection:
         while got < size:
             if got == len(buffer):  # full: double it (no view of it is held here)
                 _grow(buffer, min(len(buffer), size - len(buffer)))
-            if self.deadline is not None:
-                left = self.deadline - time.monotonic()
-                if left <= 0:
-                    raise TimeoutError("the other side did not send its message in time")
-                self.sock.settimeout(left)
+            self._timeout_left()
             with memoryview(buffer) as whole, whole[got:] as view:
                 read = self.sock.recv_into(view, min(len(buffer) - got, 1 << 24))
             if read == 0:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from contextlib import nullcontext
 
 from ..observe.events import Fanout, RunInfo
 from .acting import Acting, identity_of
@@ -35,7 +36,8 @@ from .activity import FOLLOWING
 from .following import Forwarder, StopWatch, free_when_gone, note_failure, result_frames, send_done
 from .frames import Connection, Message
 from .runrequest import call_of, lease_request
-from .runwire import BadRunMessage
+from .intake import Intake
+from .runwire import BadRunMessage, error_to_json
 from .server import Caller
 from .shelf import Shelf
 from .kinds import Kind
@@ -44,8 +46,10 @@ log = logging.getLogger("gpusession.gateway")
 GONE = "caller gone"  # the release reason when the kernel's connection ended (as the broker's own)
 
 
-def serve_lease(conn: Connection, caller: Caller, first: Message, keys: Acting, shelf: Shelf) -> None:
-    """The `lease` request of a run session, and everything after it on that connection."""
+def serve_lease(conn: Connection, caller: Caller, first: Message, keys: Acting, shelf: Shelf,
+                intake: Intake | None = None) -> None:
+    """The `lease` request of a run session, and everything after it on that connection (each
+    run's bytes counted by `intake`, the connection's share of its account's limit)."""
     try:
         request = lease_request(first)
     except BadRunMessage as exc:
@@ -73,7 +77,7 @@ def serve_lease(conn: Connection, caller: Caller, first: Message, keys: Acting, 
         return
     reason = GONE
     try:
-        reason = _hold(conn, caller, lease, requests, forward, watch)
+        reason = _hold(conn, caller, lease, requests, forward, watch, intake)
     finally:
         releasing.set()
         lease.release(reason)
@@ -83,7 +87,7 @@ def serve_lease(conn: Connection, caller: Caller, first: Message, keys: Acting, 
 
 
 def _hold(conn: Connection, caller: Caller, lease, requests: queue.Queue, forward: Forwarder,
-          watch: StopWatch) -> str:
+          watch: StopWatch, intake: Intake | None = None) -> str:
     """The lease is held: tell the kernel, then run what it asks until it releases the lease or
     leaves. The release's reason."""
     from ..run.caller.idle_resize import resize_while_idle
@@ -93,30 +97,41 @@ def _hold(conn: Connection, caller: Caller, lease, requests: queue.Queue, forwar
     _tell(conn, watch, forward, lease, None)
     while (message := requests.get()) is not None and message.kind == Kind.RUN:
         with FOLLOWING.live(caller.peer, going=lambda: not watch.gone):  # a run on it is its kernel's activity
-            _run_on(conn, caller, lease, message, forward, watch)
+            _run_on(conn, caller, lease, message, forward, watch, intake)
     return GONE if message is None else _reason(message.get("reason"))
 
 
 def _run_on(conn: Connection, caller: Caller, lease, message: Message, forward: Forwarder,
-            watch: StopWatch) -> None:
+            watch: StopWatch, intake: Intake | None = None) -> None:
     from ..run.bulk import shipment_of
     from ..run.caller.controller import CallerPlace
 
-    try:
-        call = call_of(message)
-    except BadRunMessage as exc:
+    refusal = intake.refusal() if intake is not None else None
+    if refusal is not None:  # over the account's bytes of calls: refused, the lease stays held
+        message.payload.clear()
+        log.warning("a run on lease %s of %s refused: %s", lease.lease_id, caller.user, refusal)
         watch.answered()
-        conn.send(Kind.FAILED, error={"type": "InvalidRequest", "message": f"The gateway refused the run: {exc}."})
+        conn.send(Kind.FAILED, error=error_to_json(refusal))
         return
-    del message  # the call's bytes live on in `call` (and in the object store once shipped)
-    values, error = None, None
-    try:
-        shipment = shipment_of(call.header, call.buffers)
-        call.buffers.clear()  # the object store holds them now
-        values = lease.run_call(None, (), {}, shipment=shipment, raw_results=True,
-                                caller=CallerPlace(caller.user, call.cwd))
-    except BaseException as exc:  # noqa: BLE001 - told to the kernel as text, never re-raised here
-        error = exc
+    with (intake.share(message.payload) if intake is not None else nullcontext()) as share:
+        try:
+            call = call_of(message)
+        except BadRunMessage as exc:
+            watch.answered()
+            conn.send(Kind.FAILED, error={"type": "InvalidRequest", "message": f"The gateway refused the run: {exc}."})
+            return
+        message.payload.clear()  # the call's bytes live on in `call` alone (and in the object store once shipped)
+        values, error = None, None
+        try:
+            shipment = shipment_of(call.header, call.buffers)
+            shipped_bytes = sum(len(buffer) for buffer in call.buffers)
+            call.buffers.clear()  # the object store holds them now
+            if share is not None:
+                share.shipped(shipped_bytes)
+            values = lease.run_call(None, (), {}, shipment=shipment, raw_results=True,
+                                    caller=CallerPlace(caller.user, call.cwd))
+        except BaseException as exc:  # noqa: BLE001 - told to the kernel as text, never re-raised here
+            error = exc
     note_failure(error, f"run {call.name} on lease {lease.lease_id}", caller.user)
     if watch.gone:
         log.info("run %s on lease %s of %s ended after its kernel left", call.name, lease.lease_id, caller.user)

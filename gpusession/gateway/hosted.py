@@ -61,6 +61,7 @@ from .acting import Acting, identity_of
 from .activity import FOLLOWING
 from .detached import FLUSH_S, REGISTRY, HostedRun, Registry, value_size
 from .chunks import gather
+from .intake import CALL_BYTES, CallBytes, Intake, Share
 from .following import (GONE_GRACE_S, Forwarder, StopWatch, free_when_gone, note_failure, result_frames,
                         send_done)
 from .frames import Connection, Message
@@ -122,17 +123,32 @@ def drop_when_stuck(hosted: HostedRun, lease, finished: threading.Event, *, grac
 
 # ----- the session ------------------------------------------------------------------------------------
 def serve_run(conn: Connection, caller: Caller, hello: Message, keys: Acting, *,
-              shelf: Shelf = SHELF, registry: Registry = REGISTRY) -> None:
+              shelf: Shelf = SHELF, registry: Registry = REGISTRY, call_bytes: CallBytes = CALL_BYTES) -> None:
     """The handler of the gateway's "run" session (see the module's docstring)."""
+    intake = call_bytes.intake(caller.user)
+    conn.admit = intake.admit  # a call's bytes count against its account's limit as they come (intake.py)
+    try:
+        _serve(conn, caller, keys, shelf, registry, intake)
+    finally:
+        intake.close()
+
+
+def _serve(conn: Connection, caller: Caller, keys: Acting, shelf: Shelf, registry: Registry, intake: Intake) -> None:
     first = conn.receive()
     if first.kind == Kind.RUN:
         first = gather(conn, first)
+        refusal = intake.refusal()
+        if refusal is not None:
+            del first
+            log.warning("a call of %s refused: %s", caller.user, refusal)
+            conn.send(Kind.FAILED, error=error_to_json(refusal))
+            return
     if first.kind == Kind.CHECKPOINT:
         return _send_checkpoint(conn, caller, first, shelf)
     if first.kind in (Kind.LIST, Kind.ATTACH, Kind.CANCEL):
         return _serve_detached(conn, caller, first, registry)
     if first.kind == Kind.LEASE:
-        return serve_lease(conn, caller, first, keys, shelf)
+        return serve_lease(conn, caller, first, keys, shelf, intake)
     if first.kind != Kind.RUN:
         conn.send(Kind.FAILED, error={"type": "InvalidRequest",
                                    "message": f"a run session begins with run, lease or checkpoint, not {first.kind[:40]!r}"})
@@ -142,12 +158,13 @@ def serve_run(conn: Connection, caller: Caller, hello: Message, keys: Acting, *,
     except BadRunMessage as exc:
         conn.send(Kind.FAILED, error={"type": "InvalidRequest", "message": f"The gateway refused the call: {exc}."})
         return
+    share = intake.share(first.payload)  # given back as the arrays are shipped, the rest at the session's end
     del first  # the call's bytes live on in request (and in the object store once shipped)
-    _run(conn, caller, request, keys, shelf, registry)
+    _run(conn, caller, request, keys, shelf, registry, share)
 
 
 def _run(conn: Connection, caller: Caller, request: RunRequest, keys: Acting, shelf: Shelf,
-         registry: Registry = REGISTRY) -> None:
+         registry: Registry = REGISTRY, share: Share | None = None) -> None:
     hosted = None
     if request.detach is not None:
         try:
@@ -161,7 +178,7 @@ def _run(conn: Connection, caller: Caller, request: RunRequest, keys: Acting, sh
                 pass  # the kernel left already
             return
     try:
-        _host(conn, caller, request, keys, shelf, hosted)
+        _host(conn, caller, request, keys, shelf, hosted, share)
     finally:
         if hosted is not None and hosted.ended_at is None:  # the gateway failed: the record ends all the same
             log.error("detached run %s of %s: the gateway failed hosting it", hosted.run_id, caller.user)
@@ -171,7 +188,7 @@ def _run(conn: Connection, caller: Caller, request: RunRequest, keys: Acting, sh
 
 
 def _host(conn: Connection, caller: Caller, request: RunRequest, keys: Acting, shelf: Shelf,
-          hosted: HostedRun | None) -> None:
+          hosted: HostedRun | None, share: Share | None = None) -> None:
     from ..run.caller.lease import Lease
     from ..run.caller.kernelcell import mark_background
     from ..run.bulk import shipment_of
@@ -218,7 +235,10 @@ def _host(conn: Connection, caller: Caller, request: RunRequest, keys: Acting, s
             threading.Thread(target=drop_when_stuck, args=(hosted, lease, finished), daemon=True,
                              name="gpusession-gateway-detached-limit").start()
         with lease.acquire(before_request=lambda: shipped.append(shipment_of(request.header, request.buffers))):
+            shipped_bytes = sum(len(buffer) for buffer in request.buffers)
             request.buffers.clear()  # the object store holds them now
+            if share is not None:
+                share.shipped(shipped_bytes)
             values = run_function(lease, None, (), {}, info=info, observer=observer,
                                   checkpoint_ref=checkpoint_ref, checkpoint_step=request.checkpoint_step,
                                   shipment=shipped[0], raw_results=True,

@@ -1,11 +1,12 @@
 """The gateway process, in one of two hostings:
 
-`python -m gpusession.gateway.main [--detach-max-duration S] [--detach-retention S] SOCKET DB_PATH
-[ADMIN ...]`: the hub's, run by its cluster
+`python -m gpusession.gateway.main [--detach-max-duration S] [--detach-retention S]
+[--call-bytes-per-user SIZE] SOCKET DB_PATH [ADMIN ...]`: the hub's, run by its cluster
 service as the service account once the broker is up (never root, never a user). It joins the
 service's Ray cluster (RAY_ADDRESS and the token in its environment), reads the broker's identity
 key and admin token beside the ledger DB_PATH, and serves the "broker" session (brokersession.py)
-and the "run" session (hosted.py) to every local account. It exits when its stdin closes (so it
+and the "run" session (hosted.py) to every local account, holding at most SIZE bytes of one
+account's calls at a time (intake.py; a quarter of the machine's memory unless given). It exits when its stdin closes (so it
 never outlives the service that started it) or on SIGTERM / SIGINT.
 
 `python -m gpusession.gateway.main --user SOCKET`: a user's own (usergateway.py starts it, as that
@@ -74,10 +75,13 @@ def sessions_for(keys: ServiceKeys, call=broker_call) -> dict:
             "run": partial(serve_run, keys=keys)}
 
 
-def hub_gateway(socket_path: str, db_path: str, admins: list[str], policy, stop: threading.Event) -> GatewayServer:
+def hub_gateway(socket_path: str, db_path: str, admins: list[str], policy, call_bytes: int,
+                stop: threading.Event) -> GatewayServer:
     from .detached import REGISTRY
+    from .intake import CALL_BYTES
 
     REGISTRY.policy = policy  # the admin's default time limit and retention of detached runs
+    CALL_BYTES.limit = call_bytes  # what one account's calls may hold of this process's memory
     keys = load_keys(db_path)
     broker_call("info", [])  # joins Ray and finds the broker before anyone is let in
     threading.Thread(target=lambda: (sys.stdin.read(), stop.set()), daemon=True).start()
@@ -175,26 +179,32 @@ def main(argv: list[str]) -> int:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     if len(argv) == 2 and argv[0] == "--user":
         return serve(user_gateway, argv[1])
+    from .intake import OPTION, default_limit, size_of
     from .keeping import detach_policy
 
     try:
-        given, rest = _detach_flags(argv)
+        given, rest = _leading_flags(argv)
         policy = detach_policy(given.get("--detach-max-duration"), given.get("--detach-retention"))
+        call_bytes = size_of(given[OPTION]) if OPTION in given else default_limit()
     except ValueError as exc:
         print(exc, file=sys.stderr)
         return 2
     if len(rest) < 2 or rest[0].startswith("-"):
         print(__doc__, file=sys.stderr)
         return 2
-    return serve(hub_gateway, rest[0], rest[1], rest[2:], policy)
+    return serve(hub_gateway, rest[0], rest[1], rest[2:], policy, call_bytes)
 
 
-def _detach_flags(argv: list[str]) -> tuple[dict[str, str], list[str]]:
-    """PURE: the leading --detach-max-duration / --detach-retention flags, and the rest."""
+FLAGS = {"--detach-max-duration": "seconds, or e.g. 8h, 3d", "--detach-retention": "seconds, or e.g. 8h, 3d",
+         "--call-bytes-per-user": "bytes, or e.g. 8G"}
+
+
+def _leading_flags(argv: list[str]) -> tuple[dict[str, str], list[str]]:
+    """PURE: the leading FLAGS with their values, and the rest."""
     given, rest = {}, list(argv)
-    while rest and rest[0] in ("--detach-max-duration", "--detach-retention"):
+    while rest and rest[0] in FLAGS:
         if len(rest) < 2:
-            raise ValueError(f"{rest[0]} needs a value (seconds, or e.g. 8h, 3d)")
+            raise ValueError(f"{rest[0]} needs a value ({FLAGS[rest[0]]})")
         given[rest[0]], rest = rest[1], rest[2:]
     return given, rest
 

@@ -19,11 +19,14 @@ class GatewayFailed(RuntimeError):
 
 
 def start(*, env: dict, socket: str, db_path: str, admins: list[str], detach: dict | None = None,
-          timeout_s: float = READY_TIMEOUT_S, stderr=None) -> subprocess.Popen:
+          call_bytes: int | None = None, timeout_s: float = READY_TIMEOUT_S, stderr=None) -> subprocess.Popen:
     """The gateway, serving at `socket` once this returns; GatewayFailed (and nothing left running) if not.
-    detach: {"max_duration_s", "retention_s"}, the admin's policy for detached runs (None: out of the box)."""
+    detach: {"max_duration_s", "retention_s"}, the admin's policy for detached runs (None: out of the box);
+    call_bytes: what one account's calls may hold of its memory at a time (None: a quarter of the machine's)."""
     flags = [] if not detach else ["--detach-max-duration", str(detach["max_duration_s"]),
                                    "--detach-retention", str(detach["retention_s"])]
+    if call_bytes is not None:
+        flags += ["--call-bytes-per-user", str(call_bytes)]
     proc = subprocess.Popen([sys.executable, "-m", "gpusession.gateway.main", *flags, socket, db_path, *admins],
                             env=env, cwd=IMPORT_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=stderr, text=True)

@@ -7,6 +7,7 @@ import math
 import socket
 from pathlib import Path
 
+from ..gateway.intake import size_of
 from ..gateway.keeping import detach_policy
 from ..run.caller.options import parse_duration
 from .nodeplan import NodeOptions, head_address, ray_ip_refusal
@@ -62,6 +63,11 @@ def register(subparsers) -> None:
     hub.add_argument("--detach-retention", default=None, metavar="TIME",
                      help="how long an ended detached run's result, metrics and output are kept in the gateway: "
                           "seconds or e.g. 3d, from 60 s to 365 days (default 7d)")
+    hub.add_argument("--call-bytes-per-user", default=None, metavar="SIZE",
+                     help="how much of the gateway's memory one account's calls (a function's pickle and its "
+                          "arrays, before they are shipped into Ray's object store) may hold at a time: bytes or "
+                          "e.g. 8G, 512M (default: a quarter of this machine's memory); a bigger call is refused "
+                          "with QuotaExceeded, nothing leased")
     hub.add_argument("--ray-ip", default=None, metavar="ADDRESS",
                      help="this machine's address on the network the GPU nodes share: the Ray head advertises it, "
                           "Ray's token of each start is kept for root in STATE/hub/ray_token, and the hub prints the "
@@ -148,10 +154,12 @@ def options_from(args: argparse.Namespace) -> tuple[HubLayout, HubOptions]:
         if path is not None and not path.is_file():
             raise ValueError(f"{flag} {path}: no such file. Give the path of a PEM file.")
     detach = detach_policy(args.detach_max_duration, args.detach_retention)
+    call_bytes = None if args.call_bytes_per_user is None else size_of(args.call_bytes_per_user)
     layout = HubLayout(args.prefix, args.state_dir, args.service_user, args.temp_dir)
     return layout, HubOptions(args.ip, args.port, admins, args.gpus, _free_port(), _free_port(), policy,
                               ssl_cert=args.ssl_cert, ssl_key=args.ssl_key, insecure_http=args.insecure_http,
-                              min_uid=args.min_uid, culling=culling_from(args), ray_ip=args.ray_ip, detach=detach)
+                              min_uid=args.min_uid, culling=culling_from(args), ray_ip=args.ray_ip, detach=detach,
+                              call_bytes=call_bytes)
 
 
 def culling_from(args: argparse.Namespace) -> Culling:

@@ -143,6 +143,7 @@ class HubOptions:
     culling: Culling = field(default_factory=lambda: Culling())
     ray_ip: str | None = None  # the address the Ray head advertises for other nodes; None: one machine
     detach: DetachPolicy = field(default_factory=DetachPolicy)  # detached runs' default limit and retention
+    call_bytes: int | None = None  # one account's calls in the gateway's memory at a time (None: a quarter of it)
 
     @property
     def url(self) -> str:
@@ -197,10 +198,11 @@ def user_environment(layout: HubLayout) -> dict[str, str]:
 
 def gateway_settings(layout: HubLayout, options: HubOptions) -> dict:
     """What the cluster service needs to start the gateway: its socket, the admins it names and
-    the admin's policy for detached runs."""
+    the admin's policy for detached runs and the bytes of one account's calls it holds at a time."""
     return {"socket": str(layout.gateway_socket), "admins": sorted(options.admins),
             "detach": {"max_duration_s": options.detach.default_max_duration_s,
-                       "retention_s": options.detach.retention_s}}
+                       "retention_s": options.detach.retention_s},
+            "call_bytes": options.call_bytes}
 
 
 def jupyterhub_config(layout: HubLayout, options: HubOptions, *, user_env: dict[str, str]) -> str:

@@ -1,6 +1,6 @@
 """The gateway host that test_gateway_runs, test_gateway_lease and test_detach run their kernels
 against, as the hub's service runs it (issue 28): one process, a Ray driver of the session's
-cluster, that never unpickles what a kernel sent. Modules that take it share one while they run
+cluster, that never unpickles what a kernel sent, holding at most CALL_BYTES of one account's calls. Modules that take it share one while they run
 one after another (`gateway`)."""
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ import pytest
 from ..conftest import ROOT
 from ..session_order import items_after_module
 
+CALL_BYTES = 256 * 2**20  # what one account's calls may hold of the host at a time (the hub's --call-bytes-per-user)
+
 HOST = """
 import os, sys
 from functools import partial
@@ -23,12 +25,14 @@ from gpusession.broker.storage import secrets
 from gpusession.cluster import raycluster
 from gpusession.gateway.acting import ServiceKeys
 from gpusession.gateway.hosted import serve_run
+from gpusession.gateway.intake import CallBytes
 from gpusession.gateway.server import GatewayServer
 
 db = os.environ["GS_TEST_DB"]
 keys = ServiceKeys(secrets.identity_key(db), secrets.admin_token(db))
 raycluster.ensure_connected()
-server = GatewayServer(sys.argv[1], {"run": partial(serve_run, keys=keys)}).start()
+calls = CallBytes(int(sys.argv[2]))
+server = GatewayServer(sys.argv[1], {"run": partial(serve_run, keys=keys, call_bytes=calls)}).start()
 print("READY", flush=True)
 sys.stdin.read()  # until the test closes stdin
 server.stop()
@@ -60,7 +64,7 @@ def _start(cluster) -> _Host:
     # a folder other accounts may pass through (pytest's own tmp folder is root's alone)
     folder = tempfile.mkdtemp(prefix="gs-gateway-runs-")
     os.chmod(folder, 0o711)
-    host = _Host(subprocess.Popen([sys.executable, "-c", HOST, os.path.join(folder, "run.sock")],
+    host = _Host(subprocess.Popen([sys.executable, "-c", HOST, os.path.join(folder, "run.sock"), str(CALL_BYTES)],
                                   env=cluster.env(GS_TEST_DB=str(cluster.db_path)), stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(ROOT)),
                  folder)

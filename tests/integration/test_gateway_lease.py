@@ -15,7 +15,7 @@ from gpusession.broker import client
 
 from ..conftest import CLUSTER_GPUS, free_gpus, wait_for
 from .test_gateway_runs import kernel, other_account  # noqa: F401 - the fixtures
-from .test_gateway_runs import gpus_free_everywhere, kill_and_see_gpus_freed
+from .test_gateway_runs import FREE_WITHIN_S, gpus_free_everywhere, kill_and_see_gpus_freed
 
 HOLD = """
 import time
@@ -85,6 +85,36 @@ def test_a_held_lease_runs_two_calls_on_one_lease_stays_held_between_them_and_re
     assert sum(1 for line in k.lines if "ran on rank" in line) == 4
     assert gpus_free_everywhere(broker, admin)  # release() returns once Ray shows the GPUs free
     assert _row(broker, admin, held["lease_id"])["state"] == "ended"
+
+
+def test_a_run_over_its_accounts_bytes_on_a_held_lease_is_refused_and_the_lease_stays_held_for_the_next(
+        kernel, broker, admin):
+    from .conftest import CALL_BYTES
+
+    k = kernel(holding(f"""
+        import numpy as np
+
+        def size(x):
+            return x.nbytes
+
+        try:
+            lease.run(size, np.zeros({CALL_BYTES + 2**20} // 8))
+            refused = None
+        except gs.QuotaExceeded as exc:
+            refused = str(exc)
+        print("REFUSED " + json.dumps({{"refused": refused}}), flush=True)
+        sys.stdin.readline()  # while the test looks at the broker
+        under = lease.run(size, np.zeros({CALL_BYTES - 2**20} // 8))
+        lease.release()
+        say(under=under)
+    """))
+    held = _held(k)
+    refused = json.loads(k.wait_for_line("REFUSED ")[len("REFUSED "):])["refused"]
+    assert refused is not None and "257.0 MiB" in refused and "--call-bytes-per-user" in refused, refused
+    assert _row(broker, admin, held["lease_id"])["state"] == "placed"
+    k.tell()
+    assert k.result()["under"] == CALL_BYTES - 2**20
+    wait_for(lambda: gpus_free_everywhere(broker, admin), timeout=FREE_WITHIN_S, message="every GPU free")
 
 
 def test_killing_a_kernel_that_holds_an_idle_lease_frees_its_gpus_within_5_s(kernel, broker, admin):

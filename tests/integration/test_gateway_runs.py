@@ -476,6 +476,36 @@ def test_a_call_and_a_result_with_more_arrays_than_one_message_carries_round_tri
     assert got["right"] and got["count"] == 80 and got["shipped"] >= 80 * 2**20, got
 
 
+def test_a_call_over_its_accounts_bytes_in_the_gateway_is_refused_unleased_and_the_next_call_runs(
+        kernel, broker, admin):
+    from .conftest import CALL_BYTES
+
+    k = kernel(f"""
+        import numpy as np
+
+        @gs.distributed(gpus=2)
+        def size(x):
+            return x.nbytes
+
+        try:
+            size(np.zeros({CALL_BYTES + 2**20} // 8))
+            refused = None
+        except gs.QuotaExceeded as exc:
+            refused = str(exc)
+        before = list(EVENTS)
+        leased = size.last_run.lease_id if size.last_run is not None else None
+        under = size(np.zeros({CALL_BYTES - 2**20} // 8))  # the refused call's bytes were given back
+        say(refused=refused, before=before, leased=leased, under=under, end=size.last_run.end_reason)
+    """)
+    got = k.result()
+    assert got["refused"] is not None, got
+    assert "257.0 MiB" in got["refused"] and "256.0 MiB" in got["refused"], got["refused"]
+    assert "--call-bytes-per-user" in got["refused"] and "Nothing was leased" in got["refused"], got["refused"]
+    assert "granted" not in got["before"] and got["leased"] is None, got
+    assert got["under"] == CALL_BYTES - 2**20 and got["end"] == "finished", got
+    wait_for(lambda: gpus_free_everywhere(broker, admin), timeout=FREE_WITHIN_S, message="every GPU free")
+
+
 def test_killing_a_kernel_whose_call_waits_in_the_queue_drops_its_request_within_5_s(kernel, broker, admin):
     import gpusession as gs
 

@@ -70,13 +70,17 @@ def test_an_admins_detach_policy_from_options_or_a_users_own_variables():
 
 
 def test_the_hubs_gateway_takes_the_policy_flags_before_its_arguments():
-    from gpusession.gateway.main import _detach_flags
+    from gpusession.gateway.main import _leading_flags
 
-    assert _detach_flags(["--detach-max-duration", "600", "--detach-retention", "3600", "s", "db", "ann"]) == (
-        {"--detach-max-duration": "600", "--detach-retention": "3600"}, ["s", "db", "ann"])
-    assert _detach_flags(["s", "db"]) == ({}, ["s", "db"])
+    assert _leading_flags(["--detach-max-duration", "600", "--call-bytes-per-user", "8G", "--detach-retention", "3600",
+                           "s", "db", "ann"]) == (
+        {"--detach-max-duration": "600", "--detach-retention": "3600", "--call-bytes-per-user": "8G"},
+        ["s", "db", "ann"])
+    assert _leading_flags(["s", "db"]) == ({}, ["s", "db"])
     with pytest.raises(ValueError, match="--detach-retention needs a value"):
-        _detach_flags(["--detach-retention"])
+        _leading_flags(["--detach-retention"])
+    with pytest.raises(ValueError, match=r"--call-bytes-per-user needs a value \(bytes, or e.g. 8G\)"):
+        _leading_flags(["--call-bytes-per-user"])
 
 
 def test_a_registry_keeps_ended_runs_for_its_policys_retention_and_says_so_in_each_row():

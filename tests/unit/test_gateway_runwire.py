@@ -209,3 +209,29 @@ def test_a_run_that_cannot_poll_when_its_kernel_is_gone_loses_its_group_after_th
     assert not free_when_gone(watch(True), lease, ended, grace_s=0.01)  # it ended by its own poll
     assert not free_when_gone(watch(False), lease, stuck, grace_s=0.01)  # the run ended; the kernel is there
     assert lease.dropped == 1
+
+
+def test_the_gateway_keeps_only_the_step_of_each_report_it_sent_on_and_the_kernel_gets_it_whole():
+    import socket
+    import threading
+
+    from gpusession.gateway.following import Forwarder, StopWatch
+    from gpusession.gateway.frames import Connection
+    from gpusession.run.caller import commits
+
+    left, right = socket.socketpair()
+    service, kernel = Connection(left), Connection(right)
+    forward = Forwarder(service, StopWatch(service), "ann", Shelf())
+    info = RunInfo()
+    big = {"step": 3, "loss": 0.5, "notes": "x" * 2**20}
+    sent = []
+    for metrics in ({"step": 1, "loss": 1.0}, {"loss": 0.7}, big, {"step": "late", "loss": 0.1}):
+        info.history.append(metrics)  # as the run path does before it tells its observers
+        reader = threading.Thread(target=lambda: sent.append(kernel.receive()))
+        reader.start()
+        forward.report(metrics, info)
+        reader.join()
+    assert sent[2].get("metrics") == big and [m.get("info")["history_len"] for m in sent] == [1, 2, 3, 4]
+    assert info.history == [{"step": 1}, {}, {"step": 3}, {}]
+    assert commits.last_step(info.history) == 3 and big["notes"]  # what a commit reads; the kernel's dict untouched
+    service.close(), kernel.close()

@@ -173,3 +173,14 @@ def test_a_culler_timeout_under_ten_seconds_or_not_a_time_is_refused_naming_the_
 def test_no_cull_with_a_culler_timeout_is_refused_as_a_contradiction():
     with pytest.raises(ValueError, match="--no-cull and --cull-idle-after contradict"):
         _culling("--no-cull", "--cull-idle-after", "1h")
+
+
+def test_the_bytes_of_calls_per_account_reach_the_gateways_settings_and_a_bad_size_is_refused_naming_it():
+    from gpusession.hub.plan import gateway_settings
+
+    layout, options = options_from(build_parser().parse_args(["hub", "--call-bytes-per-user", "8G"]))
+    assert options.call_bytes == 8 * 2**30 and gateway_settings(layout, options)["call_bytes"] == 8 * 2**30
+    layout, options = options_from(build_parser().parse_args(["hub"]))
+    assert gateway_settings(layout, options)["call_bytes"] is None  # the gateway takes a quarter of its machine's
+    with pytest.raises(ValueError, match="--call-bytes-per-user 'lots'"):
+        options_from(build_parser().parse_args(["hub", "--call-bytes-per-user", "lots"]))

@@ -1,4 +1,4 @@
-"""The suite's own clean-up of the temporary folder (tests/leftovers.py, run by conftest's
+"""The suite's own clean-up of the temporary folder (gpusession/run/node/leftovers.py, run by conftest's
 `no_folders_left_in_tmp` at the session's end): what the session's clusters left goes, what was
 there before and what a live process holds stay. Real folders, real locks."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import os
 
 from gpusession.run.node import scratch, warmdir
 
-from ..leftovers import Snapshot
+from gpusession.run.node.leftovers import Snapshot
 
 
 def test_a_warm_folder_made_during_the_session_goes_once_its_host_is_gone_and_one_from_before_stays(tmp_path):

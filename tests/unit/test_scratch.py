@@ -29,12 +29,15 @@ def test_two_clusters_and_two_attempts_never_share_a_directory(monkeypatch, tmp_
     assert scratch_dir(spec("session_a", 7, 1)) == os.path.join(lease_scratch_dir("session_a", 7), "attempt-1")
 
 
-def test_the_last_rank_of_an_attempt_on_a_node_removes_the_directory(tmp_path):
+def test_the_last_rank_of_an_attempt_on_a_node_removes_the_directory_and_its_lease_folder_once_empty(tmp_path):
     path = str(tmp_path / "c" / "lease-1" / "attempt-0")
     first, second = scratch.Claim(path), scratch.Claim(path)
+    later = scratch.Claim(str(tmp_path / "c" / "lease-1" / "attempt-1"))  # the next attempt, already here
     Path(path, "data.bin").write_bytes(b"x")
     assert first.release() is False and os.path.isdir(path)  # the other rank still runs
     assert second.release() is True and not os.path.exists(path)
+    assert os.listdir(tmp_path / "c" / "lease-1") == ["attempt-1"]  # the lease's folder stays for it
+    assert later.release() is True and os.listdir(tmp_path / "c") == []
 
 
 def test_a_directory_whose_holder_was_killed_is_stale_and_a_held_one_is_kept(tmp_path):

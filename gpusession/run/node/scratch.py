@@ -14,6 +14,8 @@ import shutil
 import threading
 import time
 
+from .lockfile import LockState, lock_state
+
 LOCK_NAME = ".lock"
 UNLOCKED_GRACE_S = 60.0
 CLUSTER_PREFIXES = ("session_", "no-cluster")  # Ray session names (spec.lease_scratch_dir)  # a directory with no lock file yet may be just being made
@@ -43,6 +45,7 @@ class Claim:
             return False
         else:
             shutil.rmtree(self.path, ignore_errors=True)
+            _rmdir_if_empty(os.path.dirname(self.path))  # the lease's folder, once its last attempt here is gone
             return True
         finally:
             os.close(self._fd)
@@ -94,19 +97,10 @@ def remove_stale(root: str, *, now: float | None = None) -> list[str]:
 
 
 def _stale(path: str, now: float) -> bool:
-    try:
-        fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR)
-    except FileNotFoundError:  # made before its lock: stale only once it has been so a while
+    state = lock_state(os.path.join(path, LOCK_NAME))
+    if state is LockState.MISSING:  # made before its lock: stale only once it has been so a while
         return now - _mtime(path) > UNLOCKED_GRACE_S
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return False  # a live rank holds it
-    finally:
-        os.close(fd)
-    return True
+    return state is LockState.FREE  # held: a live rank holds it
 
 
 def _subdirs(path: str) -> list[str]:

@@ -16,6 +16,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+from .lockfile import LockState, lock_state
+
 PREFIX = "gpusession-warm-"
 SOCKET_NAME = "zygote.sock"
 LOCK_NAME = ".held"
@@ -75,16 +77,7 @@ def sweep(parent: str | None = None, *, uid: int | None = None, now: float | Non
 
 
 def _stale(path: str, mtime: float, now: float) -> bool:
-    try:
-        fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
+    state = lock_state(os.path.join(path, LOCK_NAME))
+    if state is LockState.MISSING:
         return now - mtime > UNLOCKED_GRACE_S
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return False  # its host lives
-    finally:
-        os.close(fd)
-    return True
+    return state is LockState.FREE  # held: its host lives; unreadable: not ours to judge

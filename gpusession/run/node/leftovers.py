@@ -1,15 +1,15 @@
-"""What the session's clusters leave in the temporary folder, and its removal at the session's end.
+"""What a cluster's processes leave in the temporary folder, and its removal by whoever ran
+that cluster once it stopped (the test session, a benchmark's own cluster).
 
 A node host keeps its warm parent's socket in `gpusession-warm-*`, and ranks keep scratch files in
 `gpusession-scratch-<uid>/<Ray session>/`. A host or rank that Ray ends (the cluster stopped)
 cannot remove its own; by design the next host or worker starting on the node sweeps them
-(run/node/warmdir.py, run/node/scratch.py). The suite's clusters are the last to run, so nothing
-would: `Snapshot` notes what was there before the session, and `remove_new` removes, by exact
-name, what appeared since once no live process holds a lock in it.
+(warmdir.py, scratch.py). After the last cluster nothing would: `Snapshot` notes what was there
+before, and `remove_new` removes, by exact name, what appeared since once no live process holds a
+lock in it (this account's folders only, never through a link).
 """
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import tempfile
@@ -17,10 +17,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-WARM_PREFIX = "gpusession-warm-"  # run/node/warmdir.py PREFIX
-SCRATCH_PREFIX = "gpusession-scratch-"  # run/spec.py SCRATCH_ROOT
-LOCK_NAMES = (".held", ".lock")  # a host's exclusive lock; a rank's shared one
-UNLOCKED_GRACE_S = 60.0  # a warm folder without its lock file yet may be a live host's, just made
+from . import scratch, warmdir
+from ..spec import SCRATCH_ROOT
+from .lockfile import LockState, lock_state
+
+WARM_PREFIX = warmdir.PREFIX
+SCRATCH_PREFIX = f"{SCRATCH_ROOT}-"
+LOCK_NAMES = (warmdir.LOCK_NAME, scratch.LOCK_NAME)  # a host's exclusive lock; a rank's shared one
+UNLOCKED_GRACE_S = warmdir.UNLOCKED_GRACE_S  # a warm folder without its lock file yet may be a live host's
 
 
 def found(tmp: Path) -> set[Path]:
@@ -76,24 +80,14 @@ def _held(folder: Path) -> bool:
 def _warm_being_made(path: Path) -> bool:
     """A warm folder with no lock file yet (mkdtemp, then the lock): a host's, unless it is old."""
     try:
-        return (path.name.startswith(WARM_PREFIX) and not (path / ".held").exists()
+        return (path.name.startswith(WARM_PREFIX) and not (path / warmdir.LOCK_NAME).exists()
                 and time.time() - path.stat().st_mtime < UNLOCKED_GRACE_S)
     except OSError:
         return False
 
 
 def _locked(path: str) -> bool:
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return False  # gone, or a link: nobody's lock
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
-    return False
+    return lock_state(path) is LockState.HELD  # gone, or a link: nobody's lock
 
 
 def _entries(folder: Path) -> list[os.DirEntry]:
