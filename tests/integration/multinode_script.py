@@ -23,7 +23,9 @@ PLANTED = tempfile.mkdtemp(prefix=f"{warmdir.PREFIX}planted-")
 atexit.register(shutil.rmtree, PLANTED, ignore_errors=True)
 os.utime(PLANTED, (0, 0))
 os.environ["GPUSESSION_HOME"] = WORK
-cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
+# No dashboard, as gpusession's own heads run (its forkserver's /tmp/pymp-* folder outlived every
+# run of this script: the dashboard is killed, never stopped)
+cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0, "include_dashboard": False})
 nodes = [cluster.add_node(num_cpus=2, num_gpus=2) for _ in range(2)]
 cluster.wait_for_nodes()
 import ray  # noqa: E402
