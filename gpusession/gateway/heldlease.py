@@ -28,8 +28,6 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from contextlib import nullcontext
-
 from ..observe.events import Fanout, RunInfo
 from .acting import Acting, identity_of
 from .activity import FOLLOWING
@@ -47,7 +45,7 @@ GONE = "caller gone"  # the release reason when the kernel's connection ended (a
 
 
 def serve_lease(conn: Connection, caller: Caller, first: Message, keys: Acting, shelf: Shelf,
-                intake: Intake | None = None) -> None:
+                intake: Intake) -> None:
     """The `lease` request of a run session, and everything after it on that connection (each
     run's bytes counted by `intake`, the connection's share of its account's limit)."""
     try:
@@ -87,7 +85,7 @@ def serve_lease(conn: Connection, caller: Caller, first: Message, keys: Acting, 
 
 
 def _hold(conn: Connection, caller: Caller, lease, requests: queue.Queue, forward: Forwarder,
-          watch: StopWatch, intake: Intake | None = None) -> str:
+          watch: StopWatch, intake: Intake) -> str:
     """The lease is held: tell the kernel, then run what it asks until it releases the lease or
     leaves. The release's reason."""
     from ..run.caller.idle_resize import resize_while_idle
@@ -102,18 +100,18 @@ def _hold(conn: Connection, caller: Caller, lease, requests: queue.Queue, forwar
 
 
 def _run_on(conn: Connection, caller: Caller, lease, message: Message, forward: Forwarder,
-            watch: StopWatch, intake: Intake | None = None) -> None:
+            watch: StopWatch, intake: Intake) -> None:
     from ..run.bulk import shipment_of
     from ..run.caller.controller import CallerPlace
 
-    refusal = intake.refusal() if intake is not None else None
+    refusal = intake.refusal()
     if refusal is not None:  # over the account's bytes of calls: refused, the lease stays held
         message.payload.clear()
         log.warning("a run on lease %s of %s refused: %s", lease.lease_id, caller.user, refusal)
         watch.answered()
         conn.send(Kind.FAILED, error=error_to_json(refusal))
         return
-    with (intake.share(message.payload) if intake is not None else nullcontext()) as share:
+    with intake.share(message.payload) as share:
         try:
             call = call_of(message)
         except BadRunMessage as exc:
@@ -126,8 +124,7 @@ def _run_on(conn: Connection, caller: Caller, lease, message: Message, forward: 
             shipment = shipment_of(call.header, call.buffers)
             shipped_bytes = sum(len(buffer) for buffer in call.buffers)
             call.buffers.clear()  # the object store holds them now
-            if share is not None:
-                share.shipped(shipped_bytes)
+            share.shipped(shipped_bytes)
             values = lease.run_call(None, (), {}, shipment=shipment, raw_results=True,
                                     caller=CallerPlace(caller.user, call.cwd))
         except BaseException as exc:  # noqa: BLE001 - told to the kernel as text, never re-raised here

@@ -164,7 +164,7 @@ def _serve(conn: Connection, caller: Caller, keys: Acting, shelf: Shelf, registr
 
 
 def _run(conn: Connection, caller: Caller, request: RunRequest, keys: Acting, shelf: Shelf,
-         registry: Registry = REGISTRY, share: Share | None = None) -> None:
+         registry: Registry, share: Share) -> None:
     hosted = None
     if request.detach is not None:
         try:
@@ -188,7 +188,7 @@ def _run(conn: Connection, caller: Caller, request: RunRequest, keys: Acting, sh
 
 
 def _host(conn: Connection, caller: Caller, request: RunRequest, keys: Acting, shelf: Shelf,
-          hosted: HostedRun | None, share: Share | None = None) -> None:
+          hosted: HostedRun | None, share: Share) -> None:
     from ..run.caller.lease import Lease
     from ..run.caller.kernelcell import mark_background
     from ..run.bulk import shipment_of
@@ -237,8 +237,7 @@ def _host(conn: Connection, caller: Caller, request: RunRequest, keys: Acting, s
         with lease.acquire(before_request=lambda: shipped.append(shipment_of(request.header, request.buffers))):
             shipped_bytes = sum(len(buffer) for buffer in request.buffers)
             request.buffers.clear()  # the object store holds them now
-            if share is not None:
-                share.shipped(shipped_bytes)
+            share.shipped(shipped_bytes)
             values = run_function(lease, None, (), {}, info=info, observer=observer,
                                   checkpoint_ref=checkpoint_ref, checkpoint_step=request.checkpoint_step,
                                   shipment=shipped[0], raw_results=True,

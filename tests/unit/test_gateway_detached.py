@@ -19,6 +19,7 @@ from gpusession.observe.events import Observer, RunInfo
 from gpusession.gateway import keeping
 from gpusession.gateway.client import GATEWAY_ENV
 from gpusession.gateway.detached import Registry
+from gpusession.gateway.intake import CallBytes
 from gpusession.gateway.hosted import run_request, serve_run
 from gpusession.gateway.frames import Message
 from gpusession.gateway.runwire import BadRunMessage, error_to_json, info_to_json, options_to_json
@@ -463,6 +464,7 @@ def test_a_detached_run_the_gateway_fails_to_host_still_ends_its_record(monkeypa
             raise OSError("gone")
 
     with pytest.raises(RuntimeError):
-        hosting._run(Gone(), type("Caller", (), {"user": ME, "admin": False})(), request, None, None, registry)
+        hosting._run(Gone(), type("Caller", (), {"user": ME, "admin": False})(), request, None, None, registry,
+                     CallBytes().intake(ME).share([b"x"]))
     (row,) = registry.rows(ME)
     assert row["state"] == "failed" and row["ended"] is not None
