@@ -37,6 +37,7 @@ from _cluster import local_cluster  # noqa: E402
 from _results import Row, spread, write  # noqa: E402
 
 HOLD_S = 3.0  # how long the high-priority lease keeps its 2 GPUs
+HOST_RESTART_FAILURES = 3  # samples whose lost host did not start again, before the run gives up
 
 
 def gpusession_regrow_s(work: str) -> float:
@@ -89,24 +90,40 @@ def _safe(predicate) -> bool:
 
 def hosts_rows(repeat: int, intervals: list[float]) -> list[Row]:
     """The like-for-like samples on simulated hosts, alternated: gpusession, then Ray Train at
-    each monitor interval."""
+    each monitor interval. A sample whose lost host's Ray node does not start again (SimCluster
+    gives up after 3 attempts) measured neither side: its hosts' Ray logs are kept, it is not
+    counted, and it runs again on a fresh cluster, at most HOST_RESTART_FAILURES times in all."""
     from _elastic_hosts import sample
     from multihost import Deaths
-    from tests.multihost.simcluster import SimCluster, can_run
+    from tests.multihost.simcluster import SimCluster, SimClusterError, can_run
 
     reason = can_run()
     if reason:
         raise SystemExit(reason)
     ours, theirs = [], {interval: [] for interval in intervals}
-    with SimCluster(hosts=2, gpus_per_host=2) as cluster:  # started on entry, stopped on exit
-        deaths = Deaths(cluster)
-        for i in range(repeat):
-            for interval in intervals:
-                ours.append(sample(cluster, deaths, "gpusession", f"gs-{i}-{interval:g}"))
-                theirs[interval].append(sample(cluster, deaths, "ray-train", f"rt-{i}-{interval:g}", interval))
-                print(f"sample: gpusession back at 4 after {ours[-1].back_s} s (at 2 after {ours[-1].at_2_s} s); "
-                      f"Ray Train (interval {interval:g} s) {theirs[interval][-1].back_s} s "
-                      f"(at 2 after {theirs[interval][-1].at_2_s} s)", flush=True)
+    plan = [(i, interval, side) for i in range(repeat) for interval in intervals for side in ("gpusession", "ray-train")]
+    failures = 0
+    while plan:
+        with SimCluster(hosts=2, gpus_per_host=2) as cluster:  # started on entry, stopped on exit
+            deaths = Deaths(cluster)
+            while plan:
+                i, interval, side = plan[0]
+                tag = f"{'gs' if side == 'gpusession' else 'rt'}-{i}-{interval:g}"
+                try:
+                    taken = sample(cluster, deaths, side, tag, interval)
+                except SimClusterError as exc:
+                    failures += 1
+                    kept = keep_ray_logs(cluster)
+                    print(f"!!! {side} sample {tag} not counted: a lost host did not start again ({exc}); "
+                          f"the hosts' Ray logs are kept in {kept}; failure {failures} of at most "
+                          f"{HOST_RESTART_FAILURES}, the sample runs again on a fresh cluster", flush=True)
+                    if failures >= HOST_RESTART_FAILURES:
+                        raise
+                    break  # leaves this cluster: stopped and removed
+                plan.pop(0)
+                (ours if side == "gpusession" else theirs[interval]).append(taken)
+                print(f"sample: {side} ({'' if side == 'gpusession' else f'interval {interval:g} s, '}"
+                      f"{tag}) back at 4 after {taken.back_s} s (at 2 after {taken.at_2_s} s)", flush=True)
     rows = []
     for interval in intervals:
         rt = theirs[interval]
@@ -123,6 +140,24 @@ def hosts_rows(repeat: int, intervals: list[float]) -> list[Row]:
                         alternative_text=(f"not back at 4 within {missed[0].watched_s:.0f} s in {len(missed)} of "
                                           f"{len(rt)}" if missed else "")))
     return rows
+
+
+def keep_ray_logs(cluster) -> str:
+    """Copy every host's Ray logs out of the cluster's folder (removed when it stops) into a new
+    folder under /tmp, whose path is returned: why a restarted node died is only there."""
+    kept = tempfile.mkdtemp(prefix="gpusession-elastic-failed-")
+    for host in [cluster.head, *cluster.workers]:
+        into = Path(kept) / host.name
+        into.mkdir()
+        try:
+            for logs in host.tmp.glob("ray/session_2*/logs"):
+                shutil.copytree(logs, into / logs.parent.name, ignore_dangling_symlinks=True,
+                                ignore=shutil.ignore_patterns("*.sock"))
+            if host.log_path and host.log_path.exists():
+                shutil.copy(host.log_path, into / "ray-start.log")
+        except OSError as exc:  # a file that went away meanwhile: keep what was copied
+            print(f"keeping {host.name}'s logs: {exc}", flush=True)
+    return kept
 
 
 def preemption_rows(repeat: int) -> list[Row]:
