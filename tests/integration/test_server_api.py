@@ -1,6 +1,7 @@
-"""The REST API under {base_url}gpusession/, served by a real Jupyter server (pytest-jupyter) over
-the session's Ray cluster and broker: who may do what, 400s naming the field, 403s, Jupyter's XSRF
-check, and that a rejected request changes nothing."""
+"""The REST API under {base_url}gpusession/, served by a real Jupyter server over the session's Ray
+cluster and broker: who may do what, 400s naming the field, 403s, Jupyter's XSRF check, and that a
+rejected request changes nothing. One server serves the module (threaded_server.py): what a test
+changes in it (the metrics setting, a patched call) it changes through monkeypatch, put back after."""
 from __future__ import annotations
 
 import json
@@ -13,7 +14,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from jupyter_server.auth.identity import IdentityProvider, User
-from pytest_jupyter.jupyter_server import *  # jp_serverapp, jp_fetch and the fixtures they need
 from tornado.httpclient import HTTPClientError
 from traitlets.config import Config
 
@@ -24,8 +24,9 @@ from gpusession.run.caller.lease import Lease
 from gpusession.run.caller.options import validate_run_options
 
 from ..fuzzcheck import Crash, judge_http
+from .threaded_server import ThreadedJupyterServer
 
-RAY_TOKEN = Path.home() / ".ray" / "auth_token"  # read before jp_environ moves HOME
+RAY_TOKEN = Path.home() / ".ray" / "auth_token"  # read before the server's environment moves HOME
 ADMIN, ALICE, BOB = "ada", "alice", "bob"
 XSRF = "5e55a0c0ffee"
 
@@ -38,24 +39,30 @@ class HeaderIdentityProvider(IdentityProvider):
         return User(username=name) if name else None
 
 
-@pytest.fixture
-def jp_server_config(cluster, monkeypatch):
-    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(RAY_TOKEN))
-    return Config({
+@pytest.fixture(scope="module")
+def shared_server(cluster, tmp_path_factory):
+    """The module's Jupyter server with the gpusession extension, its backend connected."""
+    server = ThreadedJupyterServer(Config({
         "ServerApp": {"identity_provider_class": HeaderIdentityProvider, "jpserver_extensions": {"gpusession": True}},
         "GPUSession": {"ray_address": cluster.address, "admin_token": cluster.admin_token, "admin_users": [ADMIN]},
-    })
+    }), tmp_path_factory.mktemp("jupyter-server"))
+    with pytest.MonkeyPatch.context() as environ:
+        environ.setenv("RAY_AUTH_TOKEN_PATH", str(RAY_TOKEN))
+        app = server.start()
+        try:
+            app.extension_manager.extension_points["gpusession"].app.backend.connected.result(timeout=120)
+            yield server
+        finally:
+            server.stop()
 
 
 @pytest.fixture
-def gs_app(jp_serverapp):
-    app = jp_serverapp.extension_manager.extension_points["gpusession"].app
-    app.backend.connected.result(timeout=120)
-    return app
+def gs_app(shared_server):
+    return shared_server.app.extension_manager.extension_points["gpusession"].app
 
 
 @pytest.fixture
-def fetch(gs_app, jp_fetch, jp_asyncio_loop):
+def fetch(shared_server):
     """fetch("api/leases", user=..., method=..., body=..., xsrf=True) -> parsed JSON (or the response with raw=True)."""
 
     def fetch(path, *, user=ALICE, method="GET", body=None, xsrf=True, params=None, raw=False):
@@ -64,9 +71,8 @@ def fetch(gs_app, jp_fetch, jp_asyncio_loop):
             headers.update({"X-XSRFToken": XSRF, "Cookie": f"_xsrf={XSRF}"})
         if body is not None and not isinstance(body, (str, bytes)):
             body = json.dumps(body)
-        request = jp_fetch("gpusession", *path.split("/"), method=method, body=body, headers=headers, params=params,
-                           allow_nonstandard_methods=True)
-        response = jp_asyncio_loop.run_until_complete(request)
+        response = shared_server.fetch("gpusession", *path.split("/"), method=method, body=body, headers=headers,
+                                       params=params)
         return response if raw else json.loads(response.body)
 
     return fetch
@@ -259,7 +265,8 @@ def test_the_admin_page_is_for_admins_and_brings_its_own_chart_library(fetch):
     assert refused_page.value.code == 403 and b"c.GPUSession.admin_users" in refused_page.value.response.body
 
 
-def test_metrics_are_prometheus_text_with_per_user_series_for_admins_or_when_public(fetch, gs_app, hold):
+def test_metrics_are_prometheus_text_with_per_user_series_for_admins_or_when_public(fetch, gs_app, hold,
+                                                                                     monkeypatch):
     hold(ALICE).release()
     text = fetch("metrics", user=BOB, raw=True).body.decode()
     assert "gpusession_gpus_total 4.0" in text and 'gpusession_leases_total{outcome="finished"}' in text
@@ -267,7 +274,7 @@ def test_metrics_are_prometheus_text_with_per_user_series_for_admins_or_when_pub
     assert "gpusession_gpu_seconds_total" not in text  # bob may not see alice's (or anyone's) usage
     assert 'gpusession_gpu_seconds_total{user="alice"}' in fetch("metrics", user=ADMIN, raw=True).body.decode()
     refused(fetch, "metrics", 403, user=None, raw=True)
-    gs_app.options.metrics_public = True
+    monkeypatch.setattr(gs_app.options, "metrics_public", True)
     public = fetch("metrics", user=None, raw=True).body.decode()
     assert "gpusession_gpus_leased" in public and 'gpusession_gpu_seconds_total{user="alice"}' in public
 

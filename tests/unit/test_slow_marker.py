@@ -12,6 +12,7 @@ def test_tests_in_the_browser_multihost_hub_and_gpu_folders_are_slow():
 
 def test_a_test_using_its_own_jupyter_server_or_a_browser_is_slow_wherever_it_lives():
     assert "Jupyter server" in slow_reason("integration", ["cluster", "jp_serverapp"])
+    assert "Jupyter server" in slow_reason("integration", ["cluster", "shared_server"])  # one for its module
     assert "browser" in slow_reason("integration", ["page", "browser"])
 
 
