@@ -39,6 +39,15 @@ def _status(url: str, token: str | None) -> int:
         return error.code
 
 
+def _logs_of(lab_home: Path) -> str:
+    """The ends of JupyterLab's log, of `ray start`'s and of the head's raylet and GCS (all under
+    the lab's folder, which the fixture removes after the test): what a failure to get ready says."""
+    logs = [lab_home / "home" / "lab.log", lab_home / "home" / "local-head.log",
+            *(lab_home / "ray" / "session_latest" / "logs" / name for name in ("raylet.out", "gcs_server.out"))]
+    return "".join(f"\n--- the end of {log}:\n{log.read_text(errors='replace')[-2000:]}" for log in logs
+                   if log.is_file())
+
+
 @pytest.fixture
 def lab_home():
     base = Path(tempfile.mkdtemp(prefix="gslab", dir="/tmp"))  # short: Ray's socket paths
@@ -46,6 +55,7 @@ def lab_home():
     shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.mark.timeout(UP_S + 240)  # past UP_S and the stop's 120 s: a lab that never gets ready fails saying why
 def test_gpusession_lab_keeps_its_token_off_command_lines_and_stops_what_it_started(lab_home):
     port = _free_port()
     env = {key: value for key, value in os.environ.items() if key not in ("RAY_ADDRESS", "JUPYTER_TOKEN")}
@@ -60,7 +70,8 @@ def test_gpusession_lab_keeps_its_token_off_command_lines_and_stops_what_it_star
         while "cluster ready" not in output.read_text() and lab.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
         said = output.read_text()
-        assert "cluster ready" in said, f"gpusession lab did not get ready:\n{said[-3000:]}"
+        assert "cluster ready" in said, (f"gpusession lab did not get ready within {UP_S:.0f} s:\n{said[-3000:]}"
+                                         f"{_logs_of(lab_home)}")
         token = re.search(r"token=([0-9a-f]+)", said).group(1)
         assert _status(f"http://127.0.0.1:{port}/api/status", token) == 200
         assert _status(f"http://127.0.0.1:{port}/api/status", None) == 403
