@@ -8,7 +8,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -21,13 +20,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from .threaded_server import free_port
+
 UP_S = 300.0  # JupyterLab, then a Ray head and the broker, on a loaded 2-core machine
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _status(url: str, token: str | None) -> int:
@@ -57,7 +52,7 @@ def lab_home():
 
 @pytest.mark.timeout(UP_S + 240)  # past UP_S and the stop's 120 s: a lab that never gets ready fails saying why
 def test_gpusession_lab_keeps_its_token_off_command_lines_and_stops_what_it_started(lab_home):
-    port = _free_port()
+    port = free_port()
     env = {key: value for key, value in os.environ.items() if key not in ("RAY_ADDRESS", "JUPYTER_TOKEN")}
     env.update(GPUSESSION_HOME=str(lab_home / "home"), RAY_TMPDIR=str(lab_home), PYTHONUNBUFFERED="1")
     output = lab_home / "output.txt"

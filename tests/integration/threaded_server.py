@@ -32,7 +32,7 @@ class ThreadedJupyterServer:
         self.config.IdentityProvider.token = "t0ken"  # not used by a header identity provider; never empty
         self.config.NotebookNotary.db_file = ":memory:"
         self.top = top
-        self.port = _free_port()
+        self.port = free_port()
         self.app: ServerApp | None = None
         self._thread: threading.Thread | None = None
         self._environ = pytest.MonkeyPatch()
@@ -106,7 +106,8 @@ class ThreadedJupyterServer:
             env.setattr(jupyter_core.paths, name, [str(dirs["env"])])
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
