@@ -79,6 +79,7 @@ SLOW_TESTS = {
         "runs the jupyter CLI in a subprocess",
     "integration/test_cli.py": "runs the gpusession CLI in subprocesses",
     "integration/test_torchrun_parity.py": "runs torchrun",
+    "integration/test_groups_runner.py": "runs pytest's collection three times in subprocesses (it imports torch)",
     "integration/test_frameworks.py": "runs torchrun and each framework under gpusession",
     "integration/test_zygote_sharing.py": "starts warm parents of its own (each imports torch)",
     "integration/test_rendezvous.py": "spawns rank processes that import torch",
