@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+
 from ..observe.events import Fanout, RunInfo
 from .acting import Acting, identity_of
 from .activity import FOLLOWING

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from ..conftest import ROOT
+from ..ports import free_port
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -66,12 +66,6 @@ class Server:
             pass
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _answers(url: str, token: str) -> bool:
     request = urllib.request.Request(url, headers={"Authorization": f"token {token}"})
     try:
@@ -111,7 +105,7 @@ def jupyter(cluster, tmp_path_factory):
 @contextlib.contextmanager
 def lab_server(cluster, config_dir: Path, *, admin_users: list[str]):
     """A JupyterLab process whose owner is `tester`, with these gpusession admins, stopped after."""
-    token, port = "e2e-token", _free_port()
+    token, port = "e2e-token", free_port()
     (config_dir / "jupyter_server_config.json").write_text(json.dumps({
         "ServerApp": {"jpserver_extensions": {"gpusession": True}, "port": port, "ip": "127.0.0.1",
                       "open_browser": False, "allow_root": True, "root_dir": str(config_dir)},

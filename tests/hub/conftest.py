@@ -9,7 +9,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ from gpusession.run import bulk
 
 from ..accounts import add_account, remove_accounts, uid_of
 from ..conftest import ROOT
+from ..ports import free_port as _free_port  # the name benchmarks/hub.py imports
 from ..session_order import items_after_module, takes
 from .client import HubUser
 
@@ -97,12 +97,6 @@ def _add_account(name: str) -> str:
     add_account(name, system=False)
     subprocess.run(["chpasswd"], input=f"{name}:{password}", text=True, check=True, capture_output=True)
     return password
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_for_line(path: Path, text: str, proc: subprocess.Popen, timeout_s: float) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from .threaded_server import free_port
+from ..ports import free_port
 
 UP_S = 300.0  # JupyterLab, then a Ray head and the broker, on a loaded 2-core machine
 

@@ -5,7 +5,6 @@ backend connects to the cluster each time). Requests go over real HTTP to its po
 from __future__ import annotations
 
 import asyncio
-import socket
 import threading
 import urllib.parse
 from pathlib import Path
@@ -17,6 +16,8 @@ from jupyter_server.utils import url_path_join
 from tornado.escape import url_escape
 from tornado.httpclient import HTTPClient, HTTPResponse
 from traitlets.config import Config
+
+from ..ports import free_port
 
 START_TIMEOUT_S = 120.0
 
@@ -104,10 +105,3 @@ class ThreadedJupyterServer:
             env.setattr(jupyter_core.paths, name, [str(dirs["system"])])
         for name in ("ENV_JUPYTER_PATH", "ENV_CONFIG_PATH"):
             env.setattr(jupyter_core.paths, name, [str(dirs["env"])])
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
