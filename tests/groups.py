@@ -7,9 +7,9 @@ own Ray cluster, hubs and Unix accounts (their names carry the pid or a random p
 integration folder its own temporary folder: a fresh folder (mode 1777, as /tmp: the accounts
 its tests drop to write there too) given as TMPDIR, which Ray's temporary tree follows as well. So
 each session's end-of-run sweep of its temporary folder (tests/conftest.py, `no_folders_left_in_tmp`)
-sees only its own clusters' folders, never the other session's live ones. The other session keeps
-the machine's temporary folder: its simulated hosts and hubs nest Ray's Unix sockets deep under
-it, and a socket's path may not exceed 107 bytes.
+sees only its own clusters' folders, never the other session's live ones. One folder of its own
+is enough for that; the other session keeps the machine's temporary folder, as a developer's
+`pytest` does.
 
 Arguments go to both sessions (`-x`, `--durations=20`, `-k ...`); each line of output names its
 session. The exit status is 0 when both sessions' are, else the larger. The failed tests of each

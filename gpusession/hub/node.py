@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import os
 import re
+import select
 import signal
 import socket
 import stat
@@ -36,11 +37,11 @@ WATCH_S = 0.5  # how often the command looks whether its Ray node and its launch
 PRIVATE_FILES = Path(__file__).parent / "private_files"  # its sitecustomize: workers use umask 077
 
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # systemd's stop; the terminal (or SSH session) gone
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # systemd's stop; the terminal gone (SSH with one too)
 
 
 class NodeStopped(Exception):
-    """SIGTERM or SIGHUP arrived: stop as on Ctrl-C."""
+    """SIGTERM or SIGHUP arrived, or the output's reader went away: stop as on Ctrl-C."""
 
 
 class NodeFailed(RuntimeError):
@@ -48,7 +49,10 @@ class NodeFailed(RuntimeError):
 
 
 def say(line: str) -> None:
-    print(f"gpusession hub node: {line}", flush=True)
+    try:
+        print(f"gpusession hub node: {line}", flush=True)
+    except OSError:  # the output's reader went away (output_gone): the node stops all the same
+        pass
 
 
 def run_node(layout: HubLayout, options: NodeOptions, *, ready_timeout_s: float = 600.0, stdin=None) -> int:
@@ -72,6 +76,9 @@ def run_node(layout: HubLayout, options: NodeOptions, *, ready_timeout_s: float 
         say(f"joined the hub's cluster at {options.address} as {layout.service_user} (Ray node pid {ray.pid}, its "
             f"log: {layout.hub_dir / 'node.log'}). Ctrl-C leaves the cluster.")
         while ray.poll() is None and launcher.poll() is None:
+            if output_gone(sys.stdout):
+                output_to_null()
+                raise NodeStopped()
             time.sleep(WATCH_S)
         if launcher.poll() is not None:
             say(f"the launcher ended (exit status {launcher.returncode}): no rank can start here without it, so "
@@ -95,6 +102,34 @@ def run_node(layout: HubLayout, options: NodeOptions, *, ready_timeout_s: float 
             stop_launcher(launcher)  # by its pid, after Ray: no rank is asked for any more
         for signum in STOP_SIGNALS:
             signal.signal(signum, signal.SIG_DFL)
+
+
+def output_gone(stream) -> bool:
+    """Whether the pipe or socket the command writes to has lost its reader: how `ssh root@NODE
+    gpusession hub node ...` without a terminal ends. SSH then sends no SIGHUP (only a terminal's
+    end does) and the command would run on, cut off from whoever started it; its stdout, a pipe from
+    sshd, reports an error once sshd closes it. A terminal, a file or /dev/null never does."""
+    try:
+        fd = stream.fileno()
+        mode = os.fstat(fd).st_mode
+    except (OSError, ValueError, AttributeError):  # closed, or no descriptor behind it
+        return False
+    if not (stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode)):
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLERR | select.POLLHUP)
+    return any(event & (select.POLLERR | select.POLLHUP) for _, event in poller.poll(0))
+
+
+def output_to_null() -> None:
+    """stdout and stderr to /dev/null once their reader is gone: the stop then writes its lines
+    nowhere, and Python's last flush at exit cannot fail (its exit status would be 120)."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in (1, 2):
+            os.dup2(null, fd)
+    finally:
+        os.close(null)
 
 
 def read_token(source: str, stdin) -> str:

@@ -101,14 +101,17 @@ class HubOnHosts:
         assert joined, f"the hub printed no join command:\n{self.output('head').read_text()[-3000:]}"
         self.address, self.token_path = joined.group(1), Path(joined.group(2))
 
-    def start_node(self, name: str) -> subprocess.Popen:
-        host = self.cluster.host(name)
-        layout = self.layout(name)
+    def node_argv(self, name: str) -> list[str]:
+        """The join command the hub printed, with this simulated host's address and folders."""
+        host, layout = self.cluster.host(name), self.layout(name)
         argv = [sys.executable, "-m", "gpusession.cli", "hub", "node", "--address", self.address, "--token-file", "-",
                 "--node-ip", host.ip, "--gpus", "2", "--prefix", str(PREFIX), "--state-dir", str(layout.state),
                 "--service-user", self.service, "--temp-dir", str(layout.ray_tmp)]
-        if name in self.without_ann:
-            argv = self.without_user(name, argv)
+        return self.without_user(name, argv) if name in self.without_ann else argv
+
+    def start_node(self, name: str) -> subprocess.Popen:
+        host = self.cluster.host(name)
+        argv = self.node_argv(name)
         with open(self.output(name), "w") as out, open(self.token_path) as token:
             proc = self.cluster.popen(host, argv, env=self.env(host), stdin=token, stdout=out,
                                       stderr=subprocess.STDOUT)
@@ -293,6 +296,31 @@ def test_a_node_that_leaves_stops_its_ray_node_and_its_launcher(hub_hosts):
     # drain waits 30 s for a node to fall idle; the command turns it off)
     assert left_after < STOP_TIMEOUT_S, f"the node took {left_after:.1f} s to leave"
     assert "leaving the cluster" in hub_hosts.output("host1").read_text()
+    assert [psutil.Process(pid).name() for pid in namespace_pids(host1.netns) if psutil.pid_exists(pid)] == []
+
+
+def test_a_node_whose_output_loses_its_reader_leaves_as_when_its_ssh_client_ends_without_a_terminal(hub_hosts):
+    """`ssh root@NODE gpusession hub node ...` as the docs show it has no terminal: when the admin's
+    ssh ends (Ctrl-C there, a dropped link), sshd sends the command no signal, it only closes the
+    pipe the command writes to. Here that pipe's reader is the test, and it closes it."""
+    hub_hosts.only()
+    host1 = hub_hosts.cluster.host("host1")
+    with open(hub_hosts.token_path) as token:
+        proc = hub_hosts.cluster.popen(host1, hub_hosts.node_argv("host1"), env=hub_hosts.env(host1), stdin=token,
+                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    hub_hosts.nodes["host1"] = proc  # stopped by the fixture should this test fail
+    said = []
+    for line in proc.stdout:  # (pytest-timeout ends a node that never joins)
+        said.append(line)
+        if line.startswith("gpusession hub node: joined"):
+            break
+    assert said and said[-1].startswith("gpusession hub node: joined"), "".join(said)[-3000:]
+    assert namespace_pids(host1.netns)  # its launcher and Ray node run
+    proc.stdout.close()
+    asked = time.monotonic()
+    assert proc.wait(timeout=STOP_TIMEOUT_S + 30) == 0
+    assert time.monotonic() - asked < STOP_TIMEOUT_S
+    hub_hosts.nodes.pop("host1")
     assert [psutil.Process(pid).name() for pid in namespace_pids(host1.netns) if psutil.pid_exists(pid)] == []
 
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import io
 import os
+import socket
 from pathlib import Path
 
 import pytest
 
 from gpusession.cli.main import build_parser
 from gpusession.hub.cli import node_options_from, options_from
-from gpusession.hub.node import NodeFailed, last_error, read_token
+from gpusession.hub.node import NodeFailed, last_error, output_gone, read_token
 from gpusession.hub.nodeplan import NodeOptions, join_command, node_environment, ray_node_command
 from gpusession.hub.plan import HubLayout
 
@@ -127,3 +128,19 @@ def test_a_node_that_did_not_join_names_the_error_line_of_its_log_not_the_traceb
            "ray.exceptions.AuthenticationError: RPC error: InvalidAuthToken: Authentication token is missing\n")
     assert last_error(log).startswith("ray.exceptions.AuthenticationError: RPC error: InvalidAuthToken")
     assert last_error("Ray runtime started.\n") is None
+
+
+def test_a_node_sees_its_output_gone_only_once_a_pipes_or_sockets_reader_is_gone():
+    reader, writer = os.pipe()
+    with os.fdopen(writer, "w") as pipe:
+        assert not output_gone(pipe)
+        os.close(reader)  # sshd's end, once the admin's ssh ended
+        assert output_gone(pipe)
+    ours, theirs = socket.socketpair()
+    with ours, ours.makefile("w") as stream:
+        assert not output_gone(stream)
+        theirs.close()
+        assert output_gone(stream)
+    with open(os.devnull, "w") as null:
+        assert not output_gone(null)  # a file, /dev/null, a terminal: never gone
+    assert not output_gone(io.StringIO())  # no descriptor behind it
