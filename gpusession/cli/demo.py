@@ -7,6 +7,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..run.node import leftovers
+
 QUICKSTART = "quickstart.ipynb"
 
 
@@ -37,11 +39,14 @@ def run_demo(*, notebook: str | None = None, timeout: float = 600) -> int:
     # what the notebook shows arrives through the cells' outputs.
     log_path = Path(tempfile.mkstemp(prefix="gpusession-demo-kernel-", suffix=".log")[1])
     failed = None
+    before = leftovers.Snapshot.now()
     with open(log_path, "w") as kernel_log:
         try:
             client.execute(env=env, stderr=kernel_log)
         except CellExecutionError as exc:
             failed = exc
+        finally:
+            before.remove_new()  # the embedded cluster's warm and scratch folders, gone with its kernel
     for index, cell in enumerate(nb.cells):
         if cell.cell_type == "code":
             _print_outputs(index, cell)

@@ -11,7 +11,9 @@ It runs `python -m jupyterlab` in the foreground with the extension enabled on t
 (so an editable install without the config file works too), a token it makes (in the server's
 environment, never on its command line; its log is private), and --allow-root
 when run as root (as in a container). The URL is printed once the server answers; the cluster
-comes up behind it (the page and every kernel wait for it).
+comes up behind it (the page and every kernel wait for it). Once JupyterLab has ended, the
+folders its cluster made in the temporary folder (the node host's warm folder, the ranks' scratch
+root) go too: Ray ended the processes that would have removed them.
 """
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ from pathlib import Path
 
 from ..cluster.localhead import Bringup
 from ..cluster.raycluster import state_dir
+from ..run.node import leftovers
 
 NOT_INSTALLED = ("JupyterLab is not installed in this environment. Install it with "
                  "`pip install 'gpusession[lab]'` (scripts/setup does), then run `gpusession lab` again.")
@@ -114,21 +117,27 @@ def run_lab(*, port: int | None, ip: str, gpus: int | None, open_browser: bool, 
     home.mkdir(parents=True, exist_ok=True)
     log_path = home / "lab.log"
     say(f"starting JupyterLab on port {chosen.port} (its log: {log_path})...")
-    with private_log(log_path) as log:  # Jupyter writes its URL, token included, into it
-        proc = subprocess.Popen(chosen.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, **chosen.env})
-        try:
-            if watch(proc, chosen, log_path, ready_timeout_s):
-                say("Ctrl-C stops JupyterLab, its kernels and the cluster it started.")
-            return proc.wait()
-        except KeyboardInterrupt:
-            say("stopping JupyterLab (its kernels, then the cluster it started)...")
-            proc.send_signal(signal.SIGTERM)  # Jupyter's own clean shutdown, no confirmation prompt
+    before = leftovers.Snapshot.now()
+    try:
+        with private_log(log_path) as log:  # Jupyter writes its URL, token included, into it
+            proc = subprocess.Popen(chosen.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env={**os.environ, **chosen.env})
             try:
-                return proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+                if watch(proc, chosen, log_path, ready_timeout_s):
+                    say("Ctrl-C stops JupyterLab, its kernels and the cluster it started.")
                 return proc.wait()
+            except KeyboardInterrupt:
+                say("stopping JupyterLab (its kernels, then the cluster it started)...")
+                proc.send_signal(signal.SIGTERM)  # Jupyter's own clean shutdown, no confirmation prompt
+                try:
+                    return proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    return proc.wait()
+    finally:
+        # the node host's warm folder and the ranks' scratch root in the temporary folder: Ray ended
+        # the host, which cannot remove its own (leftovers.py); what a live process holds stays
+        before.remove_new()
 
 
 def watch(proc: subprocess.Popen, chosen: LabPlan, log_path: Path, timeout_s: float) -> bool:

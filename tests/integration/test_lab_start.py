@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 import urllib.error
 import urllib.request
@@ -20,6 +21,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from gpusession.run.node import leftovers
+
+from ..hub.client import HubUser
 from ..ports import free_port
 
 UP_S = 300.0  # JupyterLab, then a Ray head and the broker, on a loaded 2-core machine
@@ -43,6 +47,28 @@ def _logs_of(lab_home: Path) -> str:
                    if log.is_file())
 
 
+CALL = textwrap.dedent("""
+    import gpusession as gs
+
+    @gs.distributed(gpus=1)
+    def answer():
+        return 42
+
+    print("ANSWER", answer())
+""")  # in a kernel of the lab's server (its cluster takes only identities the server signed)
+
+
+class LabUser(HubUser):
+    """A browser's user of the lab's server (at its root, with the lab's token), without the browser."""
+
+    def __init__(self, url: str, token: str) -> None:
+        super().__init__(url, "lab-user", "")
+        self.token = token
+
+    def server_path(self, user: str | None = None) -> str:
+        return ""
+
+
 @pytest.fixture
 def lab_home():
     base = Path(tempfile.mkdtemp(prefix="gslab", dir="/tmp"))  # short: Ray's socket paths
@@ -51,10 +77,13 @@ def lab_home():
 
 
 @pytest.mark.timeout(UP_S + 240)  # past UP_S and the stop's 120 s: a lab that never gets ready fails saying why
-def test_gpusession_lab_keeps_its_token_off_command_lines_and_stops_what_it_started(lab_home):
+def test_gpusession_lab_keeps_its_token_off_command_lines_and_stops_and_removes_what_it_started(lab_home):
     port = free_port()
     env = {key: value for key, value in os.environ.items() if key not in ("RAY_ADDRESS", "JUPYTER_TOKEN")}
-    env.update(GPUSESSION_HOME=str(lab_home / "home"), RAY_TMPDIR=str(lab_home), PYTHONUNBUFFERED="1")
+    lab_tmp = lab_home / "tmp"  # the lab's temporary folder, where its node host makes its warm folder
+    lab_tmp.mkdir()
+    env.update(GPUSESSION_HOME=str(lab_home / "home"), RAY_TMPDIR=str(lab_home), TMPDIR=str(lab_tmp),
+               PYTHONUNBUFFERED="1")
     output = lab_home / "output.txt"
     with open(output, "w") as out:
         lab = subprocess.Popen([sys.executable, "-m", "gpusession.cli", "lab", "--no-browser", "--gpus", "1",
@@ -79,6 +108,10 @@ def test_gpusession_lab_keeps_its_token_off_command_lines_and_stops_what_it_star
         log = lab_home / "home" / "lab.log"
         assert stat.S_IMODE(log.stat().st_mode) == 0o600  # Jupyter may print its URL there
         head = json.loads((lab_home / "home" / "local-head.json").read_text())["pid"]
+        ran = LabUser(f"http://127.0.0.1:{port}", token).run(CALL, timeout_s=180)
+        assert ran.error is None and "ANSWER 42" in ran.stdout, (ran.error, ran.stdout[-3000:])
+        assert any(path.name.startswith(leftovers.WARM_PREFIX) for path in leftovers.found(lab_tmp)), \
+            "the lab's node host made no warm folder in the lab's temporary folder"
     finally:
         lab.send_signal(signal.SIGINT)  # Ctrl-C
         try:
@@ -88,3 +121,4 @@ def test_gpusession_lab_keeps_its_token_off_command_lines_and_stops_what_it_star
             lab.wait()
     assert not psutil.pid_exists(head) or psutil.Process(head).status() == psutil.STATUS_ZOMBIE, \
         "the Ray head gpusession lab started is still running"
+    assert leftovers.found(lab_tmp) == set(), "gpusession lab left its cluster's folders in the temporary folder"
