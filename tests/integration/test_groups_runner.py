@@ -7,7 +7,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from ..conftest import ROOT
 
 
 def collected(args: list[str]) -> subprocess.CompletedProcess:

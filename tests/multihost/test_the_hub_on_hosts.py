@@ -299,7 +299,7 @@ def test_a_node_that_leaves_stops_its_ray_node_and_its_launcher(hub_hosts):
     assert [psutil.Process(pid).name() for pid in namespace_pids(host1.netns) if psutil.pid_exists(pid)] == []
 
 
-def test_a_node_whose_output_loses_its_reader_leaves_as_when_its_ssh_client_ends_without_a_terminal(hub_hosts):
+def test_a_node_whose_output_pipe_loses_its_reader_leaves_with_status_0_and_stops_what_it_started(hub_hosts):
     """`ssh root@NODE gpusession hub node ...` as the docs show it has no terminal: when the admin's
     ssh ends (Ctrl-C there, a dropped link), sshd sends the command no signal, it only closes the
     pipe the command writes to. Here that pipe's reader is the test, and it closes it."""
