@@ -306,11 +306,13 @@ async function refresh() {
   }
 }
 
+// The controls answer from the moment the page is there: an Add clicked while JupyterLab's theme
+// setting is still on its way is not lost. The first drawing waits for the theme (the chart's colours).
 async function start() {
-  await followJupyterLabTheme();
   document.getElementById("gs-add").addEventListener("click", addQuota);
   document.getElementById("gs-add-user").addEventListener("keydown", (e) => { if (e.key === "Enter") addQuota(); });
   document.getElementById("gs-range").addEventListener("change", () => refresh());
+  await followJupyterLabTheme();
   await refresh();
   setInterval(() => { if (!inFlight) refresh(); }, REFRESH_MS); // a slow server is not asked twice at once
 }

@@ -142,6 +142,27 @@ def test_after_a_rejected_save_adding_a_user_and_resetting_still_show_what_the_s
         client.call(broker.reset_quota, "alice", admin)
 
 
+def test_add_works_the_moment_the_page_has_loaded_while_the_theme_setting_is_still_on_its_way(
+        page, jupyter, broker, admin):
+    """The page asks JupyterLab for its theme first; on a busy Hub that answer came after a quick
+    admin's click on Add, and the click did nothing (CI once: the banner stayed empty). Here the
+    theme request is held until Add has been clicked and the quota saved."""
+    held = []
+    page.route("**/api/settings/**", lambda route: held.append(route))  # not answered: on its way
+    try:
+        page.goto(jupyter.admin_page())
+        page.locator("#gs-add-user").fill("erin")
+        page.locator("#gs-add-max-gpus").fill("3")
+        page.locator("#gs-add").click()
+        expect(page.locator("#gs-banner")).to_have_text("Saved the quota of erin.")
+        assert len(held) == 1  # the theme had not come yet when the save was made
+        assert client.call(broker.quota, "erin", admin)["max_gpus"] == 3
+        held[0].continue_()
+        expect(quota_row(page, "erin").get_by_label("max GPUs of erin")).to_have_value("3")
+    finally:
+        client.call(broker.reset_quota, "erin", admin)
+
+
 def test_at_700_px_the_tables_scroll_inside_their_box_and_the_page_does_not(browser, jupyter, broker, admin):
     client.call(broker.set_quota, "a-user-with-a-rather-long-name", {"max_gpus": 1}, admin)
     context = browser.new_context(color_scheme="light", viewport={"width": 700, "height": 900})
