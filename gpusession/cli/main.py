@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     revoke.set_defaults(handler=_revoke)
 
     _add_quota(sub)
+    from .runs import register as register_runs  # the gateway's modules load only when a verb runs
+
+    register_runs(sub)
 
     usage = sub.add_parser("usage", help="GPU-hours per user (or per user and day)")
     usage.add_argument("--since", type=_date, help="start, YYYY-MM-DD or ISO time (default: 7 days ago)")

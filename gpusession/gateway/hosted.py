@@ -10,9 +10,10 @@ The messages (JSON header + raw frames, frames.py; after the hello of session "r
       more        payload: the next frames of the message before it (chunks.py: a message
                   carries at most 64 frames; `frames` says how many it has in all)
       checkpoint  {handle}          the bytes of a checkpoint this account's run left (shelf.py)
-      list        {}                this account's detached runs -> runs {runs: [row, ...]} (row: run_id, name,
+      list        {every_user?}     this account's detached runs -> runs {runs: [row, ...]} (row: run_id, name,
                                     user, state, gpus, workers, started, ended, end_reason, max_duration,
-                                    notebook, expires, reports)
+                                    notebook, expires, reports); every_user: true, every account's, for an
+                                    admin of the gateway only (`gpusession runs list --every-user`)
       attach      {run_id}          follow a detached run of this account: event {event: "attached",
                                     run: row}, the events so far, the live ones, then done
                                     (a stop on this connection stops the run)
@@ -286,9 +287,26 @@ def _not_kept(run_id: Any, user: str, retention_s: float) -> dict:
         f"Ended runs are kept {retention_s / 86400:g} days, and none survives a restart of the gateway.")}
 
 
+def _every_user_refusal(every_user: Any, caller: Caller) -> dict | None:
+    """Why a list asking for every account's runs is refused (None: it is not)."""
+    if not isinstance(every_user, bool):
+        return {"type": "InvalidRequest", "message": "The gateway refused the request: every_user must be true or "
+                                                     f"false; got {type(every_user).__name__}."}
+    if every_user and not caller.admin:
+        return {"type": "NotAuthorized", "message": (
+            f"Only an admin of the gateway lists every account's detached runs, and {caller.user} is not one "
+            "(the hub's admins are named by `gpusession hub --admin`); `gpusession runs list` shows your own.")}
+    return None
+
+
 def _serve_detached(conn: Connection, caller: Caller, message: Message, registry: Registry) -> None:
     if message.kind == Kind.LIST:
-        conn.send(Kind.RUNS, runs=registry.rows(caller.user))
+        every_user = message.get("every_user", False)
+        refusal = _every_user_refusal(every_user, caller)
+        if refusal is not None:
+            conn.send(Kind.FAILED, error=refusal)
+            return
+        conn.send(Kind.RUNS, runs=registry.rows(None if every_user else caller.user))
         return
     try:
         run_id = keeping.run_id_of(message.get("run_id"))

@@ -11,7 +11,6 @@ from ..gateway.intake import size_of
 from ..gateway.keeping import detach_policy
 from ..run.caller.options import parse_duration
 from .nodeplan import NodeOptions, head_address, ray_ip_refusal
-from ..run.caller.options import parse_duration
 from .plan import (DEFAULT_CULL_IDLE_AFTER_S, DEFAULT_PREFIX, DEFAULT_SERVICE_USER, DEFAULT_STATE,
                    MIN_CULL_IDLE_AFTER_S, Culling, HubLayout, HubOptions, listen_refusal)
 

@@ -3,6 +3,7 @@ their `%%gpu` cells run on the one cluster the service account runs, and the bro
 who from the Hub's signature, not from what a kernel claims."""
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 import time
@@ -435,6 +436,57 @@ assert done.result() == 42
 going = slow.submit(detach=True, max_duration=300)
 print(done.run_id, going.run_id)
 print(sorted(r.max_duration for r in gs.runs(all=True) if r.run_id in (done.run_id, going.run_id)))"""
+
+
+RUNS_COMMAND = """import json, subprocess, sys
+done = subprocess.run([sys.executable, "-m", "gpusession.cli", "runs", *{args!r}], capture_output=True, text=True)
+print(json.dumps([done.returncode, done.stdout, done.stderr]))"""
+
+
+def runs_command(user, *args: str) -> tuple[int, str, str]:
+    """`gpusession runs ARGS` as the user runs it in a terminal of their server: (status, out, err)."""
+    ran = user.run(RUNS_COMMAND.format(args=list(args)))
+    assert ran.error is None, ran
+    return tuple(json.loads(ran.stdout.strip().splitlines()[-1]))
+
+
+SPIN_DETACHED = """import time
+
+@gs.distributed(gpus=1)
+def spin():
+    import time
+    while True:
+        time.sleep(0.2)
+
+spinning = spin.submit(detach=True, max_duration=300)
+deadline = time.monotonic() + 120
+while spinning.state.value != "running" and not spinning.done() and time.monotonic() < deadline:
+    time.sleep(0.05)
+assert spinning.state.value == "running", spinning
+print(spinning.run_id)"""
+
+
+def test_the_hubs_admin_lists_every_accounts_detached_runs_in_a_shell_and_cancels_one_that_others_cannot_list(hub):
+    _ready(hub.admin, hub.alice, hub.bob)
+    started = hub.alice.run(SPIN_DETACHED)
+    assert started.error is None, started
+    run_id = started.stdout.strip()
+    try:
+        status, out, err = runs_command(hub.bob, "list", "--every-user")
+        assert status == 1 and f"{hub.bob.name} is not one" in err, (status, out, err)  # a user, not an admin
+        status, out, err = runs_command(hub.bob, "list")
+        assert (status, out) == (0, "(none)\n"), err  # bob's own: none; alice's is not his to see
+        status, out, err = runs_command(hub.admin, "list", "--every-user", "--json")
+        assert status == 0, err
+        row = next(r for r in json.loads(out) if r["run_id"] == run_id)
+        assert (row["user"], row["name"], row["state"], row["gpus"]) == (hub.alice.name, "spin", "running", 1)
+        status, out, err = runs_command(hub.admin, "cancel", run_id)
+        assert status == 0 and out.startswith(f"detached run {run_id}: cancelling"), (status, out, err)
+        assert _wait_for(lambda: held_lease(hub, hub.alice) is None, 30), "the cancelled run still holds its GPU"
+        states = hub.alice.run("print([r.state for r in gs.runs(all=True) if r.run_id == spinning.run_id])")
+        assert states.stdout.strip() == "['cancelled']", states
+    finally:
+        hub.alice.run("spinning.cancel()")
 
 
 def test_the_lab_sidebar_lists_detached_runs_with_the_hubs_limit_and_retention_stops_one_and_attaches_another(

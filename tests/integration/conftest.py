@@ -32,7 +32,8 @@ db = os.environ["GS_TEST_DB"]
 keys = ServiceKeys(secrets.identity_key(db), secrets.admin_token(db))
 raycluster.ensure_connected()
 calls = CallBytes(int(sys.argv[2]))
-server = GatewayServer(sys.argv[1], {"run": partial(serve_run, keys=keys, call_bytes=calls)}).start()
+server = GatewayServer(sys.argv[1], {"run": partial(serve_run, keys=keys, call_bytes=calls)},
+                       admins=frozenset(sys.argv[3:])).start()
 print("READY", flush=True)
 sys.stdin.read()  # until the test closes stdin
 server.stop()
@@ -60,11 +61,14 @@ class _Host:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def _start(cluster) -> _Host:
+def _start(cluster, admins: tuple[str, ...] = ()) -> _Host:
+    """A gateway host as the hub's service runs it; `admins`: the accounts it takes for admins
+    (the hub's `--admin`; none for the shared one)."""
     # a folder other accounts may pass through (pytest's own tmp folder is root's alone)
     folder = tempfile.mkdtemp(prefix="gs-gateway-runs-")
     os.chmod(folder, 0o711)
-    host = _Host(subprocess.Popen([sys.executable, "-c", HOST, os.path.join(folder, "run.sock"), str(CALL_BYTES)],
+    host = _Host(subprocess.Popen([sys.executable, "-c", HOST, os.path.join(folder, "run.sock"), str(CALL_BYTES),
+                                   *admins],
                                   env=cluster.env(GS_TEST_DB=str(cluster.db_path)), stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(ROOT)),
                  folder)

@@ -10,7 +10,11 @@ lab` (RAY_ADDRESS, Ray in their own process, this test's account) whose first de
 user's own gateway (usergateway.py), which then outlives the kernel that started it."""
 from __future__ import annotations
 
+import getpass
+import json
 import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +24,8 @@ import pytest
 from gpusession.broker import client
 from gpusession.gateway.usergateway import IDLE_ENV, SOCKET_NAME, directory_for
 
-from ..conftest import CLUSTER_GPUS, free_gpus, process_running, wait_for
+from ..conftest import CLUSTER_GPUS, ROOT, free_gpus, process_running, wait_for
+from .conftest import _start as start_gateway_host
 from .test_gateway_runs import (Kernel, other_account, user_gateway_pids, user_home,  # noqa: F401
                                 user_kernel_env)
 
@@ -185,6 +190,49 @@ def test_another_account_cannot_list_attach_or_cancel_and_a_cancel_from_another_
     assert (got["error"], got["state"], got["end"], got["released"]) == ("RunCancelled", "cancelled", "cancelled", True)
     wait_for(lambda: _free_everywhere(broker, admin), timeout=FREE_WITHIN_S, message="GPUs free after the cancel")
     assert time.monotonic() - stopped_at < FREE_WITHIN_S
+
+
+def test_an_admin_lists_every_accounts_runs_in_a_shell_and_cancels_another_users_run_by_its_id(
+        cluster, other_account, broker, admin):
+    """The hub's case: a user (a real account) leaves a run going; `gpusession runs list
+    --every-user` is refused to them and shows it to an admin (this account, named as the
+    gateway's admin as `gpusession hub --admin` names one), who stops it with `gpusession runs
+    cancel ID`, freeing its GPUs."""
+    host = start_gateway_host(cluster, admins=(getpass.getuser(),))
+    try:
+        starter = Kernel(host.path, FOREVER.format(limit=300) + """
+    import contextlib, io
+    from gpusession.cli.main import main as gpusession
+    said = io.StringIO()
+    with contextlib.redirect_stderr(said):
+        status = gpusession(["runs", "list", "--every-user"])
+    say(status=status, said=said.getvalue())
+""", account=other_account)
+        run_id = _run_id(starter.wait_for_line("RUNID "))
+        refused = starter.result()
+        assert refused["status"] == 1 and (f"Only an admin of the gateway lists every account's detached runs, and "
+                                           f"{other_account.pw_name} is not one") in refused["said"], refused
+
+        def shell(*args: str) -> subprocess.CompletedProcess:
+            env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "GPUSESSION_HOME")}
+            return subprocess.run([sys.executable, "-m", "gpusession.cli", "runs", *args], cwd=str(ROOT),
+                                  env=dict(env, GPUSESSION_GATEWAY=host.path), capture_output=True, text=True,
+                                  timeout=60)
+
+        listed = shell("list", "--every-user", "--json")
+        assert listed.returncode == 0, listed.stderr
+        row = next(r for r in json.loads(listed.stdout) if r["run_id"] == run_id)
+        assert (row["user"], row["name"], row["state"], row["gpus"]) == (other_account.pw_name, "forever", "running", 2)
+        assert free_gpus() == CLUSTER_GPUS - 2
+        cancelled = shell("cancel", run_id)
+        stopped_at = time.monotonic()
+        assert cancelled.returncode == 0 and cancelled.stdout.startswith(f"detached run {run_id}: cancelling"), cancelled
+        wait_for(lambda: _free_everywhere(broker, admin), timeout=FREE_WITHIN_S, message="GPUs free after the cancel")
+        assert time.monotonic() - stopped_at < FREE_WITHIN_S
+        ended = next(r for r in json.loads(shell("list", "--every-user", "--json").stdout) if r["run_id"] == run_id)
+        assert (ended["state"], ended["end_reason"]) == ("cancelled", "cancelled"), ended
+    finally:
+        host.close()
 
 
 # A detached call that ends at once, first in the kernel: the hosting's gateway (a user's starts

@@ -36,6 +36,7 @@ import gpusession as gs
 import gpusession.observe.console, gpusession.gateway.remote, gpusession.observe.receipt, gpusession.observe.renderer
 import gpusession.run.bulk, gpusession.api.distributed, gpusession.run.caller.kernelcell, gpusession.run.shipping
 gpusession.run.shipping.local_modules()  # reads every installed package's metadata (cached)
+import gpusession.cli.main, gpusession.cli.runs  # the shell's command, run in-process by test_detach
 account = pwd.getpwnam(os.environ["GS_TEST_ACCOUNT"])
 os.setgroups([])
 os.setgid(account.pw_gid)

@@ -5,6 +5,7 @@ attach where no gateway of the user runs."""
 from __future__ import annotations
 
 import getpass
+import json
 import math
 import os
 import tempfile
@@ -399,6 +400,104 @@ def test_an_admin_may_cancel_another_accounts_run_but_not_attach_to_it(monkeypat
     finally:
         server.stop()
         os.rmdir(folder)
+
+
+@pytest.fixture
+def serving(monkeypatch):
+    """A real gateway socket whose registry the test fills; `serving(admins)` starts it and points
+    GPUSESSION_GATEWAY at it, as the hub sets it in its terminals."""
+    started = []
+
+    def serve(admins=frozenset()):
+        registry = Registry()
+        folder = tempfile.mkdtemp(prefix="gs-detached-list-")
+        server = GatewayServer(os.path.join(folder, "run.sock"), {"run": partial(serve_run, keys=None, registry=registry)},
+                               admins=frozenset(admins)).start()
+        started.append((server, folder))
+        monkeypatch.setenv(GATEWAY_ENV, str(server.path))
+        return registry
+
+    yield serve
+    for server, folder in started:
+        server.stop()
+        os.rmdir(folder)
+
+
+def test_an_admin_lists_every_accounts_runs_from_the_shell_and_cancels_another_users_by_its_id(serving, capsys):
+    from gpusession.cli.main import main as gpusession
+
+    registry = serving(admins={ME})
+    theirs = registry.add("someone-else", "train", 2, 2, 60)
+    mine = registry.add(ME, "sweep-3", 1, 1, 60)
+    assert gpusession(["runs", "list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["run_id", "user", "name", "state", "gpus", "started", "ended", "end_reason", "expires"]
+    assert [line.split()[:3] for line in lines[1:]] == [[mine.run_id, ME, "sweep-3"]]  # without the flag: mine
+    assert gpusession(["runs", "list", "--every-user", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(row["run_id"], row["user"], row["gpus"]) for row in rows] == [(mine.run_id, ME, 1), (theirs.run_id, "someone-else", 2)]
+    assert gpusession(["runs", "cancel", theirs.run_id]) == 0
+    assert capsys.readouterr().out == f"detached run {theirs.run_id}: cancelling (every worker stops and its GPUs are released)\n"
+    with pytest.raises(errors.RunCancelled, match=f"cancelled by the admin {ME}"):
+        theirs.check(time.time())
+
+
+def test_every_accounts_runs_are_refused_to_a_user_who_is_not_an_admin_and_to_a_malformed_ask(serving, capsys):
+    from gpusession.cli.main import main as gpusession
+    from gpusession.gateway.client import connect
+    from gpusession.gateway.kinds import Kind
+
+    registry = serving()
+    theirs = registry.add("someone-else", "train", 2, 2, 60)
+    assert gpusession(["runs", "list", "--every-user"]) == 1
+    said = capsys.readouterr()
+    assert said.out == "" and said.err.startswith(
+        f"gpusession: Only an admin of the gateway lists every account's detached runs, and {ME} is not one"), said.err
+    assert "gpusession runs list` shows your own" in said.err
+    assert gpusession(["runs", "list"]) == 0 and capsys.readouterr().out == "(none)\n"  # theirs is not shown
+    assert gpusession(["runs", "cancel", theirs.run_id]) == 1
+    assert "keeps no detached run" in capsys.readouterr().err
+    theirs.check(time.time())  # still going: neither the list nor the cancel touched it
+    conn, _ = connect("run")
+    try:
+        conn.send(Kind.LIST, every_user="yes")
+        answer = conn.receive()
+    finally:
+        conn.close()
+    assert answer.kind == Kind.FAILED and answer.get("error") == {
+        "type": "InvalidRequest", "message": "The gateway refused the request: every_user must be true or false; got str."}
+
+
+def test_every_user_without_the_hubs_gateway_says_where_to_run_it(monkeypatch, capsys):
+    from gpusession.cli.main import main as gpusession
+
+    monkeypatch.delenv(GATEWAY_ENV, raising=False)
+    assert gpusession(["runs", "list", "--every-user"]) == 1
+    assert capsys.readouterr().err == (
+        "gpusession: --every-user asks the hub's gateway, and this shell reaches none (GPUSESSION_GATEWAY is unset; the "
+        "hub sets it in its terminals and kernels). Run it in a terminal of your Jupyter server on the hub, as one of "
+        "the hub's admins.\n")
+
+
+def test_the_runs_table_shows_times_as_local_clock_times_and_a_dash_for_what_is_not_there():
+    from gpusession.cli.runs import table
+
+    started = time.mktime((2026, 11, 30, 18, 5, 9, 0, 0, -1))
+    row = {"run_id": "a" * 32, "user": "ann", "name": "train", "state": "running", "gpus": 2.0, "started": started,
+           "ended": None, "end_reason": None, "expires": started + 3600, "reports": 4}
+    header, line = table([row]).splitlines()
+    assert line.split() == ["a" * 32, "ann", "train", "running", "2", "2026-11-30", "18:05:09", "-", "-",
+                            "2026-11-30", "19:05:09"]
+    assert table([]) == "(none)"
+
+
+def test_a_run_id_that_is_not_32_hex_digits_is_refused_before_anything_is_asked(capsys):
+    from gpusession.cli.main import main as gpusession
+
+    with pytest.raises(SystemExit) as exited:
+        gpusession(["runs", "cancel", "../etc"])
+    assert exited.value.code == 2
+    assert "argument RUN_ID: expected a run id, 32 hexadecimal digits" in capsys.readouterr().err
 
 
 def test_a_following_kernel_that_stops_reading_is_dropped_and_never_holds_up_the_run():
