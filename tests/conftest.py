@@ -21,7 +21,7 @@ from hypothesis.database import DirectoryBasedExampleDatabase
 
 from gpusession.run.node import leftovers
 
-from . import skiplist
+from . import raysessions, skiplist
 
 ROOT = Path(__file__).resolve().parent.parent
 # Property tests: no per-example deadline (a loaded machine is slow, not wrong), failures kept in
@@ -42,6 +42,7 @@ CLUSTER_GPUS = 4
 SKIPPED: list = []  # skiplist.Skipped of this session
 UNEXPLAINED: list = []  # the no-silent-skip report, when CI as root had unlisted skips
 LEFT: list = []  # folders in the temporary folder still held by a live process at the session's end
+RAY_LOGS_KEPT: list = []  # the session's Ray session folders, kept because a test failed
 
 # The fast loop (`pytest -m "not slow"`, README "Development") must stay under 3 minutes and still
 # catch a broken run path. The rule: a test is slow when, besides the shared session cluster, it
@@ -168,6 +169,11 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_sep("=", "left in the temporary folder (a live process holds each)", yellow=True)
         for path in LEFT:
             terminalreporter.write_line(str(path))
+    if RAY_LOGS_KEPT:
+        terminalreporter.write_sep("=", "Ray's session folders of this session's clusters, kept for their logs "
+                                        "(a test failed); remove them by name when done", yellow=True)
+        for path in RAY_LOGS_KEPT:
+            terminalreporter.write_line(str(path))
 
 
 def pytest_collection_modifyitems(config, items):
@@ -243,12 +249,19 @@ def free_gpus() -> float:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def no_folders_left_in_tmp():
+def no_folders_left_in_tmp(request):
     """The warm and scratch folders the session's clusters left in the temporary folder go at its
-    end (gpusession/run/node/leftovers.py): set up before any cluster, so it ends after every one of them."""
+    end (gpusession/run/node/leftovers.py), and so do their Ray session folders unless a test
+    failed (tests/raysessions.py: their logs tell why): set up before any cluster, so it ends
+    after every one of them."""
     snapshot = leftovers.Snapshot.now()
+    ray_sessions = raysessions.Snapshot.now()
     yield
     LEFT.extend(snapshot.remove_new())
+    if request.session.testsfailed:
+        RAY_LOGS_KEPT.extend(ray_sessions.new())
+    else:
+        LEFT.extend(ray_sessions.remove_ended(timeout_s=20.0))
 
 
 @pytest.fixture(scope="session")
