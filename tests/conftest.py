@@ -79,6 +79,7 @@ SLOW_TESTS = {
     "unit/test_labextension_bundle.py::test_jupyterlab_lists_the_extension_scripts_setup_installed_as_enabled":
         "runs the jupyter CLI in a subprocess",
     "integration/test_cli.py": "runs the gpusession CLI in subprocesses",
+    "integration/test_ray_session_folders.py": "starts a Ray head of its own in a subprocess",
     "integration/test_torchrun_parity.py": "runs torchrun",
     "integration/test_groups_runner.py": "runs pytest's collection three times in subprocesses (it imports torch)",
     "integration/test_frameworks.py": "runs torchrun and each framework under gpusession",
