@@ -80,6 +80,7 @@ SLOW_TESTS = {
         "runs the jupyter CLI in a subprocess",
     "integration/test_cli.py": "runs the gpusession CLI in subprocesses",
     "integration/test_ray_session_folders.py": "starts a Ray head of its own in a subprocess",
+    "integration/test_host_kill.py": "starts and kills hundreds of processes in a network namespace",
     "integration/test_torchrun_parity.py": "runs torchrun",
     "integration/test_groups_runner.py": "runs pytest's collection three times in subprocesses (it imports torch)",
     "integration/test_frameworks.py": "runs torchrun and each framework under gpusession",
