@@ -10,6 +10,7 @@ import sys
 
 from ..broker.policy.states import LeaseState
 from .argtypes import seconds
+from .tables import table
 from ..errors import GPUSessionError
 
 ADMIN_TOKEN_ENV = "GPUSESSION_ADMIN_TOKEN"
@@ -268,7 +269,7 @@ def _status_quickly(args) -> dict | None:
 
 def _leases(args) -> int:
     rows = _broker(args).leases(args.all)
-    _print(rows, args, lambda rows: _table(rows, ("lease_id", "user", "gpus", "priority", "state", "over_quota",
+    _print(rows, args, lambda rows: table(rows, ("lease_id", "user", "gpus", "priority", "state", "over_quota",
                                                  "position", "age_s", "end_reason", "gpu_seconds", "sweep_id")))
     return 0
 
@@ -282,14 +283,14 @@ def _revoke(args) -> int:
 
 def _quota_list(args) -> int:
     rows = _broker(args).quotas()
-    _print(rows, args, lambda rows: _table(rows, ("user", "max_gpus", "gpu_hours", "max_priority",
+    _print(rows, args, lambda rows: table(rows, ("user", "max_gpus", "gpu_hours", "max_priority",
                                                  "gpus_in_use", "gpu_hours_7d", "is_default")))
     return 0
 
 
 def _quota_get(args) -> int:
     row = _broker(args).quota(args.user)
-    _print(row, args, lambda row: _table([row], ("user", "max_gpus", "gpu_hours", "max_priority",
+    _print(row, args, lambda row: table([row], ("user", "max_gpus", "gpu_hours", "max_priority",
                                                  "gpus_in_use", "gpu_hours_7d", "is_default")))
     return 0
 
@@ -299,14 +300,14 @@ def _quota_set(args) -> int:
     if not update:
         raise ValueError("give at least one of --max-gpus, --gpu-hours, --max-priority.")
     row = _broker(args).set_quota(args.user, update)
-    print(_table([row], ("user", "max_gpus", "gpu_hours", "max_priority", "gpus_in_use", "gpu_hours_7d")))
+    print(table([row], ("user", "max_gpus", "gpu_hours", "max_priority", "gpus_in_use", "gpu_hours_7d")))
     return 0
 
 
 def _quota_reset(args) -> int:
     row = _broker(args).reset_quota(args.user)
     print(f"{row['user']} now has the default quota:")
-    print(_table([row], ("user", "max_gpus", "gpu_hours", "max_priority")))
+    print(table([row], ("user", "max_gpus", "gpu_hours", "max_priority")))
     return 0
 
 
@@ -315,7 +316,7 @@ def _usage(args) -> int:
     for row in rows:
         row["gpu_hours"] = round(row["gpu_seconds"] / 3600.0, 4)
     columns = ("user", "day", "gpu_hours") if args.by == "day" else ("user", "gpu_hours")
-    _print(rows, args, lambda rows: _table(rows, columns))
+    _print(rows, args, lambda rows: table(rows, columns))
     return 0
 
 
@@ -331,24 +332,6 @@ def _demo(args) -> int:
     from .demo import run_demo
 
     return run_demo(notebook=args.notebook, timeout=args.timeout)
-
-
-def _table(rows: list[dict], columns: tuple[str, ...]) -> str:
-    if not rows:
-        return "(none)"
-    cells = [[_cell(row.get(c)) for c in columns] for row in rows]
-    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in cells]
-    return "\n".join(lines)
-
-
-def _cell(value) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return str(value)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ import datetime as dt
 import json
 import re
 
+from . import tables
+
 COLUMNS = ("run_id", "user", "name", "state", "gpus", "started", "ended", "end_reason", "expires")
 TIMES = ("started", "ended", "expires")
 RUN_ID = re.compile(r"^[0-9a-f]{32}$")
@@ -78,23 +80,11 @@ def listed_rows(every_user: bool) -> list[dict]:
 
 def table(rows: list[dict]) -> str:
     """PURE: the rows as a text table, times as local YYYY-MM-DD HH:MM:SS."""
-    if not rows:
-        return "(none)"
-    cells = [[_cell(column, row.get(column)) for column in COLUMNS] for row in rows]
-    widths = [max(len(column), *(len(line[i]) for line in cells)) for i, column in enumerate(COLUMNS)]
-    lines = ["  ".join(column.ljust(width) for column, width in zip(COLUMNS, widths))]
-    lines += ["  ".join(value.ljust(width) for value, width in zip(line, widths)).rstrip() for line in cells]
-    return "\n".join(lines)
+    return tables.table([{**row, **{column: _clock(row.get(column)) for column in TIMES}} for row in rows], COLUMNS)
 
 
-def _cell(column: str, value) -> str:
-    if value is None:
-        return "-"
-    if column in TIMES and isinstance(value, (int, float)):
-        return dt.datetime.fromtimestamp(value).strftime("%Y-%m-%d %H:%M:%S")
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
+def _clock(seconds) -> str | None:
+    return dt.datetime.fromtimestamp(seconds).strftime("%Y-%m-%d %H:%M:%S") if isinstance(seconds, (int, float)) else None
 
 
 def _list(args) -> int:

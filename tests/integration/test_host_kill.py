@@ -52,7 +52,7 @@ def namespace():
         subprocess.run(["ip", "netns", "del", name], check=False)
 
 
-def test_no_process_of_a_killed_host_runs_after_the_kill_began_even_one_whose_parent_died_first(
+def test_a_process_whose_parent_is_killed_first_runs_nothing_after_the_kill_began_and_every_process_goes(
         namespace, tmp_path):
     if not FREEZER.is_dir():
         pytest.skip("no cgroup v1 freezer on this machine: kill_at_once falls back to stop-then-kill")
