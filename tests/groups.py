@@ -19,6 +19,7 @@ are in its short summary at the end (pytest's cache is off in both: two sessions
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -60,6 +61,22 @@ def clock(seconds: float) -> str:
     return f"{minutes}:{rest:02d}"
 
 
+RESULT = re.compile(r"\b(passed|failed|errors?|skipped|deselected|xfailed|xpassed|collected|no tests ran)\b.* in [\d.]+s\b")
+
+
+def is_result(line: str) -> bool:
+    """PURE: whether the line is pytest's own last one ("3 passed in 1.20s", "no tests ran in ...")."""
+    return bool(RESULT.search(line))
+
+
+def kept_line(kept: str, line: str) -> str:
+    """PURE: the line a session's summary shows after this output line: pytest's result once it
+    came (a warning Ray prints at exit after it does not replace it), else the last one not blank."""
+    if not line.strip() or (is_result(kept) and not is_result(line)):
+        return kept
+    return line.rstrip("\n")
+
+
 def summary_line(group: Group, status: int, seconds: float, last_line: str) -> str:
     """PURE: one session's line at the end: its status, its time, pytest's own last line."""
     return f"{group.name}: exit status {status} after {clock(seconds)} ({last_line.strip(' =') or 'no output'})"
@@ -89,8 +106,7 @@ class Session:
     def _copy(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            if line.strip():
-                self.last_line = line.rstrip("\n")
+            self.last_line = kept_line(self.last_line, line)
             with self._lock:
                 sys.stdout.write(f"[{self.group.name}] {line}")
                 sys.stdout.flush()

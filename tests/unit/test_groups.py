@@ -46,3 +46,20 @@ def test_the_summary_names_the_session_its_status_its_minutes_and_pytests_last_l
     assert groups.summary_line(groups.GROUPS[1], 1, 59.6, "== 1 failed, 3 passed in 59.60s ==") == \
         "the rest: exit status 1 after 1:00 (1 failed, 3 passed in 59.60s)"
     assert groups.summary_line(groups.GROUPS[1], 4, 1.0, "").endswith("(no output)")
+
+
+def test_the_summary_keeps_pytests_result_line_over_a_warning_printed_after_it():
+    warning = "2026-11-30 20:10:23,126\tWARNING worker.py:1681 -- SIGTERM handler is not set\n"
+    kept = ""
+    for line in ("collecting ...\n", "1167 passed, 9 skipped in 737.42s (0:12:17)\n", "\n", warning):
+        kept = groups.kept_line(kept, line)
+    assert kept == "1167 passed, 9 skipped in 737.42s (0:12:17)"
+    assert groups.kept_line("", warning) == warning.rstrip("\n")  # no result yet: the last line said
+
+
+def test_pytests_result_line_is_told_from_a_warning_printed_after_it():
+    assert groups.is_result("1167 passed, 9 skipped in 737.42s (0:12:17)")
+    assert groups.is_result("== 1 failed, 3 passed in 59.60s ==") and groups.is_result("no tests ran in 0.01s")
+    assert groups.is_result("1480 tests collected in 3.21s")
+    assert not groups.is_result("2026-11-30 20:10:23,126\tWARNING worker.py:1681 -- SIGTERM handler is not set "
+                                "because current thread is not the main thread.")
