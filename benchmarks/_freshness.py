@@ -8,7 +8,9 @@ A row is refused when
 - its commit is "+dirty" (the code measured is in no commit),
 - its commit is not in this repository's history (nobody can tell what was measured),
 - it is derived from a results file that was re-measured after it, or that is itself refused,
-- it misses its goal and no `goal_note` beside it says why.
+- it misses its goal and no `goal_note` beside it says why,
+- a side has fewer than MIN_SAMPLES samples and no `samples_note` beside it says why (a sample
+  that takes over a minute, a row that shows that something works rather than how fast).
 """
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ EXTRA_MEASURES = {
     "call_overhead": ("benchmarks/_call_phases.py", "benchmarks/_ray_pool.py", "benchmarks/_gateway_side.py",
                       "gpusession/gateway"),
     "recovery": ("benchmarks/_ray_pool.py",),
-    "multihost": ("benchmarks/_multihost_driver.py", "benchmarks/_ray_pool.py", "tests/multihost/simcluster.py"),
+    "multihost": ("benchmarks/_multihost_driver.py", "benchmarks/_ray_pool.py", "tests/multihost/simcluster.py",
+                  "tests/multihost/hostkill.py"),
     "elastic": ("benchmarks/_elastic_hosts.py", "benchmarks/_elastic_hosts_driver.py", "tests/multihost/simcluster.py",
                 "tests/integration/elastic_train.py"),
     "scaling": ("benchmarks/_scaling_train.py", "benchmarks/_scaling_driver.py", "tests/multihost/simcluster.py",
@@ -57,6 +60,7 @@ def measures_of(script: str) -> tuple[str, ...]:
 # Results files computed from other results files (older files do not name their inputs).
 DEFAULT_DERIVED_FROM = {"utilization_replay": ("call_overhead", "elastic")}
 
+MIN_SAMPLES = 5  # per side, where a sample takes under a minute (issue 29)
 _GOAL = re.compile(r"^\s*(<=|>=|<|>)\s*(\d+(?:\.\d+)?|\.\d+)\s*(ms|us|s)?(?![\w/])")
 _SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
 
@@ -70,6 +74,7 @@ class Refusal(Enum):
     DERIVED_FROM_NEWER = "derived from newer results"
     DERIVED_FROM_REFUSED = "derived from refused results"
     GOAL_MISSED_UNEXPLAINED = "goal missed, unexplained"
+    FEW_SAMPLES_UNEXPLAINED = "few samples, unexplained"
 
 
 @dataclass(frozen=True)
@@ -145,7 +150,19 @@ def judge(row: dict, facts: RowFacts) -> list[Finding]:
                                 f"derived from refused rows of {', '.join(facts.refused_inputs)}: re-run after them"))
     if goal_met(row.get("goal", ""), row) is False and not row.get("goal_note"):
         findings.append(Finding(Refusal.GOAL_MISSED_UNEXPLAINED, "goal missed, no goal_note says why"))
+    fewest = fewest_samples(row)
+    if fewest is not None and fewest < MIN_SAMPLES and not row.get("samples_note"):
+        findings.append(Finding(Refusal.FEW_SAMPLES_UNEXPLAINED,
+                                f"n={fewest} on a side, no samples_note says why: re-measure with {MIN_SAMPLES} or more"))
     return findings
+
+
+def fewest_samples(row: dict) -> int | None:
+    """The smaller sample count of the row's two sides (a side with none, as an alternative that
+    cannot or a row with no alternative, does not count); None when neither side has samples."""
+    counts = [len(row.get(side) or []) for side in ("gpusession_samples", "alternative_samples")]
+    counts = [count for count in counts if count]
+    return min(counts) if counts else None
 
 
 def newer_inputs(derived_when: str, recorded: dict[str, str] | None, inputs_when: dict[str, str]) -> tuple[str, ...]:

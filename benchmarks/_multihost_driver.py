@@ -51,7 +51,8 @@ def gpusession_calls(repeats: int) -> dict:
         started = time.perf_counter()
         assert call() == 4.0
         repeat.append(time.perf_counter() - started)
-    return {"first_s": first, "repeat_s": repeat, "repeat_median_s": statistics.median(repeat), "nodes": hosts}
+    return {"first_s": first, "repeat_s": repeat, "repeat_median_s": statistics.median(repeat) if repeat else None,
+            "nodes": hosts}
 
 
 def ray_pool_calls(repeats: int) -> dict:
@@ -74,7 +75,8 @@ def ray_pool_calls(repeats: int) -> dict:
             repeat.append(time.perf_counter() - started)
     finally:
         pool.shutdown()
-    return {"first_s": first, "repeat_s": repeat, "repeat_median_s": statistics.median(repeat), "nodes": hosts}
+    return {"first_s": first, "repeat_s": repeat, "repeat_median_s": statistics.median(repeat) if repeat else None,
+            "nodes": hosts}
 
 
 def _pool_allreduce(rank: int, world_size: int) -> float:
@@ -360,6 +362,9 @@ def main() -> None:
     elif mode == "node-loss-raytrain":
         out = ray_train_node_loss(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 4,
                                   int(sys.argv[4]) if len(sys.argv) > 4 else 0)
+    elif mode == "first":  # one side's first call in this new driver, nothing else
+        side = sys.argv[2]
+        out = {"first_s": (gpusession_calls(0) if side == "gpusession" else ray_train_fits(1))["first_s"]}
     elif mode == "whole":
         out = whole(int(sys.argv[2]), float(sys.argv[3]))
     elif mode == "data-gpusession":

@@ -36,6 +36,7 @@ class Row:
     note: str = ""
     alternative_text: str = ""  # instead of a figure, e.g. "no error within 180 s": no ratio against a watch window
     goal_note: str = ""  # why a missed goal is missed (report.py --check --strict refuses a miss without one)
+    samples_note: str = ""  # why a side has fewer than MIN_SAMPLES samples (--strict refuses that without one)
     simulated: bool = False  # this row's figures come from a virtual clock or simulated GPU time
 
     def as_json(self) -> dict:
@@ -54,6 +55,8 @@ class Row:
             row["note"] = self.note
         if self.goal_note:
             row["goal_note"] = self.goal_note
+        if self.samples_note:
+            row["samples_note"] = self.samples_note
         if self.simulated:
             row["simulated"] = True
         return row

@@ -153,7 +153,8 @@ def main() -> None:
     ]
     if big is not None:
         rows.append(Row(f"a {args.big_mb} MB argument to 2 ranks (works)", "s", [big], configured=configured,
-                        note=shipped))
+                        note=shipped, samples_note="one call: the row shows that an argument this big goes "
+                        "through, and its receipt; the timing rows are the ones above"))
     for row in rows:
         print(f"{row.measure}: gpusession {spread(row.gpusession_samples)}, {row.alternative or '-'} "
               f"{spread(row.alternative_samples) if row.alternative_samples else ''}")

@@ -3,13 +3,14 @@ logical GPUs, each host a network namespace with its own address and hostname), 
 Needs root.
 
     sudo .venv/bin/python benchmarks/multihost.py                # everything, ratios last
-    sudo .venv/bin/python benchmarks/multihost.py --calls [--repeats 5] [--fits 2]
+    sudo .venv/bin/python benchmarks/multihost.py --calls [--repeats 5] [--fits 6] [--firsts 5]
     sudo .venv/bin/python benchmarks/multihost.py --node-loss kill|cut [--tries 1]
     sudo .venv/bin/python benchmarks/multihost.py --move [--tries 1]
     sudo .venv/bin/python benchmarks/multihost.py --data [--mb 400] [--tries 2]
     sudo .venv/bin/python benchmarks/multihost.py ... --ray-health-check-s 1   # Ray's health check tuned
 
-Samples: --tries (default 3) of each loss, gpusession's and Ray Train's alternated. Writes
+Samples: --tries (default 5) of each loss and of the data calls, gpusession's and Ray Train's
+alternated. Writes
 benchmarks/results/multihost.json (multihost-tuned.json with --ray-health-check-s), merging: a
 part run alone replaces its own rows and keeps the others. A side that did not react within the
 watch window gets "no error within N s" and no ratio: a watch window is not a measurement.
@@ -20,13 +21,14 @@ is printed, and said in the rows.
 
 calls: a 4-rank run spread over both hosts (all-reduce one tensor over 4 gloo ranks, one per
 logical GPU), @gs.distributed vs TorchTrainer, from a driver on the head. "first" is the first
-call of a new driver process on a running cluster (the broker already exists); "repeat" the
-calls after it. The repeat calls are also set beside the warm Ray baseline: a long-lived pool of
+call of a new driver process on a running cluster (the broker already exists; --firsts drivers a
+side, alternated, the first side flipped each round); "repeat" the calls after it. The repeat calls are also set beside the warm Ray baseline: a long-lived pool of
 4 actors holding a GPU each and their gloo group between calls (benchmarks/_ray_pool.py), run
 after gpusession's calls and before Ray Train's fits (each side takes all 4 GPUs while it runs).
 
 node loss (kill, cut): what a user sees when the host that does not hold rank 0 of a 4-rank
-run dies mid-run (kill: every process on it SIGKILLed) or goes silent (cut: its link down): for
+run dies mid-run (kill: every process on it frozen together and SIGKILLed, tests/multihost/hostkill.py,
+so none runs another instruction, as when a host loses power) or goes silent (cut: its link down): for
 gpusession, time to the error, which rank and host the error names, when Ray and the broker
 show the survivors' GPUs free, and what a 4-GPU request made right after the error gets; then
 the same loss under TorchTrainer with FailureConfig(max_failures=0) (the run cannot go on on the
@@ -62,6 +64,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from tests.multihost.hostkill import kill_at_once  # noqa: E402
 from tests.multihost.simcluster import SimCluster, can_run, kill_session  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -78,9 +81,16 @@ def driver_result(cluster: SimCluster, *args: str, timeout: float) -> dict:
     return json.loads(results[-1][len("RESULT "):])
 
 
-def calls(cluster: SimCluster, repeats: int, fits: int, setup: str) -> list[Row]:
+def calls(cluster: SimCluster, repeats: int, fits: int, firsts: int, setup: str) -> list[Row]:
     out = driver_result(cluster, "calls", str(repeats), str(fits), timeout=900)
     gs, rt = out["gpusession"], out["ray_train"]
+    first_gs, first_rt = [gs["first_s"]], [rt["first_s"]]
+    for round_ in range(1, firsts):  # more first calls, each of a new driver; the first side flipped each round
+        for side in ("ray_train", "gpusession")[::1 if round_ % 2 else -1]:
+            first = driver_result(cluster, "first", side, timeout=600)["first_s"]
+            (first_gs if side == "gpusession" else first_rt).append(first)
+    print(f"first calls of new drivers: gpusession {', '.join(f'{t:.2f}' for t in first_gs)} s; Ray Train "
+          f"{', '.join(f'{t:.2f}' for t in first_rt)} s", flush=True)
     print(f"@gs.distributed(gpus=4, placement='spread'): first {gs['first_s']:.2f} s, repeats "
           f"{', '.join(f'{t:.2f}' for t in gs['repeat_s'])} s; nodes {gs['nodes']}")
     print(f"TorchTrainer.fit(), 4 workers SPREAD: first {rt['first_s']:.2f} s, repeats "
@@ -88,8 +98,8 @@ def calls(cluster: SimCluster, repeats: int, fits: int, setup: str) -> list[Row]
     configured = (f"{setup}; all-reduce of one tensor over 4 gloo ranks spread over 2 hosts, from a driver on the "
                   "head; Ray Train ScalingConfig(num_workers=4, use_gpu=True, placement_strategy='SPREAD')")
     pool = out.get("ray_pool")
-    rows = [Row("4-rank spread call, first call of a new driver", "s", [gs["first_s"]], "Ray Train first fit()",
-                [rt["first_s"]], configured)]
+    rows = [Row("4-rank spread call, first call of a new driver", "s", first_gs, "Ray Train first fit()",
+                first_rt, configured)]
     if pool:
         print(f"long-lived Ray pool, 4 actors: making it and its first call {pool['first_s']:.2f} s, repeats "
               f"{', '.join(f'{t:.3f}' for t in pool['repeat_s'])} s; nodes {pool['nodes']}", flush=True)
@@ -214,7 +224,7 @@ def restore(cluster: SimCluster, victim, side: str) -> None:
 def lose(cluster: SimCluster, how: str, rank0_host: str):
     victim = next(h for h in cluster.workers if h.name != rank0_host)
     lost_at = time.time()
-    cluster.kill_host(victim) if how == "kill" else cluster.cut_link(victim)
+    kill_at_once(victim.netns) if how == "kill" else cluster.cut_link(victim)
     return victim, lost_at
 
 
@@ -332,7 +342,7 @@ def gpusession_node_loss(cluster: SimCluster, how: str, attempt: int) -> float:
     victim = next(h for h in cluster.workers if h.name != rank0_host)
     survivor = cluster.host(rank0_host)
     lost_at = time.time()
-    cluster.kill_host(victim) if how == "kill" else cluster.cut_link(victim)
+    kill_at_once(victim.netns) if how == "kill" else cluster.cut_link(victim)
     out = _finish(proc, timeout=600)
     lines = [line for line in out.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
@@ -398,12 +408,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", action="store_true", help="only the 4-rank calls")
     parser.add_argument("--repeats", type=int, default=5, help="repeat @gs.distributed calls to time")
-    parser.add_argument("--fits", type=int, default=4, help="TorchTrainer.fit() calls to time (first + repeats)")
+    parser.add_argument("--fits", type=int, default=6, help="TorchTrainer.fit() calls to time (first + repeats)")
+    parser.add_argument("--firsts", type=int, default=5,
+                        help="first calls of a new driver to time on each side (one driver process each)")
     parser.add_argument("--node-loss", choices=("kill", "cut"), help="only a host lost under a 4-rank run")
     parser.add_argument("--move", action="store_true", help="only a 2-rank run moving off a killed host")
     parser.add_argument("--data", action="store_true", help="only the bytes a big argument brings to each host")
     parser.add_argument("--mb", type=int, default=400, help="--data: the argument's size in MiB")
-    parser.add_argument("--tries", type=int, default=3, help="tries of each loss (the host comes back between)")
+    parser.add_argument("--tries", type=int, default=5,
+                        help="tries of each loss (the host comes back between) and of the --data calls")
     parser.add_argument("--ray-health-check-s", type=float, help="lower Ray's health-check period and timeout")
     parser.add_argument("--out", default=None, help="write the results file into this folder instead of "
                         "benchmarks/results (a smoke run that must not replace the measured file)")
@@ -423,7 +436,7 @@ def main() -> None:
         print(f"simulated cluster up in {time.monotonic() - started:.0f} s: head {cluster.head.ip}, "
               + ", ".join(f"{h.name} {h.ip}" for h in cluster.workers), flush=True)
         if everything or args.calls:
-            rows += calls(cluster, args.repeats, args.fits, setup)
+            rows += calls(cluster, args.repeats, args.fits, args.firsts, setup)
         for how in ("kill", "cut") if everything else [args.node_loss] if args.node_loss else []:
             rows += node_loss(cluster, how, args.tries, setup)
         if everything or args.move:

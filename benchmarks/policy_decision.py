@@ -154,7 +154,7 @@ def main() -> None:
     print(f"queued: {n}, granted: {len(decision.grants)}, preempted: {len(decision.preemptions)}, "
           f"rejected: {len(decision.rejections)}, waiting: {len(decision.waiting)}")
     cpu, wall, cold = [], [], []
-    for _ in range(3):  # three samples, each a median of decide() calls
+    for _ in range(5):  # five samples, each a median of decide() calls
         cpu.append(time_decision(n) * 1e3)
         wall.append(time_decision(n, clock=time.perf_counter) * 1e3)
         cold.append(time_cold_decision(n) * 1e3)

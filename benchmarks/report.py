@@ -10,9 +10,10 @@ a row marked "simulated" goes to its own table. A benchmark script that has no r
 gets a row saying since when it was not re-measured, never a figure.
 
 Each row is judged as a maintainer would (benchmarks/_freshness.py): older than the last change to
-its script or to the code its file "measures" (and the project's modules that code imports), "+dirty", derived from newer or refused results, a
-missed goal with no goal_note. The table shows every finding in the row ("stale since 1a2b3c4:
-re-measure"), so `--check` keeps the page honest while rows wait for a quiet machine, and
+its script or to the code its file "measures" (and the project's modules that code imports),
+"+dirty", derived from newer or refused results, a missed goal with no goal_note, fewer than 5
+samples a side with no samples_note. The table shows every finding in the row ("stale since
+1a2b3c4: re-measure"), so `--check` keeps the page honest while rows wait for a quiet machine, and
 `--check --strict` is the gate a claim must pass: it fails on any finding.
 """
 from __future__ import annotations
@@ -120,12 +121,17 @@ def script_name(document: dict) -> str:
     return document.get("script") or document["benchmark"]
 
 
+def _notes(row: dict) -> str:
+    """The row's note and, where a side has few samples, why (samples_note)."""
+    notes = [row[key] for key in ("note", "samples_note") if row.get(key)]
+    return "".join(f" ({note})" for note in notes)
+
+
 def measured_line(document: dict, row: dict, previous: dict | None = None, findings: list[Finding] = ()) -> str:
     unit = row.get("unit", "")
     what = f"`{script_name(document)}.py`: {row['measure']}"
     alternative = alternative_cell(row, previous)
-    if row.get("note"):
-        what += f" ({row['note']})"
+    what += _notes(row)
     return "| " + " | ".join([
         what, figure(row.get("gpusession"), row.get("gpusession_samples"), unit), alternative,
         figure(row.get("alternative_value"), row.get("alternative_samples"), unit), ratio_cell(row),
@@ -135,8 +141,7 @@ def measured_line(document: dict, row: dict, previous: dict | None = None, findi
 def simulated_line(document: dict, row: dict, previous: dict | None = None, findings: list[Finding] = ()) -> str:
     unit = row.get("unit", "")
     what = f"`{script_name(document)}.py`: {row['measure']}"
-    if row.get("note"):
-        what += f" ({row['note']})"
+    what += _notes(row)
     alternative = alternative_cell(row, previous)
     return "| " + " | ".join([
         what, figure(row.get("gpusession"), _spread(row.get("gpusession_samples")), unit), alternative,
@@ -230,7 +235,7 @@ def check(page_text: str, rendered: str, refused: list[str], *, strict: bool) ->
     if refused:
         verdict = "refused (--strict)" if strict else "shown as such in the table; --strict refuses them"
         lines += [f"{len(refused)} rows cannot stand as current claims ({verdict}); re-measure on a quiet machine "
-                  "or explain a missed goal with goal_note:", *(f"  {line}" for line in refused)]
+                  "or explain a missed goal with goal_note, few samples with samples_note:", *(f"  {line}" for line in refused)]
     return (1 if strict and refused else 0), "\n".join(lines)
 
 
@@ -239,7 +244,8 @@ def main(argv=None) -> int:
     parser.add_argument("--check", action="store_true", help=f"exit 1 when {PAGE_NAME}'s tables differ")
     parser.add_argument("--strict", action="store_true",
                         help="with --check: exit 1 also when a row is stale, dirty, of an unknown commit, derived "
-                             "from newer or refused results, or misses its goal without a goal_note")
+                             "from newer or refused results, misses its goal without a goal_note, or has fewer than 5 "
+                             "samples a side without a samples_note")
     parser.add_argument("--write", action="store_true", help=f"write the tables into {PAGE_NAME}")
     args = parser.parse_args(argv)
     if args.strict and not args.check:

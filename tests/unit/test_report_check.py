@@ -1,6 +1,7 @@
 """`report.py --check --strict` refuses what a maintainer would: a row older than the code it
 measures, measured on uncommitted code, derived from newer or refused results, or missing its goal
-with nothing beside it saying why (benchmarks/_freshness.py decides; these feed it such rows)."""
+with nothing beside it saying why, or fewer than 5 samples a side with nothing saying why
+(benchmarks/_freshness.py decides; these feed it such rows)."""
 from __future__ import annotations
 
 import pytest
@@ -56,6 +57,22 @@ def test_a_missed_goal_without_a_goal_note_is_refused_and_a_note_beside_it_lets_
     assert strict_status(document(ratio=0.5, goal="<= 0.1"), {("call_overhead", 0): FRESH}) == 1
     explained = {**missed, "goal_note": "measured at load 40; re-measure on a quiet machine"}
     assert refusals(explained, FRESH) == []
+
+
+@pytest.mark.parametrize(("mine", "theirs"), [([0.1, 0.2, 0.3], [29.0] * 5), ([0.1] * 5, [29.0, 31.0]), ([0.2], [])])
+def test_fewer_than_five_samples_on_a_side_are_refused_unless_a_samples_note_says_why(mine, theirs):
+    doc = document(gpusession_samples=mine, alternative_samples=theirs)
+    assert refusals(doc["rows"][0], FRESH) == [Refusal.FEW_SAMPLES_UNEXPLAINED]
+    assert strict_status(doc, {("call_overhead", 0): FRESH}) == 1
+    explained = document(gpusession_samples=mine, alternative_samples=theirs,
+                         samples_note="each sample waits out Ray's 64 s health check")
+    assert refusals(explained["rows"][0], FRESH) == []
+    assert "(each sample waits out Ray's 64 s health check)" in report.measured_line(explained, explained["rows"][0])
+
+
+def test_a_side_without_samples_is_not_counted_as_few():
+    no_alternative = document(alternative="", alternative_value=None, alternative_samples=[], ratio=None, goal="")
+    assert refusals(no_alternative["rows"][0], FRESH) == []
 
 
 def test_the_table_says_missed_beside_the_goal_with_its_note_or_unexplained():

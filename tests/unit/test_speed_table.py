@@ -26,8 +26,9 @@ MACHINE = {"cores": 2, "loadavg": [3.5, 2.0, 1.0], "python": "3.11.7", "torch": 
 
 
 def document(**row) -> dict:
-    base = {"measure": "warm call", "unit": "s", "gpusession": 0.2, "gpusession_samples": [0.1, 0.2, 0.3],
-            "alternative": "Ray Train fit()", "alternative_value": 30.0, "alternative_samples": [29.0, 30.0, 31.0],
+    base = {"measure": "warm call", "unit": "s", "gpusession": 0.2, "gpusession_samples": [0.1, 0.15, 0.2, 0.25, 0.3],
+            "alternative": "Ray Train fit()", "alternative_value": 30.0,
+            "alternative_samples": [29.0, 29.5, 30.0, 30.5, 31.0],
             "configured": "max_failures=0", "ratio": 0.0067, "goal": "<= 0.1"}
     return {"benchmark": "call_overhead", "machine": MACHINE, "rows": [{**base, **row}]}
 
@@ -67,7 +68,7 @@ def test_every_refused_row_of_the_speed_page_is_shown_refused_on_its_line():
 def test_a_row_shows_both_medians_with_spread_the_configuration_the_ratio_and_the_machine():
     table = report.render([document()], ["call_overhead"])
     line = next(line for line in table.splitlines() if line.startswith("| `call_overhead.py`"))
-    assert "0.2 s (0.1-0.3, n=3)" in line and "30 s (29-31, n=3)" in line
+    assert "0.2 s (0.1-0.3, n=5)" in line and "30 s (29-31, n=5)" in line
     assert "Ray Train fit(); configured: max_failures=0" in line
     assert "0.0067 (goal: <= 0.1)" in line and "2 cores, load 3.5, 2026-11-25, abc1234" in line
     assert "**" not in line  # judged by nobody: no findings shown
