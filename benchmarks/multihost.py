@@ -21,8 +21,10 @@ is printed, and said in the rows.
 
 calls: a 4-rank run spread over both hosts (all-reduce one tensor over 4 gloo ranks, one per
 logical GPU), @gs.distributed vs TorchTrainer, from a driver on the head. "first" is the first
-call of a new driver process on a running cluster (the broker already exists; --firsts drivers a
-side, alternated, the first side flipped each round); "repeat" the calls after it. The repeat calls are also set beside the warm Ray baseline: a long-lived pool of
+call of a new driver process on a running cluster (the broker already exists): once on the cluster's
+first call, when each host's workers start (gpusession's node hosts and warm parents, Ray Train's
+worker processes), then in --firsts more drivers a side once it ran calls (alternated, the first
+side flipped each round); "repeat" the calls after the first. The repeat calls are also set beside the warm Ray baseline: a long-lived pool of
 4 actors holding a GPU each and their gloo group between calls (benchmarks/_ray_pool.py), run
 after gpusession's calls and before Ray Train's fits (each side takes all 4 GPUs while it runs).
 
@@ -84,9 +86,9 @@ def driver_result(cluster: SimCluster, *args: str, timeout: float) -> dict:
 def calls(cluster: SimCluster, repeats: int, fits: int, firsts: int, setup: str) -> list[Row]:
     out = driver_result(cluster, "calls", str(repeats), str(fits), timeout=900)
     gs, rt = out["gpusession"], out["ray_train"]
-    first_gs, first_rt = [gs["first_s"]], [rt["first_s"]]
-    for round_ in range(1, firsts):  # more first calls, each of a new driver; the first side flipped each round
-        for side in ("ray_train", "gpusession")[::1 if round_ % 2 else -1]:
+    first_gs, first_rt = [], []
+    for round_ in range(firsts):  # first calls of new drivers once the cluster ran calls; the first side flipped each round
+        for side in ("ray_train", "gpusession")[::1 if round_ % 2 == 0 else -1]:
             first = driver_result(cluster, "first", side, timeout=600)["first_s"]
             (first_gs if side == "gpusession" else first_rt).append(first)
     print(f"first calls of new drivers: gpusession {', '.join(f'{t:.2f}' for t in first_gs)} s; Ray Train "
@@ -98,8 +100,11 @@ def calls(cluster: SimCluster, repeats: int, fits: int, firsts: int, setup: str)
     configured = (f"{setup}; all-reduce of one tensor over 4 gloo ranks spread over 2 hosts, from a driver on the "
                   "head; Ray Train ScalingConfig(num_workers=4, use_gpu=True, placement_strategy='SPREAD')")
     pool = out.get("ray_pool")
-    rows = [Row("4-rank spread call, first call of a new driver", "s", first_gs, "Ray Train first fit()",
-                first_rt, configured)]
+    rows = [Row("4-rank spread call, the cluster's first call (its hosts' workers start), from a new driver", "s",
+                [gs["first_s"]], "Ray Train first fit()", [rt["first_s"]], configured,
+                samples_note="one a cluster: a sample is a fresh simulated cluster, over a minute to start"),
+            Row("4-rank spread call, first call of a new driver once the cluster ran calls", "s", first_gs,
+                "Ray Train first fit() of a new driver", first_rt, configured)]
     if pool:
         print(f"long-lived Ray pool, 4 actors: making it and its first call {pool['first_s']:.2f} s, repeats "
               f"{', '.join(f'{t:.3f}' for t in pool['repeat_s'])} s; nodes {pool['nodes']}", flush=True)
@@ -410,7 +415,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="repeat @gs.distributed calls to time")
     parser.add_argument("--fits", type=int, default=6, help="TorchTrainer.fit() calls to time (first + repeats)")
     parser.add_argument("--firsts", type=int, default=5,
-                        help="first calls of a new driver to time on each side (one driver process each)")
+                        help="first calls of new drivers to time on each side once the cluster ran calls "
+                             "(one driver process each)")
     parser.add_argument("--node-loss", choices=("kill", "cut"), help="only a host lost under a 4-rank run")
     parser.add_argument("--move", action="store_true", help="only a 2-rank run moving off a killed host")
     parser.add_argument("--data", action="store_true", help="only the bytes a big argument brings to each host")
