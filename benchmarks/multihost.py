@@ -10,9 +10,8 @@ Needs root.
     sudo .venv/bin/python benchmarks/multihost.py ... --ray-health-check-s 1   # Ray's health check tuned
 
 Samples: --tries (default 5) of each loss and of the data calls, gpusession's and Ray Train's
-alternated. Writes
-benchmarks/results/multihost.json (multihost-tuned.json with --ray-health-check-s), merging: a
-part run alone replaces its own rows and keeps the others. A side that did not react within the
+alternated. Writes benchmarks/results/multihost.json (multihost-tuned.json with
+--ray-health-check-s), merging: a part run alone replaces its own rows and keeps the others. A side that did not react within the
 watch window gets "no error within N s" and no ratio: a watch window is not a measurement.
 Between tries the lost host comes back as a new Ray node (one Ray declared dead never rejoins
 under its old id) and the next try waits until Ray shows all 4 GPUs alive and free; a node Ray
@@ -21,16 +20,17 @@ is printed, and said in the rows.
 
 calls: a 4-rank run spread over both hosts (all-reduce one tensor over 4 gloo ranks, one per
 logical GPU), @gs.distributed vs TorchTrainer, from a driver on the head. "first" is the first
-call of a new driver process on a running cluster (the broker already exists): once on the cluster's
-first call, when each host's workers start (gpusession's node hosts and warm parents, Ray Train's
-worker processes), then in --firsts more drivers a side once it ran calls (alternated, the first
-side flipped each round); "repeat" the calls after the first. The repeat calls are also set beside the warm Ray baseline: a long-lived pool of
-4 actors holding a GPU each and their gloo group between calls (benchmarks/_ray_pool.py), run
-after gpusession's calls and before Ray Train's fits (each side takes all 4 GPUs while it runs).
+call of a new driver process on a running cluster (the broker already exists): once on the
+cluster's first call, when each host's workers start (gpusession's node hosts and warm parents,
+Ray Train's worker processes), then in --firsts more drivers a side once it ran calls (alternated,
+the first side flipped each round); "repeat" the calls after the first. The repeat calls are also
+set beside the warm Ray baseline: a long-lived pool of 4 actors holding a GPU each and their gloo
+group between calls (benchmarks/_ray_pool.py), run after gpusession's calls and before Ray Train's fits (each side takes all 4 GPUs while it runs).
 
 node loss (kill, cut): what a user sees when the host that does not hold rank 0 of a 4-rank
-run dies mid-run (kill: every process on it frozen together and SIGKILLed, tests/multihost/hostkill.py,
-so none runs another instruction, as when a host loses power) or goes silent (cut: its link down): for
+run dies mid-run (kill: every process on it frozen together and SIGKILLed, so none runs another
+instruction, as when a host loses power: tests/multihost/hostkill.py) or goes silent (cut: its
+link down): for
 gpusession, time to the error, which rank and host the error names, when Ray and the broker
 show the survivors' GPUs free, and what a 4-GPU request made right after the error gets; then
 the same loss under TorchTrainer with FailureConfig(max_failures=0) (the run cannot go on on the
@@ -87,7 +87,8 @@ def calls(cluster: SimCluster, repeats: int, fits: int, firsts: int, setup: str)
     out = driver_result(cluster, "calls", str(repeats), str(fits), timeout=900)
     gs, rt = out["gpusession"], out["ray_train"]
     first_gs, first_rt = [], []
-    for round_ in range(firsts):  # first calls of new drivers once the cluster ran calls; the first side flipped each round
+    # first calls of new drivers once the cluster ran calls; the first side flipped each round
+    for round_ in range(firsts):
         for side in ("ray_train", "gpusession")[::1 if round_ % 2 == 0 else -1]:
             first = driver_result(cluster, "first", side, timeout=600)["first_s"]
             (first_gs if side == "gpusession" else first_rt).append(first)

@@ -65,7 +65,7 @@ def _measured_history(tmp_path: Path) -> tuple[Path, dict]:
     measured_at = _commit(root, "measured")
     return root, {"benchmark": "warm", "measures": ["gpusession/run"],
                   "machine": {**MACHINE, "gpusession_commit": measured_at},
-                  "rows": [{"measure": "warm call", "unit": "s", "gpusession": 0.2, "gpusession_samples": [0.2]}]}
+                  "rows": [{"measure": "warm call", "unit": "s", "gpusession": 0.2, "gpusession_samples": [0.2] * 5}]}
 
 
 def test_a_row_is_stale_after_a_change_to_a_module_its_measured_code_imports_not_after_one_it_does_not(tmp_path):
