@@ -11,30 +11,30 @@ Needs root.
 
 Samples: --tries (default 5) of each loss and of the data calls, gpusession's and Ray Train's
 alternated. Writes benchmarks/results/multihost.json (multihost-tuned.json with
---ray-health-check-s), merging: a part run alone replaces its own rows and keeps the others. A side that did not react within the
-watch window gets "no error within N s" and no ratio: a watch window is not a measurement.
-Between tries the lost host comes back as a new Ray node (one Ray declared dead never rejoins
-under its old id) and the next try waits until Ray shows all 4 GPUs alive and free; a node Ray
-declares dead besides the lost host (a false death: a health check too tight for the machine)
-is printed, and said in the rows.
+--ray-health-check-s), merging: a part run alone replaces its own rows and keeps the others. A side
+that did not react within the watch window gets "no error within N s" and no ratio: a watch window
+is not a measurement. Between tries the lost host comes back as a new Ray node (one Ray declared
+dead never rejoins under its old id) and the next try waits until Ray shows all 4 GPUs alive and
+free; a node Ray declares dead besides the lost host (a false death: a health check too tight for
+the machine) is printed, and said in the rows.
 
 calls: a 4-rank run spread over both hosts (all-reduce one tensor over 4 gloo ranks, one per
-logical GPU), @gs.distributed vs TorchTrainer, from a driver on the head. "first" is the first
-call of a new driver process on a running cluster (the broker already exists): once on the
-cluster's first call, when each host's workers start (gpusession's node hosts and warm parents,
-Ray Train's worker processes), then in --firsts more drivers a side once it ran calls (alternated,
-the first side flipped each round); "repeat" the calls after the first. The repeat calls are also
-set beside the warm Ray baseline: a long-lived pool of 4 actors holding a GPU each and their gloo
-group between calls (benchmarks/_ray_pool.py), run after gpusession's calls and before Ray Train's fits (each side takes all 4 GPUs while it runs).
+logical GPU), @gs.distributed vs TorchTrainer, from a driver on the head. "first" is the first call
+of a new driver process on a running cluster (the broker already exists): once on the cluster's
+first call, when each host's workers start (gpusession's node hosts and warm parents, Ray Train's
+worker processes), then in --firsts more drivers a side once it ran calls (alternated, the first
+side flipped each round); "repeat" the calls after the first. The repeat calls are also set beside
+the warm Ray baseline: a long-lived pool of 4 actors holding a GPU each and their gloo group
+between calls (benchmarks/_ray_pool.py), run after gpusession's calls and before Ray Train's fits
+(each side takes all 4 GPUs while it runs).
 
-node loss (kill, cut): what a user sees when the host that does not hold rank 0 of a 4-rank
-run dies mid-run (kill: every process on it frozen together and SIGKILLed, so none runs another
-instruction, as when a host loses power: tests/multihost/hostkill.py) or goes silent (cut: its
-link down): for
-gpusession, time to the error, which rank and host the error names, when Ray and the broker
-show the survivors' GPUs free, and what a 4-GPU request made right after the error gets; then
-the same loss under TorchTrainer with FailureConfig(max_failures=0) (the run cannot go on on the
-GPUs left, so the fair comparison is how soon it errs; with max_failures=1 it would wait for 4
+node loss (kill, cut): what a user sees when the host that does not hold rank 0 of a 4-rank run
+dies mid-run (kill: every process on it frozen together and SIGKILLed, so none runs another
+instruction, as when a host loses power: tests/multihost/hostkill.py) or goes silent (cut: its link
+down): for gpusession, time to the error, which rank and host the error names, when Ray and the
+broker show the survivors' GPUs free, and what a 4-GPU request made right after the error gets;
+then the same loss under TorchTrainer with FailureConfig(max_failures=0) (the run cannot go on on
+the GPUs left, so the fair comparison is how soon it errs; with max_failures=1 it would wait for 4
 GPUs that cannot come back): time until its driver hears of it. Ray declares a host dead by its
 health checks (RAY_health_check_period_ms, _timeout_ms, _failure_threshold, set on the head);
 --ray-health-check-s lowers them the way GPUSESSION_HOST_SILENCE_S lowers gpusession's.
